@@ -1,0 +1,75 @@
+"""The etcd key schema of a job: one place that says where every record lives.
+
+Callers: the checkpoint engines (versions, shards, readers, engine status), the trainer driver
+(progress), the operator (reads progress for status, deletes the job prefix on deletion).
+All values are JSON. Everything of a job lives under `job_prefix(namespace, name)`.
+
+    /tandem/jobs/<ns>/<job>/progress                   driver: phase, iteration, metrics (JSON)
+    /tandem/jobs/<ns>/<job>/versions/<v:012d>          version record, committed with its shards
+    /tandem/jobs/<ns>/<job>/latest                     the newest complete version number
+    /tandem/jobs/<ns>/<job>/shards/<v:012d>/<i:06d>    shard record (holder pod, file, bytes, checksum)
+    /tandem/jobs/<ns>/<job>/holders/<v:012d>/<pod>     a pod that holds version v (serves it to others)
+    /tandem/jobs/<ns>/<job>/readers/<v:012d>/<pod>     a reader pinning version v (lease-bound)
+    /tandem/jobs/<ns>/<job>/engines/<pod>/<role>       checkpoint-engine status (phase, version), lease-bound
+    /tandem/jobs/<ns>/<job>/ops/<pod>/<role>/<id>      operations requested/completed on an engine
+"""
+
+from __future__ import annotations
+
+ROOT = "/tandem/jobs/"
+
+
+def job_prefix(namespace: str, name: str) -> str:
+    return f"{ROOT}{namespace}/{name}/"
+
+
+def progress(namespace: str, name: str) -> str:
+    return job_prefix(namespace, name) + "progress"
+
+
+def latest(namespace: str, name: str) -> str:
+    return job_prefix(namespace, name) + "latest"
+
+
+def version(namespace: str, name: str, v: int) -> str:
+    return job_prefix(namespace, name) + f"versions/{v:012d}"
+
+
+def versions_prefix(namespace: str, name: str) -> str:
+    return job_prefix(namespace, name) + "versions/"
+
+
+def shard(namespace: str, name: str, v: int, index: int) -> str:
+    return job_prefix(namespace, name) + f"shards/{v:012d}/{index:06d}"
+
+
+def shards_prefix(namespace: str, name: str, v: int) -> str:
+    return job_prefix(namespace, name) + f"shards/{v:012d}/"
+
+
+def holder(namespace: str, name: str, v: int, pod: str) -> str:
+    return job_prefix(namespace, name) + f"holders/{v:012d}/{pod}"
+
+
+def reader(namespace: str, name: str, v: int, pod: str) -> str:
+    return job_prefix(namespace, name) + f"readers/{v:012d}/{pod}"
+
+
+def readers_prefix(namespace: str, name: str, v: int) -> str:
+    return job_prefix(namespace, name) + f"readers/{v:012d}/"
+
+
+def engine(namespace: str, name: str, pod: str, role: str) -> str:
+    return job_prefix(namespace, name) + f"engines/{pod}/{role}"
+
+
+def op(namespace: str, name: str, pod: str, role: str, op_id: str) -> str:
+    return job_prefix(namespace, name) + f"ops/{pod}/{role}/{op_id}"
+
+
+def version_of(key: str) -> int:
+    """The version number in a versions/, shards/, holders/ or readers/ key."""
+    for part in key.split("/"):
+        if len(part) == 12 and part.isdigit():
+            return int(part)
+    raise ValueError(f"no version number in etcd key {key!r}")

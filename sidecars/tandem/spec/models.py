@@ -1,0 +1,243 @@
+"""Pydantic models of the RLHFJob custom resource (spec and status).
+
+Role: the single source of the job's shape. Field names are camelCase on the wire (aliases) and
+snake_case in Python. Cross-field rules are declared once per model as `Rule`s: each carries a CEL
+expression (emitted into the CRD as `x-kubernetes-validations`, enforced by the API server) and the
+equivalent Python predicate (enforced by `tandem validate`, `tandem run` and the operator).
+Callers: everything that reads a job; `tandem.spec.crd` turns these models into the CRD schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "tandem.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLHFJob"
+PLURAL = "rlhfjobs"
+
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+ENDPOINT = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]+)?$"
+IMAGE = r"^[a-z0-9][a-z0-9._\-/:@]*$"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, a Python predicate for offline checks."""
+
+    cel: str
+    message: str
+    field: str  # relative JSON path of the field blamed, e.g. ".tensorParallel"
+    check: Callable[[Any], bool]
+
+
+class Base(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True,
+        frozen=False,
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Base:
+        for rule in type(self).rules:
+            if not rule.check(self):
+                raise ValueError(f"{rule.field.lstrip('.')}: {rule.message}")
+        return self
+
+
+class ModelRef(Base):
+    path: Annotated[str, Field(min_length=1, description="HuggingFace model directory (PVC/hostPath in a cluster).")]
+    family: Literal["auto", "llama", "qwen2"] = Field("auto", description="Weight-mapping family; auto reads config.json.")
+
+
+class Algorithm(Base):
+    name: Literal["grpo", "ppo", "dpo"] = "grpo"
+    group_size: Annotated[int, Field(ge=2, le=1024, description="Completions sampled per prompt.")] = 8
+    kl_coef: Annotated[float, Field(ge=0, le=10)] = 0.001
+    clip: Annotated[float, Field(gt=0, lt=1, description="PPO/GRPO ratio clip epsilon.")] = 0.2
+    lr: Annotated[float, Field(gt=0, le=1)] = 1.0e-6
+    iterations: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    epochs: Annotated[int, Field(ge=1, le=16, description="Optimizer passes over each iteration's samples.")] = 1
+    gamma: Annotated[float, Field(ge=0, le=1, description="PPO discount.")] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
+    critic: bool = Field(False, description="PPO with a learned critic (otherwise group baseline).")
+    beta: Annotated[float, Field(gt=0, le=100, description="DPO temperature.")] = 0.1
+    rules = (
+        Rule("self.name == 'ppo' || !self.critic", "critic applies only to ppo", ".critic",
+             lambda a: a.name == "ppo" or not a.critic),
+    )
+
+
+class Resources(Base):
+    cpu: Annotated[str, Field(pattern=QUANTITY)] = "8"
+    memory: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
+
+
+class Trainer(Base):
+    image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/trainer:0.1.0"
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    expert_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64
+    micro_batch_size: Annotated[int, Field(ge=1, le=65_536)] = 8
+    offload: bool = True
+    resources: Resources = Field(default_factory=Resources)
+    rules = (
+        Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",
+             ".globalBatchSize", lambda t: t.global_batch_size % t.micro_batch_size == 0),
+    )
+
+
+class Rollout(Base):
+    image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/rollout:0.1.0"
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    max_tokens: Annotated[int, Field(ge=1, le=131_072)] = 1024
+    temperature: Annotated[float, Field(ge=0, le=4)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    prompts_per_iteration: Annotated[int, Field(ge=1, le=100_000)] = 64
+    between_rollouts: Literal["terminate", "sleep", "keep"] = Field(
+        "terminate", description="What the rollout does with vLLM while the trainer trains: terminate frees the "
+        "accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
+    resources: Resources = Field(default_factory=Resources)
+
+
+class Reward(Base):
+    type: Literal["answerMatch", "format", "codeExec", "model"]
+    weight: Annotated[float, Field(ge=-1000, le=1000)] = 1.0
+    pattern: Annotated[str | None, Field(min_length=1, description="Regex a completion must match (format).")] = None
+    timeout_seconds: Annotated[float, Field(gt=0, le=600, description="Per-sample time limit (codeExec).")] = 5.0
+    path: Annotated[str | None, Field(min_length=1, description="Reward-model directory (model).")] = None
+    rules = (
+        Rule("self.type != 'format' || has(self.pattern)", "format reward needs a pattern", ".pattern",
+             lambda r: r.type != "format" or r.pattern is not None),
+        Rule("self.type != 'model' || has(self.path)", "model reward needs a path", ".path",
+             lambda r: r.type != "model" or r.path is not None),
+    )
+
+    @model_validator(mode="after")
+    def _pattern_compiles(self) -> Reward:
+        import re
+
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as e:
+                raise ValueError(f"pattern: not a valid regular expression: {e}") from e
+        return self
+
+
+class Reference(Base):
+    path: Annotated[str | None, Field(min_length=1, description="Reference model; default: the initial model.")] = None
+
+
+class Dataset(Base):
+    path: Annotated[str, Field(min_length=1, description="JSONL of prompts.")]
+    prompt_field: Annotated[str, Field(min_length=1)] = "prompt"
+    answer_field: Annotated[str, Field(min_length=1)] = "answer"
+
+
+class Etcd(Base):
+    endpoints: Annotated[list[Annotated[str, Field(pattern=ENDPOINT)]], Field(max_length=16)] = Field(
+        default_factory=list, description="Empty: the chart's etcd (tandem-etcd in the operator's namespace).")
+
+
+class CheckpointEngine(Base):
+    shm_size: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
+    transport: Literal["auto", "rdma", "tcp"] = "auto"
+    shard_size_mi_b: Annotated[int, Field(ge=1, le=65_536, alias="shardSizeMiB")] = 512
+    port: Annotated[int, Field(ge=1024, le=65_535)] = 8700
+    etcd: Etcd = Field(default_factory=Etcd)
+
+
+class FailurePolicy(Base):
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    backoff_seconds: Annotated[int, Field(ge=0, le=3600)] = 10
+
+
+class JobSpec(Base):
+    model: ModelRef
+    algorithm: Algorithm = Field(default_factory=Algorithm)
+    replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    rollout_only_replicas: Annotated[int, Field(ge=0, le=4096)] = 0
+    gpus_per_pod: Annotated[int, Field(ge=0, le=16, description="0 runs on CPU.")] = 8
+    trainer: Trainer = Field(default_factory=Trainer)
+    rollout: Rollout = Field(default_factory=Rollout)
+    rewards: Annotated[list[Reward], Field(min_length=1, max_length=32)]
+    reference: Reference = Field(default_factory=Reference)
+    dataset: Dataset
+    checkpoint_engine: CheckpointEngine = Field(default_factory=CheckpointEngine)
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    suspend: bool = False
+    rules = (
+        Rule("self.gpusPerPod == 0 || self.gpusPerPod % self.trainer.tensorParallel == 0",
+             "trainer.tensorParallel must divide gpusPerPod", ".trainer.tensorParallel",
+             lambda s: s.gpus_per_pod == 0 or s.gpus_per_pod % s.trainer.tensor_parallel == 0),
+        Rule("self.gpusPerPod == 0 || self.gpusPerPod % self.rollout.tensorParallel == 0",
+             "rollout.tensorParallel must divide gpusPerPod", ".rollout.tensorParallel",
+             lambda s: s.gpus_per_pod == 0 or s.gpus_per_pod % s.rollout.tensor_parallel == 0),
+        Rule("self.gpusPerPod == 0 || (self.replicas * self.gpusPerPod) % "
+             "(self.trainer.tensorParallel * self.trainer.pipelineParallel) == 0",
+             "trainer.tensorParallel * trainer.pipelineParallel must divide replicas * gpusPerPod",
+             ".trainer.pipelineParallel",
+             lambda s: s.gpus_per_pod == 0 or (s.replicas * s.gpus_per_pod)
+             % (s.trainer.tensor_parallel * s.trainer.pipeline_parallel) == 0),
+        Rule("self.algorithm.name != 'dpo' || self.algorithm.groupSize >= 2",
+             "dpo needs groupSize >= 2 to form pairs", ".algorithm.groupSize",
+             lambda s: s.algorithm.name != "dpo" or s.algorithm.group_size >= 2),
+    )
+
+    def trainer_ranks_per_pod(self) -> int:
+        """Trainer processes in one pod: one per GPU, or TP x PP on CPU (gpusPerPod: 0)."""
+        if self.gpus_per_pod:
+            return self.gpus_per_pod
+        return self.trainer.tensor_parallel * self.trainer.pipeline_parallel
+
+
+# Fields that cannot change once the job exists (the CRD carries `self == oldSelf` on each).
+IMMUTABLE_FIELDS: tuple[str, ...] = (
+    "model", "algorithm", "replicas", "gpusPerPod", "trainer", "rollout", "rewards", "reference",
+    "dataset", "checkpointEngine",
+)
+
+
+class Condition(Base):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+class JobStatus(Base):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    phase: Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"] = "Pending"
+    iteration: int = 0
+    weight_version: int = 0
+    last_sync_seconds: float | None = None
+    reward_mean: float | None = None
+    restarts: int = 0
+    message: str = ""
+    observed_generation: int = 0
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=48)]
+    namespace: str = "default"
+
+
+class RLHFJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: Literal["tandem.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["RLHFJob"] = KIND
+    metadata: ObjectMeta
+    spec: JobSpec
+    status: JobStatus | None = None
