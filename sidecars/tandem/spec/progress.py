@@ -1,0 +1,34 @@
+"""The job's progress record in etcd (`keys.progress`), written by the trainer driver (rank 0).
+
+Callers: `tandem.sidecars.trainer` writes it after every phase; the operator reads it into the
+RLHFJob status; `tandem run` prints it. JSON with camelCase keys.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+Phase = Literal["starting", "rollout", "inference", "train", "publish", "sync", "done", "failed"]
+
+
+class Progress(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    phase: Phase = "starting"
+    iteration: int = 0
+    iterations: int = 0
+    weight_version: int = 0
+    last_sync_seconds: float | None = None
+    reward_mean: float | None = None
+    kl: float | None = None
+    message: str = ""
+    updated_at: float = Field(0.0, description="Unix time of this record.")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Progress:
+        return cls.model_validate_json(raw)
