@@ -1,0 +1,1 @@
+"""The `tandem` command line: validate, crd, run. Entry point `tandem.cli.main:app`."""

@@ -1,0 +1,111 @@
+"""Local process supervision for `tandem run`: start containers of the built pods as processes.
+
+Role: turn the pod manifests that the operator's builders produce into local processes — the same
+commands and environment a cluster would run, with cluster-only values (ConfigMap paths, Secret
+refs, pod addresses, /dev/shm volumes) rewritten for one machine. Caller: `tandem.cli.local`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import IO, Any
+
+
+@dataclass
+class LocalContainer:
+    pod: str
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.pod}/{self.name}"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL after `grace` seconds."""
+        if self.proc is not None:
+            self.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.signal_group(signal.SIGKILL)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers left in the group
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _env_value(item: dict[str, Any], secrets: dict[str, str]) -> str | None:
+    if "value" in item:
+        return str(item["value"])
+    ref = item.get("valueFrom", {})
+    if "secretKeyRef" in ref:
+        return secrets.get(ref["secretKeyRef"]["key"], "")
+    if "fieldRef" in ref:
+        path = ref["fieldRef"].get("fieldPath", "")
+        return "127.0.0.1" if path.endswith("IP") else ""
+    return None
+
+
+Overrides = Callable[[str, str], dict[str, str]]
+
+
+def containers_of(pod: dict[str, Any], *, overrides: Overrides, secrets: dict[str, str],
+                  logs: Path) -> list[LocalContainer]:
+    """The pod's containers (native sidecars first) as local processes.
+
+    `overrides(pod_name, container_name)` returns env values that replace the manifest's.
+    """
+    name = pod["metadata"]["name"]
+    spec = pod["spec"]
+    sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    out = []
+    for c in sidecars + list(spec.get("containers", [])):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+        for item in c.get("env", []):
+            value = _env_value(item, secrets)
+            if value is not None:
+                env[item["name"]] = value
+        env.update(overrides(name, c["name"]))
+        argv = list(c.get("command", [])) + list(c.get("args", []))
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        out.append(LocalContainer(name, c["name"], argv, env, logs / f"{name}-{c['name']}.log"))
+    return out
