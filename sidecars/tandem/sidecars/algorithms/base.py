@@ -1,0 +1,123 @@
+"""The common interface of the RL algorithms, the sample record, and the one place choosing them.
+
+Role: `Algorithm` is the Protocol the driver and the trainer engine program against;
+`make_algorithm(spec)` maps the job's `algorithm.name` to its class. Callers: the driver
+(prepare after rollouts and rewards), the Megatron engine (calls `loss` per micro-batch).
+
+Flow per iteration:
+1. the rollout returns `Sample`s (prompt/completion token ids, the sampler's log-probs);
+2. the driver fills `reward`, and, if the algorithm asks for them (`needs_reference`,
+   `needs_old_logprobs`, `needs_values`), `ref_logprobs`/`old_logprobs`/`values` per completion
+   token — computed on `pack_samples(samples, budget)` and brought back with `PackedBatch.unpack`;
+3. `batch = algo.prepare(samples, token_budget)` packs and attaches the algorithm's fields;
+4. the engine runs its forward on `batch.split(n)` micro-batches, computes
+   `logprobs = token_logprobs(logits, mb.labels)` and calls `algo.loss(logprobs, mb)`; summing
+   the micro-batch losses (no further division) gives the whole batch's loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from tandem.sidecars.algorithms.packing import PackedBatch, pack
+
+if TYPE_CHECKING:
+    from tandem.spec.models import Algorithm as AlgorithmSpec
+
+
+class AlgorithmError(ValueError):
+    """The samples do not carry what the algorithm needs (missing reference log-probs, …)."""
+
+
+@dataclass
+class Sample:
+    """One completion of one prompt, as the driver hands it to an algorithm.
+
+    Per-token lists have one entry per completion token: entry j is about `completion_ids[j]`.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    group: int  # index of the prompt; the group_size completions of a prompt share it
+    reward: float = 0.0
+    old_logprobs: list[float] | None = None  # policy that generated it (rollout or trainer forward)
+    ref_logprobs: list[float] | None = None  # reference model
+    values: list[float] | None = None  # PPO critic, V before each completion token
+
+
+Metrics = dict[str, float]
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """One RL algorithm: batch preparation (no gradients) and the per-micro-batch loss."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def needs_reference(self) -> bool:
+        """The driver must fill `Sample.ref_logprobs` before `prepare`."""
+        ...
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """The driver should fill `Sample.old_logprobs` (GRPO without them: ratio 1, on-policy)."""
+        ...
+
+    @property
+    def needs_values(self) -> bool:
+        """The driver must fill `Sample.values` (PPO with a critic)."""
+        ...
+
+    def prepare(self, samples: Sequence[Sample], token_budget: int) -> PackedBatch:
+        """Pack the samples and attach advantages and the other fields the loss reads."""
+        ...
+
+    def loss(self, logprobs: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, Metrics]:
+        """Scalar loss (to minimise) and float metrics from the current policy's `[R, L]` log-probs."""
+        ...
+
+
+def pack_samples(
+    samples: Sequence[Sample], token_budget: int, *, pad_id: int = 0, pad_to_multiple: int = 1
+) -> PackedBatch:
+    """Pack samples as GRPO and PPO do (one sample per unit; DPO packs pairs itself)."""
+    return pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], token_budget,
+                pad_id=pad_id, pad_to_multiple=pad_to_multiple)
+
+
+def per_token(samples: Sequence[Sample], attr: str) -> list[list[float]] | None:
+    """The per-token list `attr` of every sample, or None when no sample has it.
+
+    Raises `AlgorithmError` when only some samples have it or a length does not match.
+    """
+    values = [getattr(s, attr) for s in samples]
+    if all(v is None for v in values):
+        return None
+    out: list[list[float]] = []
+    for i, (s, v) in enumerate(zip(samples, values, strict=True)):
+        if v is None or len(v) != len(s.completion_ids):
+            raise AlgorithmError(f"sample {i}: {attr} must have one value per completion token")
+        out.append(list(v))
+    return out
+
+
+def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0) -> Algorithm:
+    """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec.
+
+    Knobs the spec does not carry (reduction, advantage scaling, whitening) keep their documented
+    defaults; build the class directly to change them.
+    """
+    from tandem.sidecars.algorithms.dpo import DPO
+    from tandem.sidecars.algorithms.grpo import GRPO
+    from tandem.sidecars.algorithms.ppo import PPO
+
+    classes: dict[str, type[GRPO] | type[PPO] | type[DPO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO}
+    if spec.name not in classes:
+        raise AlgorithmError(f"algorithm.name: unknown algorithm {spec.name!r}")
+    return classes[spec.name].from_spec(spec, pad_id=pad_id)

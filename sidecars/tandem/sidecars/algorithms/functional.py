@@ -1,0 +1,146 @@
+"""The RL maths as pure torch functions: advantages, clipped losses, KL, GAE, DPO.
+
+Role: every formula the algorithms use, written once, free of any engine, and checked against
+hand-computed cases in tests/algorithms. Callers: `grpo`, `ppo`, `dpo` in this package.
+
+Shapes: per-token tensors are `[R, L]` aligned as in `packing` (log-prob at t is of token t+1);
+`mask` is 1.0 on the tokens that count. Losses are reduced with `weights` from `loss_weights`
+(sum of weights = 1 over the whole batch), so a row-split into micro-batches sums back to the
+full-batch loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+Reduction = Literal["token", "sequence"]
+
+
+def group_advantages(
+    rewards: torch.Tensor, groups: Sequence[int], *, scale: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantages: (reward - mean of its group) / (std of its group + eps).
+
+    The std is the unbiased sample std (torch's default); `scale=False` leaves the centred reward
+    (Dr. GRPO). A group of one sample gets advantage 0.
+    """
+    rewards = rewards.to(torch.float32)
+    group_ids = torch.as_tensor(list(groups), dtype=torch.int64)
+    out = torch.zeros_like(rewards)
+    for g in torch.unique(group_ids).tolist():
+        sel = group_ids == g
+        r = rewards[sel]
+        if r.numel() < 2:
+            continue
+        centred = r - r.mean()
+        out[sel] = centred / (r.std() + eps) if scale else centred
+    return out
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries (population std); unmasked entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def loss_weights(mask: torch.Tensor, seq_index: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+    """Per-token weights summing to 1 over the batch.
+
+    "token": every loss token weighs the same (1 / tokens in the batch) — long answers count more.
+    "sequence": each sequence's tokens are averaged first, then sequences equally
+    (1 / (its tokens x sequences)).
+    """
+    if reduction == "token":
+        return mask / mask.sum().clamp(min=1.0)
+    ids = torch.where(mask > 0, seq_index, -1)
+    n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
+    counts = torch.zeros(max(n, 1)).index_add_(0, ids[ids >= 0], torch.ones(int((ids >= 0).sum())))
+    n_seqs = int((counts > 0).sum())
+    per_token = torch.where(ids >= 0, 1.0 / counts[ids.clamp(min=0)].clamp(min=1.0), 0.0)
+    return per_token / max(n_seqs, 1)
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip: float,
+    clip_high: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO surrogate loss `-min(ratio * A, clip(ratio, 1 - clip, 1 + clip_high) * A)`.
+
+    Returns (loss, ratio, clipped) where `clipped` is 1.0 where the clipped term was chosen.
+    """
+    high = clip if clip_high is None else clip_high
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped_term = torch.clamp(ratio, 1.0 - clip, 1.0 + high) * advantages
+    loss = -torch.minimum(unclipped, clipped_term)
+    was_clipped = (clipped_term < unclipped).to(torch.float32)
+    return loss, ratio, was_clipped
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
+    d = ref_logprobs - logprobs
+    return torch.exp(d) - d - 1.0
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over `[B, T]` per-token rewards and values.
+
+    Masked-out steps are skipped (the next unmasked step bootstraps); the value after the last
+    unmasked step is 0 (episode end). Returns (advantages, returns = advantages + values), both 0
+    where `mask` is 0.
+    """
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    next_value = torch.zeros(rewards.shape[0])
+    running = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        step = delta + gamma * lam * running
+        running = torch.where(m > 0, step, running)
+        next_value = torch.where(m > 0, values[:, t], next_value)
+        adv[:, t] = running * m
+    return adv, (adv + values) * mask
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO critic loss 0.5 * max((V - R)^2, (clip(V, V_old +- clip) - R)^2).
+
+    Returns (loss, clipped) with `clipped` 1.0 where the clipped error was the larger one.
+    """
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    err = (values - returns) ** 2
+    err_clip = (v_clip - returns) ** 2
+    return 0.5 * torch.maximum(err, err_clip), (err_clip > err).to(torch.float32)
+
+
+def sequence_sums(
+    per_token: torch.Tensor, mask: torch.Tensor, seq_index: torch.Tensor, n: int
+) -> torch.Tensor:
+    """Sum of `per_token * mask` within each sequence (`seq_index` in [0, n)) -> `[n]`."""
+    sel = (mask > 0) & (seq_index >= 0)
+    return torch.zeros(n, dtype=per_token.dtype).index_add(0, seq_index[sel], per_token[sel])
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair DPO loss -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))) from sequence log-probs.
+
+    Returns (loss, margin) where margin is the implicit reward difference beta * (...).
+    """
+    margin = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
+    return -torch.nn.functional.logsigmoid(margin), margin

@@ -1,0 +1,249 @@
+"""Sequence packing: variable-length (prompt + completion) samples into fixed-budget rows.
+
+Role: turns a list of token sequences into the dense tensors the trainer's forward pass takes, and
+maps per-token values (advantages, log-probs, values) between the packed layout and per-sample
+lists. Callers: the algorithms' `prepare` (packing their fields), the trainer engine (forward on
+`input_ids`/`position_ids` with the attention boundaries), and the driver (unpacking reference
+log-probs back to samples).
+
+Alignment convention (next-token, the Megatron convention): every per-token tensor of shape
+`[rows, length]` is aligned with `labels`, where `labels[r, t] = input_ids[r, t + 1]` inside the
+same sequence. So the log-prob at position t is the log-prob of token t+1, computed from the logits
+at position t (`token_logprobs(logits, batch.labels)`). `loss_mask[r, t] = 1` exactly when token
+t+1 belongs to the same sequence and is a completion token; the prompt's tokens, the last position
+of every sequence and the padding are 0. Completion token j of a sample (0-based) therefore sits at
+position `start + prompt_len + j - 1` of its row.
+
+Rows are filled first-fit-decreasing by unit length. A unit is one sequence or several that must
+share a row (DPO keeps each chosen/rejected pair in one row so that splitting rows into
+micro-batches never splits a pair). Rows are padded with `pad_id` to the longest row (rounded up to
+`pad_to_multiple`); padding has segment 0, position 0 and no loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class PackingError(ValueError):
+    """A sample cannot be packed (empty prompt, or a unit longer than the token budget)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one sequence lives in the packed batch."""
+
+    sample: int  # index of the sample in the caller's list
+    row: int
+    start: int  # first position of the sequence in its row
+    prompt_len: int
+    completion_len: int
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len + self.completion_len
+
+
+@dataclass
+class PackedBatch:
+    """Dense packed tensors plus the placements needed to go back to samples.
+
+    `token_fields` hold per-token values aligned like `labels` (see the module docstring);
+    `seq_fields` hold one value per placement (index = position in `placements`); `weights` is the
+    per-token weight of the loss average (see `algorithms.functional.loss_weights`): summing the
+    losses of row-wise micro-batches from `split` gives the loss of the whole batch.
+    """
+
+    input_ids: torch.Tensor  # [R, L] int64
+    position_ids: torch.Tensor  # [R, L] int64, restart at 0 per sequence
+    segment_ids: torch.Tensor  # [R, L] int64, 1.. per sequence within a row, 0 for padding
+    labels: torch.Tensor  # [R, L] int64, next token inside the sequence, pad_id elsewhere
+    loss_mask: torch.Tensor  # [R, L] float32
+    seq_index: torch.Tensor  # [R, L] int64, index into placements, -1 for padding
+    placements: list[Placement]
+    token_fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    seq_fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    weights: torch.Tensor | None = None  # [R, L] float32
+    stats: dict[str, float] = field(default_factory=dict)  # prepare-time metrics (advantage mean…)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def row_length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """Cumulative sequence boundaries of the rows flattened end to end (THD layout), int32.
+
+        Each row's padding tail counts as one extra segment so that the lengths add up to
+        rows x length; `cu_seqlens[-1] == numel(input_ids)`.
+        """
+        bounds = [0]
+        for r in range(self.num_rows):
+            base = r * self.row_length
+            row = sorted((p.start, p.length) for p in self.placements if p.row == r)
+            for start, length in row:
+                bounds.append(base + start + length)
+            if bounds[-1] != base + self.row_length:
+                bounds.append(base + self.row_length)
+        return torch.tensor(bounds, dtype=torch.int32)
+
+    def max_seqlen(self) -> int:
+        return max((p.length for p in self.placements), default=0)
+
+    def attention_mask(self) -> torch.Tensor:
+        """Block-diagonal causal mask `[R, 1, L, L]`, True where query t may attend to key s.
+
+        (Megatron's local attention takes the inverse: True = masked out; pass `~mask`.)
+        Padding positions attend only to themselves so that no row of the softmax is empty.
+        """
+        seg = self.segment_ids
+        length = self.row_length
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        same = seg.unsqueeze(2) == seg.unsqueeze(1)
+        pad = (seg == 0).unsqueeze(2) & torch.eye(length, dtype=torch.bool).unsqueeze(0)
+        allowed = (same & causal.unsqueeze(0) & (seg != 0).unsqueeze(2)) | pad
+        return allowed.unsqueeze(1)
+
+    def scatter(self, per_sample: Sequence[Sequence[float] | torch.Tensor]) -> torch.Tensor:
+        """Place per-completion-token values (indexed by sample) into a `[R, L]` float tensor."""
+        out = torch.zeros(self.num_rows, self.row_length, dtype=torch.float32)
+        for p in self.placements:
+            values = torch.as_tensor(per_sample[p.sample], dtype=torch.float32).reshape(-1)
+            if values.numel() != p.completion_len:
+                raise PackingError(
+                    f"sample {p.sample}: {values.numel()} values for {p.completion_len} completion tokens")
+            first = p.start + p.prompt_len - 1
+            out[p.row, first:first + p.completion_len] = values
+        return out
+
+    def unpack(self, packed: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Per-completion-token values of each sample (keyed by sample index) from a `[R, L]` tensor."""
+        result: dict[int, torch.Tensor] = {}
+        for p in self.placements:
+            first = p.start + p.prompt_len - 1
+            result[p.sample] = packed[p.row, first:first + p.completion_len]
+        return result
+
+    def unpack_tokens(self) -> dict[int, tuple[list[int], list[int]]]:
+        """(prompt ids, completion ids) of each packed sample, keyed by sample index."""
+        result: dict[int, tuple[list[int], list[int]]] = {}
+        for p in self.placements:
+            ids = self.input_ids[p.row, p.start:p.start + p.length].tolist()
+            result[p.sample] = (ids[:p.prompt_len], ids[p.prompt_len:])
+        return result
+
+    def split(self, num_micro: int) -> list[PackedBatch]:
+        """Split by rows into at most `num_micro` contiguous micro-batches (weights kept global)."""
+        if num_micro < 1:
+            raise PackingError("num_micro must be >= 1")
+        n = min(num_micro, self.num_rows)
+        bounds = [round(i * self.num_rows / n) for i in range(n + 1)]
+        return [self.rows(bounds[i], bounds[i + 1]) for i in range(n)]
+
+    def rows(self, lo: int, hi: int) -> PackedBatch:
+        """The micro-batch of rows [lo, hi); placements and seq_fields re-indexed."""
+        keep = [i for i, p in enumerate(self.placements) if lo <= p.row < hi]
+        remap = torch.full((len(self.placements) + 1,), -1, dtype=torch.int64)
+        remap[torch.tensor(keep, dtype=torch.int64)] = torch.arange(len(keep))
+        sl = slice(lo, hi)
+        seq_index = self.seq_index[sl]
+        return PackedBatch(
+            input_ids=self.input_ids[sl], position_ids=self.position_ids[sl],
+            segment_ids=self.segment_ids[sl], labels=self.labels[sl], loss_mask=self.loss_mask[sl],
+            seq_index=torch.where(seq_index >= 0, remap[seq_index.clamp(min=0)], -1),
+            placements=[_shift_row(self.placements[i], lo) for i in keep],
+            token_fields={k: v[sl] for k, v in self.token_fields.items()},
+            seq_fields={k: v[keep] for k, v in self.seq_fields.items()},
+            weights=None if self.weights is None else self.weights[sl],
+            stats=dict(self.stats),
+        )
+
+
+def _shift_row(p: Placement, lo: int) -> Placement:
+    return Placement(p.sample, p.row - lo, p.start, p.prompt_len, p.completion_len)
+
+
+def plan_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """First-fit-decreasing bin packing: indices of `lengths` grouped into rows of <= budget tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        if lengths[i] > budget:
+            raise PackingError(f"unit {i} has {lengths[i]} tokens, more than the row budget {budget}")
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(budget - lengths[i])
+    return rows
+
+
+def pack(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    token_budget: int,
+    *,
+    units: Sequence[Sequence[int]] | None = None,
+    pad_id: int = 0,
+    pad_to_multiple: int = 1,
+) -> PackedBatch:
+    """Pack samples i = (prompts[i] + completions[i]) into rows of at most `token_budget` tokens.
+
+    `units` (default: each sample alone) lists sample indices that must share a row, in order.
+    Every sample must appear in exactly one unit. Rows keep the units' order of placement.
+    """
+    if len(prompts) != len(completions):
+        raise PackingError("prompts and completions differ in length")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise PackingError(f"sample {i} has an empty prompt: nothing predicts its first token")
+    unit_list = [list(u) for u in units] if units is not None else [[i] for i in range(len(prompts))]
+    seen = sorted(i for u in unit_list for i in u)
+    if seen != list(range(len(prompts))):
+        raise PackingError("units must cover every sample exactly once")
+    lengths = [sum(len(prompts[i]) + len(completions[i]) for i in u) for u in unit_list]
+    plan = plan_rows(lengths, token_budget)
+    fill = max((sum(lengths[u] for u in row) for row in plan), default=0)
+    length = max(1, -(-fill // pad_to_multiple) * pad_to_multiple)
+    n_rows = len(plan)
+    input_ids = torch.full((n_rows, length), pad_id, dtype=torch.int64)
+    labels = torch.full((n_rows, length), pad_id, dtype=torch.int64)
+    position_ids = torch.zeros(n_rows, length, dtype=torch.int64)
+    segment_ids = torch.zeros(n_rows, length, dtype=torch.int64)
+    seq_index = torch.full((n_rows, length), -1, dtype=torch.int64)
+    loss_mask = torch.zeros(n_rows, length, dtype=torch.float32)
+    placements: list[Placement] = []
+    for r, row in enumerate(plan):
+        start = 0
+        segment = 0
+        for u in row:
+            for i in unit_list[u]:
+                segment += 1
+                n_p, n_c = len(prompts[i]), len(completions[i])
+                end = start + n_p + n_c
+                ids = torch.tensor([*prompts[i], *completions[i]], dtype=torch.int64)
+                input_ids[r, start:end] = ids
+                labels[r, start:end - 1] = ids[1:]
+                position_ids[r, start:end] = torch.arange(n_p + n_c)
+                segment_ids[r, start:end] = segment
+                seq_index[r, start:end] = len(placements)
+                loss_mask[r, start + n_p - 1:end - 1] = 1.0
+                placements.append(Placement(i, r, start, n_p, n_c))
+                start = end
+    return PackedBatch(input_ids, position_ids, segment_ids, labels, loss_mask, seq_index, placements)
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-prob of `labels[r, t]` under `logits[r, t]` (`[R, L, V]` -> `[R, L]`), in float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)

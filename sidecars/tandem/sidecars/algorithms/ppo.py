@@ -1,0 +1,149 @@
+"""PPO: per-token rewards with a KL penalty, GAE, clipped policy loss, optional clipped critic loss.
+
+Role: `PPO.prepare` builds per-token rewards (the sample's score on its last completion token,
+minus `kl_coef` x (old - ref) on every token when a reference is used), runs GAE (gamma, lambda)
+per sample over the completion tokens, whitens the advantages over the batch, and packs them;
+`PPO.loss` is the clipped surrogate; `PPO.critic_loss` the clipped value loss for the critic
+model. Without a critic (`critic: false`) the value of every step is the mean score of the
+sample's group (a group baseline). Callers: the driver via `make_algorithm`, the trainer engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from tandem.sidecars.algorithms import functional as F
+from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample, pack_samples, per_token
+from tandem.sidecars.algorithms.packing import PackedBatch
+
+if TYPE_CHECKING:
+    from tandem.spec.models import Algorithm as AlgorithmSpec
+
+
+@dataclass
+class PPO:
+    clip: float = 0.2
+    kl_coef: float = 0.001
+    gamma: float = 1.0
+    lam: float = 0.95
+    critic: bool = False
+    value_clip: float = 0.2
+    whiten: bool = True
+    reduction: F.Reduction = "token"
+    pad_id: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> PPO:
+        return cls(clip=spec.clip, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
+                   critic=spec.critic, pad_id=pad_id)
+
+    @property
+    def name(self) -> str:
+        return "ppo"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        return True
+
+    @property
+    def needs_values(self) -> bool:
+        return self.critic
+
+    def token_rewards(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """Per-token rewards: -kl_coef * (old - ref) on each token, plus the score on the last one."""
+        old = per_token(samples, "old_logprobs")
+        ref = per_token(samples, "ref_logprobs")
+        if self.kl_coef > 0 and (old is None or ref is None):
+            raise AlgorithmError("ppo with kl_coef > 0 needs old_logprobs and ref_logprobs on every sample")
+        out: list[list[float]] = []
+        for i, s in enumerate(samples):
+            n = len(s.completion_ids)
+            r = [0.0] * n
+            if self.kl_coef > 0 and old is not None and ref is not None:
+                r = [-self.kl_coef * (o - f) for o, f in zip(old[i], ref[i], strict=True)]
+            if n:
+                r[-1] += s.reward
+            out.append(r)
+        return out
+
+    def baseline_values(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """Values per token: the critic's, or the mean score of the sample's group."""
+        if self.critic:
+            values = per_token(samples, "values")
+            if values is None:
+                raise AlgorithmError("ppo with critic needs values on every sample")
+            return values
+        sums: dict[int, list[float]] = {}
+        for s in samples:
+            sums.setdefault(s.group, []).append(s.reward)
+        return [[sum(sums[s.group]) / len(sums[s.group])] * len(s.completion_ids) for s in samples]
+
+    def prepare(self, samples: Sequence[Sample], token_budget: int) -> PackedBatch:
+        batch = pack_samples(samples, token_budget, pad_id=self.pad_id)
+        rewards = self.token_rewards(samples)
+        values = self.baseline_values(samples)
+        t_max = max((len(s.completion_ids) for s in samples), default=0)
+        r = _padded(rewards, t_max)
+        v = _padded(values, t_max)
+        m = _padded([[1.0] * len(s.completion_ids) for s in samples], t_max)
+        adv, ret = F.gae(r, v, m, self.gamma, self.lam)
+        if self.whiten and m.sum() > 1:
+            adv = F.masked_whiten(adv, m)
+        lengths = [len(s.completion_ids) for s in samples]
+        batch.token_fields["advantages"] = batch.scatter([adv[i, :n] for i, n in enumerate(lengths)])
+        batch.token_fields["returns"] = batch.scatter([ret[i, :n] for i, n in enumerate(lengths)])
+        batch.token_fields["old_values"] = batch.scatter(values)
+        old = per_token(samples, "old_logprobs")
+        if old is not None:
+            batch.token_fields["old_logprobs"] = batch.scatter(old)
+        batch.weights = F.loss_weights(batch.loss_mask, batch.seq_index, self.reduction)
+        scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        batch.stats.update({
+            "reward_mean": float(scores.mean()) if scores.numel() else 0.0,
+            "return_mean": float(F.masked_mean(ret, m)),
+            "advantage_abs_mean": float(F.masked_mean(adv.abs(), m)),
+        })
+        return batch
+
+    def loss(self, logprobs: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, Metrics]:
+        if batch.weights is None:
+            raise AlgorithmError("batch was not prepared by PPO.prepare (no weights)")
+        mask = batch.loss_mask
+        old = batch.token_fields.get("old_logprobs")
+        old = logprobs.detach() if old is None else old
+        pg, ratio, clipped = F.clipped_policy_loss(logprobs, old, batch.token_fields["advantages"], self.clip)
+        loss = torch.where(mask > 0, pg * batch.weights, 0.0).sum()
+        return loss, {
+            "loss": float(loss.detach()),
+            "pg_loss": float(F.masked_mean(pg.detach(), mask)),
+            "clip_frac": float(F.masked_mean(clipped, mask)),
+            "ratio_mean": float(F.masked_mean(ratio.detach(), mask)),
+            "approx_kl_old": float(F.masked_mean((old - logprobs.detach()), mask)),
+            "tokens": float(mask.sum()),
+        }
+
+    def critic_loss(self, values: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, Metrics]:
+        """Clipped value loss of the critic's `[R, L]` values (aligned like log-probs)."""
+        if batch.weights is None:
+            raise AlgorithmError("batch was not prepared by PPO.prepare (no weights)")
+        mask = batch.loss_mask
+        vl, clipped = F.clipped_value_loss(
+            values, batch.token_fields["old_values"], batch.token_fields["returns"], self.value_clip)
+        loss = torch.where(mask > 0, vl * batch.weights, 0.0).sum()
+        return loss, {"value_loss": float(loss.detach()),
+                      "value_clip_frac": float(F.masked_mean(clipped, mask))}
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.as_tensor(list(row), dtype=torch.float32)
+    return out
