@@ -230,7 +230,8 @@ class JobStatus(Base):
 
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=48)]
+    # A DNS-1035 label (the job name is also its headless Service name), short enough for `<name>-<index>`.
+    name: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=48)]
     namespace: str = "default"
 
 

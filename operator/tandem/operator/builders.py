@@ -1,0 +1,290 @@
+"""Pure builders: an RLHFJob spec in, plain Kubernetes manifests (dicts) out.
+
+Callers: the kopf handlers (`tandem.operator.handlers`, through `tandem.operator.reconcile`) create
+what these return; `tandem run` (the CLI) starts the same pods as local processes from
+`build_pods`. Nothing here talks to the API server, reads the clock or the environment.
+
+Objects of a job `<job>` in namespace `<ns>`:
+  Service    `<job>`          headless, selects every pod of the job (rendezvous DNS names)
+  ConfigMap  `<job>-spec`     key `job.yaml`: the job (apiVersion, kind, metadata, spec) as YAML
+  Secret     `<job>-token`    key `token`: the checkpoint-engine API token (created once, kept)
+  Pod        `<job>-<i>`      i < replicas: trainer container + rollout native sidecar (role hybrid)
+                              replicas <= i: rollout container only (rolloutOnlyReplicas; role rollout)
+
+Pod labels: tandem.dev/job, tandem.dev/role (hybrid|rollout), tandem.dev/index,
+tandem.dev/restart-generation. Every pod has hostname `<job>-<i>` and subdomain `<job>`, so pod 0
+answers at `<job>-0.<job>.<ns>.svc`.
+
+Container contract (stable; the sidecars and `tandem run` rely on it). Commands:
+  trainer  ["python", "-m", "tandem.sidecars.trainer"]
+  rollout  ["python", "-m", "tandem.sidecars.rollout"]
+Environment of both containers:
+  TANDEM_JOB                 job name
+  TANDEM_NAMESPACE           job namespace
+  TANDEM_ROLE                trainer | rollout (the container's role)
+  TANDEM_POD                 pod name (`<job>-<i>`)
+  TANDEM_POD_INDEX           i
+  TANDEM_REPLICAS            spec.replicas (pods holding a trainer)
+  TANDEM_ROLLOUT_ONLY        1 in rollout-only pods, else 0
+  TANDEM_JOB_FILE            /etc/tandem/job.yaml (the ConfigMap, mounted read-only)
+  TANDEM_ETCD_ENDPOINTS      comma-separated; spec.checkpointEngine.etcd.endpoints or the
+                             operator's default (the chart's `tandem-etcd` service)
+  TANDEM_SHM_DIR             /dev/shm/tandem (a memory-backed emptyDir of checkpointEngine.shmSize)
+  TANDEM_CE_PORT             checkpoint-engine HTTP port: checkpointEngine.port for the trainer,
+                             port + 1 for the rollout
+  TANDEM_TOKEN               checkpoint-engine API token (secretKeyRef `<job>-token`/token)
+  MASTER_ADDR                `<job>-0.<job>.<ns>.svc`
+  MASTER_PORT                29500
+  TANDEM_RESTART_GENERATION  gang restart generation (0 on first start)
+The rollout container also gets NVIDIA_VISIBLE_DEVICES=all when the pod has GPUs: the trainer
+requests `nvidia.com/gpu: gpusPerPod` once and both containers see every GPU of the pod.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import yaml
+
+from tandem.spec.models import API_VERSION, KIND, RLHFJob
+
+Manifest = dict[str, Any]
+
+LABEL_JOB = "tandem.dev/job"
+LABEL_ROLE = "tandem.dev/role"
+LABEL_INDEX = "tandem.dev/index"
+LABEL_GENERATION = "tandem.dev/restart-generation"
+ROLE_HYBRID = "hybrid"
+ROLE_ROLLOUT = "rollout"
+
+TRAINER_COMMAND = ["python", "-m", "tandem.sidecars.trainer"]
+ROLLOUT_COMMAND = ["python", "-m", "tandem.sidecars.rollout"]
+JOB_FILE_DIR = "/etc/tandem"
+JOB_FILE_KEY = "job.yaml"
+JOB_FILE = f"{JOB_FILE_DIR}/{JOB_FILE_KEY}"
+SHM_MOUNT = "/dev/shm"
+SHM_DIR = f"{SHM_MOUNT}/tandem"
+MASTER_PORT = 29500
+TOKEN_KEY = "token"
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_ETCD_ENDPOINTS = "http://tandem-etcd.tandem-system.svc:2379"
+
+
+def service_name(job_name: str) -> str:
+    return job_name
+
+
+def spec_configmap_name(job_name: str) -> str:
+    return f"{job_name}-spec"
+
+
+def token_secret_name(job_name: str) -> str:
+    return f"{job_name}-token"
+
+
+def pod_name(job_name: str, index: int) -> str:
+    return f"{job_name}-{index}"
+
+
+def pod_count(job: RLHFJob) -> int:
+    return job.spec.replicas + job.spec.rollout_only_replicas
+
+
+def pod_names(job: RLHFJob) -> list[str]:
+    return [pod_name(job.metadata.name, i) for i in range(pod_count(job))]
+
+
+def new_token() -> str:
+    """A fresh random checkpoint-engine API token (the only impure helper: callers choose when)."""
+    return secrets.token_urlsafe(32)
+
+
+def owner_reference(name: str, uid: str) -> Manifest:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(job: RLHFJob, name: str, owner_uid: str | None, labels: dict[str, str]) -> Manifest:
+    meta: Manifest = {"name": name, "namespace": job.metadata.namespace, "labels": labels}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [owner_reference(job.metadata.name, owner_uid)]
+    return meta
+
+
+def job_labels(job_name: str) -> dict[str, str]:
+    return {LABEL_JOB: job_name, "app.kubernetes.io/name": "tandem", "app.kubernetes.io/component": "rlhfjob"}
+
+
+def pod_labels(job_name: str, role: str, index: int, generation: int) -> dict[str, str]:
+    return {**job_labels(job_name), LABEL_ROLE: role, LABEL_INDEX: str(index),
+            LABEL_GENERATION: str(generation)}
+
+
+def ce_ports(job: RLHFJob) -> tuple[int, int]:
+    """(trainer, rollout) checkpoint-engine ports."""
+    port = job.spec.checkpoint_engine.port
+    return port, port + 1
+
+
+def etcd_endpoints(job: RLHFJob, default: str = DEFAULT_ETCD_ENDPOINTS) -> str:
+    return ",".join(job.spec.checkpoint_engine.etcd.endpoints) or default
+
+
+def build_service(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
+    """Headless Service: stable DNS for every pod (rendezvous + checkpoint-engine peers)."""
+    trainer_port, rollout_port = ce_ports(job)
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(job, service_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: job.metadata.name},
+            "ports": [
+                {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"},
+                {"name": "ce-trainer", "port": trainer_port, "targetPort": trainer_port, "protocol": "TCP"},
+                {"name": "ce-rollout", "port": rollout_port, "targetPort": rollout_port, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def job_document(job: RLHFJob) -> Manifest:
+    """The job as the sidecars read it: apiVersion, kind, metadata (name, namespace), spec."""
+    return {
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
+        "spec": job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+
+
+def build_spec_configmap(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
+    text = yaml.safe_dump(job_document(job), sort_keys=False)
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _metadata(job, spec_configmap_name(job.metadata.name), owner_uid,
+                              job_labels(job.metadata.name)),
+        "data": {JOB_FILE_KEY: text},
+    }
+
+
+def build_token_secret(job: RLHFJob, token: str, *, owner_uid: str | None = None) -> Manifest:
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _metadata(job, token_secret_name(job.metadata.name), owner_uid,
+                              job_labels(job.metadata.name)),
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _env(job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, etcd: str) -> list[Manifest]:
+    name, ns = job.metadata.name, job.metadata.namespace
+    plain = {
+        "TANDEM_JOB": name,
+        "TANDEM_NAMESPACE": ns,
+        "TANDEM_ROLE": role,
+        "TANDEM_POD": pod_name(name, index),
+        "TANDEM_POD_INDEX": str(index),
+        "TANDEM_REPLICAS": str(job.spec.replicas),
+        "TANDEM_ROLLOUT_ONLY": "1" if index >= job.spec.replicas else "0",
+        "TANDEM_JOB_FILE": JOB_FILE,
+        "TANDEM_ETCD_ENDPOINTS": etcd,
+        "TANDEM_SHM_DIR": SHM_DIR,
+        "TANDEM_CE_PORT": str(ce_port),
+        "MASTER_ADDR": f"{pod_name(name, 0)}.{service_name(name)}.{ns}.svc",
+        "MASTER_PORT": str(MASTER_PORT),
+        "TANDEM_RESTART_GENERATION": str(generation),
+    }
+    env: list[Manifest] = [{"name": k, "value": v} for k, v in plain.items()]
+    env.append({"name": "TANDEM_TOKEN", "valueFrom": {"secretKeyRef": {"name": token_secret_name(name),
+                                                                        "key": TOKEN_KEY}}})
+    return env
+
+
+def _mounts() -> list[Manifest]:
+    return [{"name": "shm", "mountPath": SHM_MOUNT},
+            {"name": "job-spec", "mountPath": JOB_FILE_DIR, "readOnly": True}]
+
+
+def _resources(cpu: str, memory: str, gpus: int) -> Manifest:
+    amounts: dict[str, str] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        amounts[GPU_RESOURCE] = str(gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def trainer_container(job: RLHFJob, index: int, generation: int, etcd: str) -> Manifest:
+    port, _ = ce_ports(job)
+    res = job.spec.trainer.resources
+    return {
+        "name": "trainer",
+        "image": job.spec.trainer.image,
+        "command": list(TRAINER_COMMAND),
+        "env": _env(job, role="trainer", index=index, generation=generation, ce_port=port, etcd=etcd),
+        "ports": [{"name": "ce-trainer", "containerPort": port, "protocol": "TCP"},
+                  {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod),
+        "volumeMounts": _mounts(),
+    }
+
+
+def rollout_container(job: RLHFJob, index: int, generation: int, etcd: str, *, owns_gpus: bool) -> Manifest:
+    """The rollout; it requests the GPUs only when no trainer shares its pod (`owns_gpus`)."""
+    _, port = ce_ports(job)
+    res = job.spec.rollout.resources
+    env = _env(job, role="rollout", index=index, generation=generation, ce_port=port, etcd=etcd)
+    if job.spec.gpus_per_pod and not owns_gpus:
+        env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
+    return {
+        "name": "rollout",
+        "image": job.spec.rollout.image,
+        "command": list(ROLLOUT_COMMAND),
+        "env": env,
+        "ports": [{"name": "ce-rollout", "containerPort": port, "protocol": "TCP"}],
+        "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod if owns_gpus else 0),
+        "volumeMounts": _mounts(),
+    }
+
+
+def build_pod(job: RLHFJob, index: int, *, restart_generation: int = 0, owner_uid: str | None = None,
+              default_etcd: str = DEFAULT_ETCD_ENDPOINTS) -> Manifest:
+    name = job.metadata.name
+    etcd = etcd_endpoints(job, default_etcd)
+    hybrid = index < job.spec.replicas
+    role = ROLE_HYBRID if hybrid else ROLE_ROLLOUT
+    shm = {"medium": "Memory", "sizeLimit": job.spec.checkpoint_engine.shm_size}
+    pod_spec: Manifest = {
+        "hostname": pod_name(name, index),
+        "subdomain": service_name(name),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "volumes": [
+            {"name": "shm", "emptyDir": shm},
+            {"name": "job-spec", "configMap": {"name": spec_configmap_name(name),
+                                               "items": [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]}},
+        ],
+    }
+    if hybrid:
+        sidecar = rollout_container(job, index, restart_generation, etcd, owns_gpus=False)
+        sidecar["restartPolicy"] = "Always"  # native sidecar: starts first, stops after the trainer
+        pod_spec["initContainers"] = [sidecar]
+        pod_spec["containers"] = [trainer_container(job, index, restart_generation, etcd)]
+    else:
+        pod_spec["containers"] = [rollout_container(job, index, restart_generation, etcd, owns_gpus=True)]
+    if job.spec.gpus_per_pod:
+        pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": _metadata(job, pod_name(name, index), owner_uid,
+                              pod_labels(name, role, index, restart_generation)),
+        "spec": pod_spec,
+    }
+
+
+def build_pods(job: RLHFJob, *, restart_generation: int = 0, owner_uid: str | None = None,
+               default_etcd: str = DEFAULT_ETCD_ENDPOINTS) -> list[Manifest]:
+    """Every pod of the job, hybrid pods first, in index order."""
+    return [build_pod(job, i, restart_generation=restart_generation, owner_uid=owner_uid,
+                      default_etcd=default_etcd) for i in range(pod_count(job))]

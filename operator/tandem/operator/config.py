@@ -1,0 +1,64 @@
+"""Operator settings, read once from the environment (the chart's Deployment sets them).
+
+Callers: `tandem.operator.handlers` (startup, timer interval) and `tandem.operator.__main__`.
+
+  TANDEM_ETCD_ENDPOINTS        comma-separated etcd URLs used when a job names none: the operator
+                               reads progress and deletes keys there, and pods get it in their env
+                               (default: the chart's etcd, http://tandem-etcd.tandem-system.svc:2379)
+  TANDEM_RECONCILE_INTERVAL    seconds between reconciles of one job (default 2)
+  TANDEM_ETCD_TIMEOUT          seconds per etcd call (default 5)
+  TANDEM_FINALIZER_RETRIES     attempts to delete a job's etcd keys before giving up and letting
+                               the RLHFJob go anyway (default 12, 5 s apart)
+  TANDEM_MAX_CONNECTIONS       HTTP connections to the API server (default 64)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tandem.operator.builders import DEFAULT_ETCD_ENDPOINTS
+
+
+class ConfigError(ValueError):
+    """An operator setting in the environment is malformed."""
+
+
+def _float(env: Mapping[str, str], key: str, default: float, low: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r}: not a number") from None
+    if value < low:
+        raise ConfigError(f"{key}={raw!r}: must be >= {low}")
+    return value
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    etcd_endpoints: tuple[str, ...]
+    reconcile_interval: float = 2.0
+    etcd_timeout: float = 5.0
+    finalizer_retries: int = 12
+    max_connections: int = 64
+
+    @property
+    def default_etcd(self) -> str:
+        return ",".join(self.etcd_endpoints)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+        raw = env.get("TANDEM_ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS)
+        endpoints = tuple(e.strip() for e in raw.split(",") if e.strip())
+        return cls(
+            etcd_endpoints=endpoints or (DEFAULT_ETCD_ENDPOINTS,),
+            reconcile_interval=_float(env, "TANDEM_RECONCILE_INTERVAL", 2.0, 0.1),
+            etcd_timeout=_float(env, "TANDEM_ETCD_TIMEOUT", 5.0, 0.1),
+            finalizer_retries=int(_float(env, "TANDEM_FINALIZER_RETRIES", 12, 0)),
+            max_connections=int(_float(env, "TANDEM_MAX_CONNECTIONS", 64, 1)),
+        )

@@ -1,0 +1,121 @@
+"""Thin asyncio access to the Kubernetes API for the handlers: create-if-absent, delete, list, status.
+
+Callers: `tandem.operator.reconcile` and `tandem.operator.handlers`. Every call is idempotent in
+the way reconciliation needs: creating an object that exists (409) is success, deleting one that is
+gone (404) is success. Responses are not deserialised into client models (they are not needed and
+cost CPU at scale); reads return plain dicts.
+
+Credentials: in a pod, the ServiceAccount (in-cluster config); elsewhere $KUBECONFIG or
+~/.kube/config (the tests hand the operator a kubeconfig holding the chart ServiceAccount's token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from tandem.operator.builders import LABEL_JOB, Manifest
+from tandem.operator.observe import PodState, pod_state
+from tandem.spec.models import GROUP, PLURAL, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(RuntimeError):
+    """An API call failed for a reason other than the object existing / being gone."""
+
+    def __init__(self, action: str, exc: ApiException):
+        self.status = int(exc.status or 0)
+        reason = exc.reason or ""
+        try:
+            reason = json.loads(exc.body or "{}").get("message", reason)
+        except (TypeError, ValueError):
+            pass
+        super().__init__(f"{action}: HTTP {self.status}: {reason}")
+
+
+async def connect(max_connections: int = 64) -> client.ApiClient:
+    """An ApiClient from in-cluster credentials, else from the kubeconfig."""
+    conf = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(client_configuration=conf, persist_config=False)
+    conf.connection_pool_maxsize = max_connections
+    return client.ApiClient(configuration=conf)
+
+
+class Kube:
+    """The few API operations the operator performs, against one ApiClient."""
+
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+        # Typed as Any: calls pass _preload_content=False and get raw aiohttp responses back.
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def create(self, manifest: Manifest) -> bool:
+        """Create if absent. True when created, False when it already existed."""
+        kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
+        creators = {"Pod": self.core.create_namespaced_pod, "Service": self.core.create_namespaced_service,
+                    "ConfigMap": self.core.create_namespaced_config_map,
+                    "Secret": self.core.create_namespaced_secret}
+        try:
+            resp = await creators[kind](ns, manifest, _preload_content=False)
+            resp.release()
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise KubeError(f"create {kind} {ns}/{manifest['metadata']['name']}", e) from None
+
+    async def exists(self, kind: str, namespace: str, name: str) -> bool:
+        readers = {"Secret": self.core.read_namespaced_secret, "Pod": self.core.read_namespaced_pod}
+        try:
+            resp = await readers[kind](name, namespace, _preload_content=False)
+            resp.release()
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise KubeError(f"get {kind} {namespace}/{name}", e) from None
+
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        """Graceful delete; True when a delete was issued, False when the pod was already gone."""
+        try:
+            resp = await self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+            resp.release()
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise KubeError(f"delete Pod {namespace}/{name}", e) from None
+
+    async def list_job_pods(self, namespace: str, job: str) -> list[PodState]:
+        try:
+            resp = await self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}",
+                                                       _preload_content=False)
+            data = json.loads(await resp.read())
+        except ApiException as e:
+            raise KubeError(f"list pods of {namespace}/{job}", e) from None
+        states = (pod_state(item) for item in data.get("items", []))
+        return [s for s in states if s is not None]
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch the RLHFJob status subresource; returns the patched object."""
+        try:
+            resp = await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
+                _content_type=MERGE_PATCH, _preload_content=False)
+            body: dict[str, Any] = json.loads(await resp.read())
+            return body
+        except ApiException as e:
+            raise KubeError(f"patch status of {namespace}/{name}", e) from None

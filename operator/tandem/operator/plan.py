@@ -1,0 +1,152 @@
+"""The reconcile decision: from what is observed, the next status and the pod actions to take.
+
+Callers: `tandem.operator.reconcile.run` (which gathers the observation and carries out the plan).
+Pure and level-triggered: the same observation always yields the same plan, and carrying out a
+plan twice is harmless (creates are create-if-absent, deletes ignore missing pods). This is what
+lets the operator restart at any moment and converge without duplicate pods.
+
+Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
+suspend > restart in progress > pod failures > create what is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tandem.operator import builders, restart_policy, status
+from tandem.operator.observe import PodState
+from tandem.operator.status import Event
+from tandem.spec.load import SpecError
+from tandem.spec.models import JobStatus, RLHFJob
+from tandem.spec.progress import Progress
+
+
+@dataclass(frozen=True)
+class Observation:
+    name: str
+    generation: int  # metadata.generation
+    job: RLHFJob | None  # None when the spec is invalid
+    spec_error: SpecError | None
+    status: JobStatus
+    pods: Sequence[PodState]
+    progress: Progress | None
+    now: datetime
+
+
+@dataclass
+class Plan:
+    status: JobStatus
+    create: list[int] = field(default_factory=list)  # pod indices to create (current generation)
+    delete: list[str] = field(default_factory=list)  # pod names to delete
+    ensure_objects: bool = False  # Service, ConfigMap, Secret must exist
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None  # wake again sooner than the timer interval
+
+    @property
+    def restart_generation(self) -> int:
+        return self.status.restarts
+
+
+def _alive(pods: Sequence[PodState]) -> list[str]:
+    return sorted(p.name for p in pods if not p.deleting)
+
+
+def _expected(job: RLHFJob) -> list[str]:
+    return builders.pod_names(job)
+
+
+def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
+    plan.status.observed_generation = obs.generation
+    event = status.transition_event(before, plan.status)
+    if event is not None:
+        plan.events.append(event)
+    return plan
+
+
+def decide(obs: Observation) -> Plan:
+    new = obs.status.model_copy(deep=True)
+    before = obs.status.phase if obs.status.conditions else "New"  # never reconciled yet: announce it
+    plan = Plan(status=new)
+    now = obs.now
+
+    if obs.job is None:
+        message = str(obs.spec_error).split("\n", 1)[-1].strip() if obs.spec_error else "invalid spec"
+        if new.phase != "InvalidSpec" or new.message != message:
+            status.set_phase(new, "InvalidSpec", message, now)
+        plan.delete = _alive(obs.pods)
+        return _finish(obs, plan, before)
+
+    spec = obs.job.spec
+    status.apply_progress(new, obs.progress)
+
+    if new.phase in status.TERMINAL:
+        if new.phase == "Failed":
+            plan.delete = _alive(obs.pods)
+        return _finish(obs, plan, before)
+
+    generation = new.restarts
+    expected = _expected(obs.job)
+    current = [p for p in obs.pods if p.generation == generation]
+    trainers = [p for p in current if p.index < spec.replicas]
+
+    driver_done = obs.progress is not None and obs.progress.phase == "done"
+    if driver_done or (len(trainers) == spec.replicas and all(p.phase == "Succeeded" for p in trainers)):
+        status.set_phase(new, "Succeeded", f"finished after {new.iteration} iterations", now)
+        plan.delete = sorted(p.name for p in current
+                             if p.phase not in ("Succeeded", "Failed") and not p.deleting)
+        return _finish(obs, plan, before)
+    if obs.progress is not None and obs.progress.phase == "failed":
+        reason = obs.progress.message or "no message"
+        status.set_phase(new, "Failed", f"driver reported failure: {reason}", now)
+        plan.delete = _alive(obs.pods)
+        return _finish(obs, plan, before)
+
+    if spec.suspend:
+        left = _alive(obs.pods)
+        if new.phase != "Suspended":
+            status.set_phase(new, "Suspended", "suspended: pods deleted", now)
+        plan.delete = left
+        return _finish(obs, plan, before)
+
+    plan.ensure_objects = True
+    stale = restart_policy.old_generation_left(obs.pods, generation)
+    plan.delete = sorted(p.name for p in obs.pods if p.generation != generation and not p.deleting)
+
+    if new.phase == "Restarting":
+        policy = spec.failure_policy
+        wait = restart_policy.backoff_remaining(status.restart_began(new), policy.backoff_seconds, now)
+        if stale or wait > 0:
+            plan.requeue_after = max(wait, 0.5)
+            return _finish(obs, plan, before)
+        status.set_phase(new, "Pending", f"restart {new.restarts}: creating pods", now)
+        plan.create = list(range(len(expected)))
+        return _finish(obs, plan, before)
+
+    found = restart_policy.failures(obs.pods, expected, generation, all_were_running=new.phase == "Running")
+    if found:
+        what = "; ".join(f.describe() for f in found)
+        plan.delete = _alive(obs.pods)
+        plan.create = []
+        limit = spec.failure_policy.max_restarts
+        if restart_policy.on_failure(new.restarts, limit) == "restart":
+            new.restarts += 1
+            status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}", now)
+            plan.requeue_after = max(float(spec.failure_policy.backoff_seconds), 0.5)
+        else:
+            status.set_phase(new, "Failed", f"{what}; maxRestarts ({limit}) reached", now)
+        return _finish(obs, plan, before)
+
+    present = {p.name for p in obs.pods}  # an old-generation pod of the same name must go first
+    plan.create = [i for i, name in enumerate(expected) if name not in present]
+    running = not plan.create and all(p.phase == "Running" and not p.deleting for p in current) and not stale
+    if running:
+        if new.phase != "Running":
+            status.set_phase(new, "Running", f"{len(expected)} pods running", now)
+    else:
+        waiting = len([p for p in current if p.phase != "Running"]) + len(plan.create)
+        message = f"waiting for {waiting} of {len(expected)} pods"
+        if new.phase != "Pending" or new.message != message or not new.conditions:
+            status.set_phase(new, "Pending", message, now)
+    return _finish(obs, plan, before)

@@ -1,0 +1,144 @@
+"""One reconcile pass of one RLHFJob: observe, decide (pure), act, report.
+
+Callers: the timer handler in `tandem.operator.handlers` (every reconcile interval, per job).
+Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, the job's pods
+(from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
+progress record in etcd. Decision: `tandem.operator.plan.decide`. Actions: ensure the Service,
+ConfigMap and Secret, delete and create pods, patch the status subresource, post Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tandem.operator import builders, status
+from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
+from tandem.operator.kube import Kube
+from tandem.operator.observe import PodState
+from tandem.operator.plan import Observation, Plan, decide
+from tandem.spec.load import SpecError, parse_spec
+from tandem.spec.models import RLHFJob
+from tandem.spec.progress import Progress
+
+
+@dataclass
+class JobMemory:
+    """What the operator remembers of one job between passes (lost on restart, by design)."""
+
+    parsed_generation: int = -1
+    job: RLHFJob | None = None
+    error: SpecError | None = None
+    objects_ensured: bool = False
+    written_rv: int = 0  # resourceVersion returned by our last status patch
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+
+
+def parse(memory: JobMemory, ref: JobRef, spec: Mapping[str, Any]) -> None:
+    """Validate the spec once per metadata.generation."""
+    if memory.parsed_generation == ref.generation:
+        return
+    try:
+        job = parse_spec(dict(spec), name=ref.name, source=f"{ref.namespace}/{ref.name}")
+        job.metadata.namespace = ref.namespace
+        memory.job, memory.error = job, None
+    except SpecError as e:
+        memory.job, memory.error = None, e
+    memory.parsed_generation = ref.generation
+    memory.objects_ensured = False
+
+
+def _stale_view(memory: JobMemory, ref: JobRef) -> bool:
+    """True while the watched body is older than our own last status write."""
+    try:
+        return int(ref.resource_version) < memory.written_rv
+    except ValueError:
+        return False
+
+
+def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+async def _ensure_objects(kube: Kube, job: RLHFJob, uid: str) -> None:
+    await asyncio.gather(
+        kube.create(builders.build_service(job, owner_uid=uid)),
+        kube.create(builders.build_spec_configmap(job, owner_uid=uid)),
+        _ensure_secret(kube, job, uid),
+    )
+
+
+async def _ensure_secret(kube: Kube, job: RLHFJob, uid: str) -> None:
+    name = builders.token_secret_name(job.metadata.name)
+    if not await kube.exists("Secret", job.metadata.namespace, name):  # token created once, then kept
+        await kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=uid))
+
+
+async def observe_pods(kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None,
+                       phase: str) -> list[PodState]:
+    pods = list(indexed)
+    if job is not None and phase == "Running":
+        names = {p.name for p in pods}
+        if any(n not in names for n in builders.pod_names(job)):  # the index may lag: ask the API
+            pods = await kube.list_job_pods(ref.namespace, ref.name)
+    return pods
+
+
+async def read_progress(etcd: EtcdStore, endpoints: Sequence[str], ref: JobRef,
+                        logger: logging.Logger) -> Progress | None:
+    try:
+        return await etcd.read_progress(endpoints, ref.namespace, ref.name)
+    except EtcdUnavailable as e:
+        logger.warning(f"progress unavailable: {e}")
+        return None
+
+
+async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str) -> None:
+    job = memory.job
+    if job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured)):
+        await _ensure_objects(kube, job, ref.uid)
+        memory.objects_ensured = True
+    if plan.delete:
+        await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
+    if job is not None and plan.create:
+        await asyncio.gather(*(kube.create(builders.build_pod(
+            job, i, restart_generation=plan.restart_generation, owner_uid=ref.uid, default_etcd=default_etcd))
+            for i in plan.create))
+
+
+async def run(*, kube: Kube, etcd: EtcdStore, memory: JobMemory, ref: JobRef, spec: Mapping[str, Any],
+              raw_status: Any, indexed_pods: Iterable[PodState], default_etcd: Sequence[str],
+              logger: logging.Logger) -> Plan | None:
+    """One pass. Returns the plan carried out (None when skipped on a stale view)."""
+    if _stale_view(memory, ref):
+        return None
+    parse(memory, ref, spec)
+    current = status.read_status(raw_status)
+    job = memory.job
+    endpoints = list(job.spec.checkpoint_engine.etcd.endpoints) if job else []
+    progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if job else None
+    pods = await observe_pods(kube, ref, indexed_pods, job, current.phase)
+    plan = decide(Observation(name=ref.name, generation=ref.generation, job=job, spec_error=memory.error,
+                              status=current, pods=pods, progress=progress, now=datetime.now(UTC)))
+    await carry_out(kube, ref, memory, plan, ",".join(default_etcd))
+    new = _clean(status.dump_status(plan.status))
+    if new != _clean(raw_status if isinstance(raw_status, Mapping) else {}):
+        patched = await kube.patch_status(ref.namespace, ref.name, new)
+        try:
+            memory.written_rv = int(patched.get("metadata", {}).get("resourceVersion", "0"))
+        except ValueError:
+            memory.written_rv = 0
+    return plan

@@ -1,0 +1,125 @@
+"""RLHFJob status: phase, Kubernetes-style conditions, progress fields, and transition events.
+
+Callers: `tandem.operator.plan.decide` builds the next status with these helpers; the handlers
+post the returned events. Pure: the clock value is passed in.
+
+Conditions (type: meaning when True), each with reason, message and lastTransitionTime that only
+moves when the condition's status flips (Kubernetes API conventions):
+  SpecValid   the spec passed every rule the operator checks
+  Ready       every pod of the current generation is Running
+  Restarting  a gang restart is under way (lastTransitionTime = when it began; backoff counts from it)
+  Suspended   spec.suspend is true and the pods are gone or going
+  Complete    the job finished (the driver reported done, or every trainer pod succeeded)
+  Failed      the job gave up (maxRestarts exhausted, or the driver reported failure)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from tandem.spec.models import Condition, JobStatus
+from tandem.spec.progress import Progress
+
+Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
+CONDITION_TYPES = ("SpecValid", "Ready", "Restarting", "Suspended", "Complete", "Failed")
+TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
+WARNING_PHASES: frozenset[str] = frozenset({"Restarting", "Failed", "InvalidSpec"})
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def read_status(raw: Any) -> JobStatus:
+    """The status stanza as a model; anything unreadable yields a fresh Pending status."""
+    if not isinstance(raw, dict):
+        return JobStatus()
+    try:
+        return JobStatus.model_validate(raw)
+    except ValueError:
+        keep = {k: raw[k] for k in ("restarts", "phase") if k in raw}
+        try:
+            return JobStatus.model_validate(keep)
+        except ValueError:
+            return JobStatus()
+
+
+def dump_status(status: JobStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json", by_alias=True)
+
+
+def condition(status: JobStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def set_condition(status: JobStatus, type_: str, value: bool, reason: str, message: str,
+                  now: datetime) -> None:
+    """Upsert a condition; lastTransitionTime moves only when its status changes."""
+    new: Literal["True", "False"] = "True" if value else "False"
+    old = condition(status, type_)
+    if old is None:
+        status.conditions.append(Condition(type=type_, status=new, reason=reason, message=message,
+                                           last_transition_time=rfc3339(now)))
+    else:
+        if old.status != new:
+            old.last_transition_time = rfc3339(now)
+        old.status, old.reason, old.message = new, reason, message
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    status.conditions.sort(key=lambda c: order.get(c.type, len(order)))
+
+
+def set_phase(status: JobStatus, phase: Phase, message: str, now: datetime) -> None:
+    """Set the phase and derive every condition from it."""
+    status.phase = phase
+    status.message = message
+    invalid = phase == "InvalidSpec"
+    set_condition(status, "SpecValid", not invalid, "InvalidSpec" if invalid else "Valid",
+                  message if invalid else "", now)
+    set_condition(status, "Ready", phase == "Running", phase, message, now)
+    for type_, when in (("Restarting", "Restarting"), ("Suspended", "Suspended"), ("Complete", "Succeeded"),
+                        ("Failed", "Failed")):
+        set_condition(status, type_, phase == when, phase, message if phase == when else "", now)
+
+
+def restart_began(status: JobStatus) -> datetime | None:
+    cond = condition(status, "Restarting")
+    if cond is None or cond.status != "True":
+        return None
+    return parse_time(cond.last_transition_time)
+
+
+def apply_progress(status: JobStatus, progress: Progress | None) -> None:
+    """Copy the driver's metrics into the status (only when a record exists)."""
+    if progress is None:
+        return
+    status.iteration = progress.iteration
+    status.weight_version = progress.weight_version
+    status.last_sync_seconds = progress.last_sync_seconds
+    status.reward_mean = progress.reward_mean
+
+
+def transition_event(before: str, after: JobStatus) -> Event | None:
+    """The Event announcing a phase change (None when the phase stayed)."""
+    if before == after.phase:
+        return None
+    kind: Literal["Normal", "Warning"] = "Warning" if after.phase in WARNING_PHASES else "Normal"
+    text = f"{before} -> {after.phase}" + (f": {after.message}" if after.message else "")
+    return Event(kind, after.phase, text)

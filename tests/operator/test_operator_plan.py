@@ -1,0 +1,191 @@
+"""Table-driven tests of the pure reconcile decision, status conditions and the restart policy."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later, pods
+
+from tandem.operator import restart_policy, status
+from tandem.operator.observe import PodState, pod_state
+from tandem.operator.plan import Observation, Plan, decide
+from tandem.spec.load import SpecError, parse_job
+from tandem.spec.models import JobStatus
+from tandem.spec.progress import Progress
+
+
+def observe(job: JobWrapper, st: JobStatus | None = None, pod_list: list[PodState] | None = None,
+            progress: Progress | None = None, now: datetime = T0) -> Observation:
+    doc = job.obj()
+    try:
+        parsed, error = parse_job(doc), None
+    except SpecError as e:
+        parsed, error = None, e
+    return Observation(name=doc["metadata"]["name"], generation=1, job=parsed, spec_error=error,
+                       status=st or JobStatus(), pods=pod_list or [], progress=progress, now=now)
+
+
+def test_new_job_creates_every_pod_and_announces_pending() -> None:
+    plan = decide(observe(JobWrapper().replicas(2).rollout_only(1)))
+    assert plan.create == [0, 1, 2] and plan.delete == [] and plan.ensure_objects
+    assert plan.status.phase == "Pending" and plan.status.observed_generation == 1
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Pending")]
+    conds = {c.type: c.status for c in plan.status.conditions}
+    assert conds == {"SpecValid": "True", "Ready": "False", "Restarting": "False", "Suspended": "False",
+                     "Complete": "False", "Failed": "False"}
+
+
+@pytest.mark.parametrize(("phases", "expected_phase", "create"), [
+    (["Running", "Running"], "Running", []),
+    (["Running", "Pending"], "Pending", []),
+    (["Running"], "Pending", [1]),
+    ([], "Pending", [0, 1]),
+])
+def test_pending_until_every_pod_runs(phases: list[str], expected_phase: str, create: list[int]) -> None:
+    pod_list = [PodWrapper("demo", i).phase(p).state() for i, p in enumerate(phases)]
+    plan = decide(observe(JobWrapper().replicas(2), StatusWrapper().phase("Pending").get(), pod_list))
+    assert plan.status.phase == expected_phase and plan.create == create and plan.delete == []
+
+
+@pytest.mark.parametrize(("pod_list", "phase_before", "why"), [
+    ([PodWrapper("demo", 0).running().state(), PodWrapper("demo", 1).failed("OOMKilled").state()], "Running",
+     "pod demo-1 failed (OOMKilled)"),
+    ([PodWrapper("demo", 0).failed().state(), PodWrapper("demo", 1).phase("Pending").state()], "Pending",
+     "pod demo-0 failed (Error)"),
+    ([PodWrapper("demo", 0).running().state()], "Running", "pod demo-1 disappeared"),
+    ([PodWrapper("demo", 0).running().state(), PodWrapper("demo", 1).running().deleting().state()], "Running",
+     "pod demo-1 is being deleted"),
+])
+def test_a_failed_pod_restarts_the_whole_gang(pod_list: list[PodState], phase_before: str, why: str) -> None:
+    job = JobWrapper().replicas(2).failure_policy(3, 10)
+    plan = decide(observe(job, StatusWrapper().phase(phase_before).get(), pod_list))
+    assert plan.status.phase == "Restarting" and plan.status.restarts == 1
+    assert plan.delete == sorted(p.name for p in pod_list if not p.deleting) and plan.create == []
+    assert why in plan.status.message and "gang restart 1/3" in plan.status.message
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Restarting")]
+    assert status.restart_began(plan.status) == T0
+
+
+def test_pod_missing_while_pending_is_recreated_not_a_failure() -> None:
+    plan = decide(observe(JobWrapper().replicas(2), StatusWrapper().phase("Pending").get(),
+                          [PodWrapper("demo", 0).running().state()]))
+    assert plan.status.phase == "Pending" and plan.create == [1] and plan.status.restarts == 0
+
+
+@pytest.mark.parametrize(("pod_list", "now", "create", "phase"), [
+    (pods("demo", 2, phase="Running", generation=0), later(60), [], "Restarting"),   # old gang still there
+    ([PodWrapper("demo", 0).running().deleting().state()], later(60), [], "Restarting"),  # still terminating
+    ([], later(5), [], "Restarting"),                                               # backoff not elapsed
+    ([], later(10), [0, 1], "Pending"),                                             # backoff elapsed
+])
+def test_restart_waits_for_old_gang_and_backoff(pod_list: list[PodState], now: datetime, create: list[int],
+                                                phase: str) -> None:
+    st = StatusWrapper().restarts(1).restart_began(T0).get()
+    plan = decide(observe(JobWrapper().replicas(2).failure_policy(3, 10), st, pod_list, now=now))
+    assert plan.create == create and plan.status.phase == phase and plan.restart_generation == 1
+    assert plan.delete == sorted(p.name for p in pod_list if not p.deleting)
+
+
+def test_new_generation_pods_count_and_old_ones_are_deleted() -> None:
+    st = StatusWrapper().phase("Pending").restarts(1).get()
+    pod_list = [PodWrapper("demo", 0).running().generation(1).state(),
+                PodWrapper("demo", 1).running().generation(0).state()]
+    plan = decide(observe(JobWrapper().replicas(2), st, pod_list))
+    assert plan.delete == ["demo-1"] and plan.create == [] and plan.status.phase == "Pending"
+
+
+@pytest.mark.parametrize(("restarts", "max_restarts", "phase"), [(0, 0, "Failed"), (2, 3, "Restarting"),
+                                                                  (3, 3, "Failed")])
+def test_max_restarts_then_failed(restarts: int, max_restarts: int, phase: str) -> None:
+    st = StatusWrapper().phase("Running").restarts(restarts).get()
+    pod_list = [PodWrapper("demo", 0).failed().generation(restarts).state()]
+    plan = decide(observe(JobWrapper().failure_policy(max_restarts), st, pod_list))
+    assert plan.status.phase == phase and plan.delete == ["demo-0"]
+    assert plan.status.restarts == (restarts + 1 if phase == "Restarting" else restarts)
+    if phase == "Failed":
+        assert f"maxRestarts ({max_restarts}) reached" in plan.status.message
+        assert {c.type: c.status for c in plan.status.conditions}["Failed"] == "True"
+
+
+def test_failed_is_terminal_and_keeps_pods_away() -> None:
+    st = StatusWrapper().phase("Failed").restarts(3).get()
+    plan = decide(observe(JobWrapper(), st, pods("demo", 1, generation=3)))
+    assert plan.status.phase == "Failed" and plan.create == [] and plan.delete == ["demo-0"] and not plan.events
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
+    running = StatusWrapper().phase("Running").get()
+    plan = decide(observe(JobWrapper().replicas(2).suspend(), running, pods("demo", 2)))
+    assert plan.status.phase == "Suspended" and plan.delete == ["demo-0", "demo-1"] and plan.create == []
+    assert [e.reason for e in plan.events] == ["Suspended"]
+    resumed = decide(observe(JobWrapper().replicas(2).suspend(False), plan.status, []))
+    assert resumed.status.phase == "Pending" and resumed.create == [0, 1] and resumed.status.restarts == 0
+
+
+def test_progress_is_copied_into_status() -> None:
+    progress = Progress(phase="train", iteration=7, weight_version=6, last_sync_seconds=1.5, reward_mean=0.25)
+    plan = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1), progress))
+    st = plan.status
+    assert (st.iteration, st.weight_version, st.last_sync_seconds, st.reward_mean) == (7, 6, 1.5, 0.25)
+    assert st.phase == "Running"
+
+
+@pytest.mark.parametrize(("progress", "pod_phase", "phase"), [
+    (Progress(phase="done", iteration=200), "Running", "Succeeded"),
+    (None, "Succeeded", "Succeeded"),
+    (Progress(phase="failed", message="nan loss"), "Running", "Failed"),
+])
+def test_driver_or_pods_finish_the_job(progress: Progress | None, pod_phase: str, phase: str) -> None:
+    plan = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1, phase=pod_phase),
+                          progress))
+    assert plan.status.phase == phase
+    if phase == "Failed":
+        assert "nan loss" in plan.status.message and plan.delete == ["demo-0"]
+
+
+def test_invalid_spec_names_the_field_and_creates_nothing() -> None:
+    job = JobWrapper("x" * 60)
+    plan = decide(observe(job, None, pods("x" * 60, 1)))
+    assert plan.status.phase == "InvalidSpec" and "metadata.name" in plan.status.message
+    assert plan.create == [] and plan.delete == ["x" * 60 + "-0"] and not plan.ensure_objects
+    assert {c.type: c.status for c in plan.status.conditions}["SpecValid"] == "False"
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "InvalidSpec")]
+
+
+def test_decide_is_idempotent_and_conditions_keep_their_transition_time() -> None:
+    obs = observe(JobWrapper(), StatusWrapper().phase("Pending").get(), pods("demo", 1))
+    first = decide(obs)
+    assert first.status.phase == "Running"
+    again = decide(Observation(**{**obs.__dict__, "status": first.status, "now": later(30)}))
+    assert again.status == first.status and not again.events and again.create == [] and again.delete == []
+
+
+def test_set_condition_moves_transition_time_only_on_flip() -> None:
+    st = JobStatus()
+    status.set_condition(st, "Ready", False, "Pending", "", T0)
+    status.set_condition(st, "Ready", False, "Pending", "still", later(5))
+    assert st.conditions[0].last_transition_time == "2026-11-22T12:00:00Z" and st.conditions[0].message == "still"
+    status.set_condition(st, "Ready", True, "Running", "", later(9))
+    assert st.conditions[0].last_transition_time == "2026-11-22T12:00:09Z"
+
+
+@pytest.mark.parametrize(("began", "backoff", "now", "left"), [
+    (None, 10, T0, 0.0), (T0, 10, later(3), 7.0), (T0, 10, later(11), 0.0), (T0, 0, T0, 0.0)])
+def test_backoff_remaining(began: datetime | None, backoff: int, now: datetime, left: float) -> None:
+    assert restart_policy.backoff_remaining(began, backoff, now) == left
+
+
+def test_pod_state_from_manifest() -> None:
+    manifest = {"metadata": {"name": "demo-1", "deletionTimestamp": "x",
+                             "labels": {"tandem.dev/job": "demo", "tandem.dev/index": "1", "tandem.dev/role": "hybrid",
+                                        "tandem.dev/restart-generation": "2"}},
+                "status": {"phase": "Failed", "containerStatuses": [
+                    {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    st = pod_state(manifest)
+    assert st == PodState("demo-1", "demo", 1, "hybrid", 2, "Failed", True, "trainer exited 137: OOMKilled")
+    assert pod_state({"metadata": {"name": "other", "labels": {}}}) is None
+
+
+def test_plan_restart_generation_is_the_restart_count() -> None:
+    assert Plan(status=StatusWrapper().restarts(4).get()).restart_generation == 4

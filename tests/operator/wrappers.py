@@ -1,0 +1,162 @@
+"""Fluent test builders for the operator tests: RLHFJob documents, pod summaries, statuses.
+
+Callers: every test in tests/operator/. Each builder starts from a small valid object and each
+method changes one thing and returns the builder, so a table row reads as the difference it tests:
+    JobWrapper("demo").replicas(2).gpus(4).set("trainer.tensorParallel", 2).job()
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tandem.operator.builders import ROLE_HYBRID, ROLE_ROLLOUT
+from tandem.operator.observe import PodState
+from tandem.spec.load import parse_job
+from tandem.spec.models import Condition, JobStatus, RLHFJob
+
+T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+
+
+def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted path (list items as numbers: rewards.0.type); value DELETE removes the key."""
+    parts = path.split(".")
+    node: Any = doc
+    for part in parts[:-1]:
+        key: Any = int(part) if isinstance(node, list) else part
+        if isinstance(node, dict) and key not in node:
+            node[key] = {}
+        node = node[key]
+    last: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+DELETE = object()
+
+
+class JobWrapper:
+    def __init__(self, name: str = "demo", namespace: str = "default"):
+        self.doc: dict[str, Any] = {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "RLHFJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "model": {"path": "/models/tiny"},
+                "rewards": [{"type": "answerMatch", "weight": 1.0}],
+                "dataset": {"path": "/data/prompts.jsonl"},
+            },
+        }
+
+    def set(self, path: str, value: Any) -> JobWrapper:
+        """Set a spec field by its camelCase dotted path, e.g. set("trainer.tensorParallel", 2)."""
+        _set_path(self.doc["spec"], path, value)
+        return self
+
+    def unset(self, path: str) -> JobWrapper:
+        return self.set(path, DELETE)
+
+    def meta(self, path: str, value: Any) -> JobWrapper:
+        _set_path(self.doc["metadata"], path, value)
+        return self
+
+    def replicas(self, n: int) -> JobWrapper:
+        return self.set("replicas", n)
+
+    def rollout_only(self, n: int) -> JobWrapper:
+        return self.set("rolloutOnlyReplicas", n)
+
+    def gpus(self, n: int) -> JobWrapper:
+        return self.set("gpusPerPod", n)
+
+    def small(self) -> JobWrapper:
+        """Resources that fit a simulated node many times over (cluster tests)."""
+        return (self.gpus(0).set("trainer.resources", {"cpu": "100m", "memory": "128Mi"})
+                .set("rollout.resources", {"cpu": "100m", "memory": "128Mi"})
+                .set("checkpointEngine.shmSize", "64Mi"))
+
+    def etcd(self, *endpoints: str) -> JobWrapper:
+        return self.set("checkpointEngine.etcd", {"endpoints": list(endpoints)})
+
+    def failure_policy(self, max_restarts: int, backoff_seconds: int = 0) -> JobWrapper:
+        return self.set("failurePolicy", {"maxRestarts": max_restarts, "backoffSeconds": backoff_seconds})
+
+    def suspend(self, value: bool = True) -> JobWrapper:
+        return self.set("suspend", value)
+
+    def obj(self) -> dict[str, Any]:
+        return copy.deepcopy(self.doc)
+
+    def job(self) -> RLHFJob:
+        return parse_job(self.obj(), "wrapper")
+
+
+class PodWrapper:
+    def __init__(self, job: str, index: int, *, replicas: int = 1):
+        self.fields: dict[str, Any] = {
+            "name": f"{job}-{index}", "job": job, "index": index,
+            "role": ROLE_HYBRID if index < replicas else ROLE_ROLLOUT,
+            "generation": 0, "phase": "Pending", "deleting": False, "reason": "",
+        }
+
+    def phase(self, phase: str, reason: str = "") -> PodWrapper:
+        self.fields.update(phase=phase, reason=reason)
+        return self
+
+    def running(self) -> PodWrapper:
+        return self.phase("Running")
+
+    def failed(self, reason: str = "Error") -> PodWrapper:
+        return self.phase("Failed", reason)
+
+    def generation(self, g: int) -> PodWrapper:
+        self.fields["generation"] = g
+        return self
+
+    def deleting(self) -> PodWrapper:
+        self.fields["deleting"] = True
+        return self
+
+    def state(self) -> PodState:
+        return PodState(**self.fields)
+
+
+def pods(job: str, n: int, *, phase: str = "Running", generation: int = 0, replicas: int | None = None
+         ) -> list[PodState]:
+    return [PodWrapper(job, i, replicas=n if replicas is None else replicas).phase(phase).generation(generation)
+            .state() for i in range(n)]
+
+
+class StatusWrapper:
+    def __init__(self) -> None:
+        self.status = JobStatus()
+
+    def phase(self, phase: str, conditions: bool = True) -> StatusWrapper:
+        self.status.phase = phase  # type: ignore[assignment]
+        if conditions:
+            self.status.conditions = [Condition(type="Ready", status="True" if phase == "Running" else "False",
+                                                reason=phase, last_transition_time="2026-11-22T11:00:00Z")]
+        return self
+
+    def restarts(self, n: int) -> StatusWrapper:
+        self.status.restarts = n
+        return self
+
+    def restart_began(self, when: datetime) -> StatusWrapper:
+        self.status.conditions.append(Condition(type="Restarting", status="True", reason="Restarting",
+                                                last_transition_time=when.strftime("%Y-%m-%dT%H:%M:%SZ")))
+        return self.phase_only("Restarting")
+
+    def phase_only(self, phase: str) -> StatusWrapper:
+        self.status.phase = phase  # type: ignore[assignment]
+        return self
+
+    def get(self) -> JobStatus:
+        return self.status.model_copy(deep=True)
+
+
+def later(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
