@@ -33,11 +33,13 @@ def _samples() -> list[Sample]:
 
 def test_make_algorithm_from_spec() -> None:
     for name, cls in (("grpo", GRPO), ("ppo", PPO), ("dpo", DPO)):
-        algo = make_algorithm(AlgorithmSpec(name=name, clip=0.3, kl_coef=0.05, beta=0.2))
+        spec = AlgorithmSpec.model_validate({"name": name, "clip": 0.3, "klCoef": 0.05, "beta": 0.2})
+        algo = make_algorithm(spec)
         assert isinstance(algo, cls) and isinstance(algo, Algorithm) and algo.name == name
-    grpo = make_algorithm(AlgorithmSpec())
+    grpo = make_algorithm(AlgorithmSpec.model_validate({}))
     assert isinstance(grpo, GRPO) and grpo.clip == 0.2 and grpo.reduction == "token"
-    ppo = make_algorithm(AlgorithmSpec(name="ppo", critic=True, gamma=0.9, lam=0.5))
+    ppo_spec = {"name": "ppo", "critic": True, "gamma": 0.9, "lam": 0.5}
+    ppo = make_algorithm(AlgorithmSpec.model_validate(ppo_spec))
     assert isinstance(ppo, PPO) and ppo.needs_values and ppo.gamma == 0.9 and ppo.lam == 0.5
 
 
