@@ -1,0 +1,216 @@
+"""Build a Megatron GPTModel that matches a HuggingFace directory, and load its weights.
+
+Called by :meth:`MegatronEngine.from_hf`. Imports megatron lazily (after the CPU compatibility
+layer) so that importing this module stays cheap. Holds: process-group set-up (gloo on CPU,
+NCCL on GPU; world size 1 works without torchrun), the HF config -> TransformerConfig mapping,
+and the safetensors -> Megatron loader (each TP rank takes its slice, each PP stage its layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from tandem.checkpoint_engine import convert
+from tandem.checkpoint_engine.convert import ModelShape
+from tandem.sidecars.trainer import cpu_compat
+
+
+class EngineError(RuntimeError):
+    """The trainer engine cannot be built or used as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Parallelism:
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    ep_rank: int
+
+
+def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
+    """Start torch.distributed (if needed) and Megatron's model-parallel groups."""
+    on_gpu = not cpu_compat.apply()
+    if not torch.distributed.is_initialized():
+        if "WORLD_SIZE" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group(
+            backend="nccl" if on_gpu else "gloo",
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+        )
+    from megatron.core import parallel_state as ps
+
+    world = torch.distributed.get_world_size()
+    if world % (tp * pp):
+        raise EngineError(f"world size {world} is not a multiple of tp*pp = {tp}*{pp}")
+    if ps.model_parallel_is_initialized():
+        if (
+            ps.get_tensor_model_parallel_world_size() != tp
+            or ps.get_pipeline_model_parallel_world_size() != pp
+        ):
+            raise EngineError("model parallelism already initialised with other sizes")
+    else:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+        )
+    return Parallelism(
+        tp=tp,
+        pp=pp,
+        dp=ps.get_data_parallel_world_size(),
+        ep=ps.get_expert_model_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) -> Any:
+    """Megatron TransformerConfig equal to the HF architecture, with every fusion off."""
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    moe: dict[str, Any] = {}
+    if shape.num_experts:
+        moe = dict(
+            num_moe_experts=shape.num_experts,
+            moe_router_topk=shape.moe_top_k,
+            moe_ffn_hidden_size=shape.ffn_hidden,
+            moe_token_dispatcher_type="allgather",
+            moe_grouped_gemm=False,
+            moe_router_load_balancing_type="none",
+            moe_router_pre_softmax=False,
+            moe_aux_loss_coeff=0.0,
+        )
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden,
+        ffn_hidden_size=shape.ffn_hidden,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.rms_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        expert_model_parallel_size=par.ep,
+        use_cpu_initialization=True,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        attention_backend=AttnBackend.local,
+        attention_softmax_in_fp32=True,
+        **moe,
+    )
+
+
+def build_gpt(shape: ModelShape, config: Any) -> Any:
+    """The bare GPTModel of this pipeline stage (fp32 params until wrapped)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=shape.num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm"
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=shape.megatron_vocab,
+        max_sequence_length=shape.max_positions,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=shape.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=int(shape.rope_theta),
+    )
+
+
+def global_name(local: str, layer_numbers: dict[int, int], expert_offset: int) -> str:
+    """Megatron parameter name with global layer (and expert) numbers."""
+    parts = local.split(".")
+    if len(parts) > 2 and parts[0] == "decoder" and parts[1] == "layers":
+        parts[2] = str(layer_numbers[int(parts[2])])
+        if "local_experts" in parts:
+            at = parts.index("local_experts") + 1
+            parts[at] = str(int(parts[at]) + expert_offset)
+    return ".".join(parts)
+
+
+def layer_numbers(gpt: Any) -> dict[int, int]:
+    """Local layer index -> global (0-based) layer number of this pipeline stage."""
+    return {i: int(layer.layer_number) - 1 for i, layer in enumerate(gpt.decoder.layers)}
+
+
+def expert_offset(shape: ModelShape, par: Parallelism) -> int:
+    return par.ep_rank * (shape.num_experts // par.ep) if shape.num_experts else 0
+
+
+class _SafetensorsDir:
+    """Lazy name -> tensor access across the safetensors files of a HF directory."""
+
+    def __init__(self, model_dir: Path) -> None:
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise EngineError(f"no *.safetensors in {model_dir}")
+        self._handles: list[Any] = [safe_open(str(f), framework="pt") for f in files]
+        self._where: dict[str, Any] = {k: h for h in self._handles for k in h.keys()}  # noqa: SIM118
+
+    def __call__(self, name: str) -> torch.Tensor:
+        handle = self._where.get(name)
+        if handle is None:
+            raise KeyError(name)
+        return handle.get_tensor(name)
+
+
+def load_hf_weights(gpt: Any, model_dir: Path, shape: ModelShape, par: Parallelism) -> int:
+    """Copy the HF weights into this rank's parameters; returns how many tensors were loaded."""
+    numbers, offset = layer_numbers(gpt), expert_offset(shape, par)
+    params = {global_name(n, numbers, offset): p for n, p in gpt.named_parameters()}
+    reader = _SafetensorsDir(model_dir)
+    loaded = 0
+    with torch.no_grad():
+        for name, full in convert.from_hf(shape, reader, names=list(params)):
+            param = params[name]
+            shard = convert.split_tp(name, full, par.tp, par.tp_rank)
+            if tuple(shard.shape) != tuple(param.shape):
+                raise EngineError(f"{name}: HF gives {tuple(shard.shape)}, model has {tuple(param.shape)}")
+            param.copy_(shard)
+            loaded += 1
+    return loaded

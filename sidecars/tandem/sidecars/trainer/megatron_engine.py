@@ -1,0 +1,329 @@
+"""The trainer's view of Megatron: load a HF model, log-probs, train steps, offload, export.
+
+Used by the trainer sidecar's RL driver (``tandem.sidecars.trainer.__main__``) and by tests.
+Every method that touches the model is collective: all ranks of the job call it with the same
+arguments (the batch may differ across data-parallel ranks). Runs on GPUs (NCCL) or, with
+:mod:`.cpu_compat`, on CPUs (gloo). Pipeline stages are driven by Megatron's own schedules, so
+gradient accumulation over micro-batches and pipeline parallelism share one path.
+
+Batches are packed (see :mod:`.packing`): ``input_ids`` and ``segment_ids`` of shape
+``[rows, row_len]``; attention never crosses a ``segment_ids`` boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tandem.checkpoint_engine.convert import ModelShape
+from tandem.sidecars.trainer import megatron_build, megatron_export, packing
+from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
+from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
+
+LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], tuple[torch.Tensor, Mapping[str, Any]]]
+"""``loss_fn(logprobs, micro_batch) -> (scalar loss, metrics)``: logprobs as ``token_logprobs``."""
+
+__all__ = ["MegatronEngine", "EngineError", "LossFn"]
+
+
+class MegatronEngine:
+    """A Megatron GPTModel with its DDP wrapper and optimizer, built from a HF directory."""
+
+    def __init__(
+        self,
+        model: Any,
+        gpt: Any,
+        optimizer: Any,
+        shape: ModelShape,
+        par: Parallelism,
+        config: Any,
+        micro_batch_size: int,
+    ) -> None:
+        self.model, self.gpt, self.optimizer = model, gpt, optimizer
+        self.shape, self.par, self.config = shape, par, config
+        self.micro_batch_size = micro_batch_size
+        self.last_export_seconds = 0.0
+        self._offloader = HostOffloader()
+
+    # ----- construction -----
+    @classmethod
+    def from_hf(
+        cls,
+        model_dir: str | Path,
+        *,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        lr: float = 1e-6,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        weight_decay: float = 0.0,
+        clip_grad: float = 1.0,
+        micro_batch_size: int = 1,
+        distributed_optimizer: bool = False,
+    ) -> MegatronEngine:
+        """Start process groups, build the model matching ``model_dir`` and load its weights."""
+        model_dir = Path(model_dir)
+        par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel)
+        shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
+        from megatron.core import tensor_parallel as mtp
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.transformer.module import Float16Module
+
+        torch.manual_seed(seed)
+        mtp.model_parallel_cuda_manual_seed(seed)
+        config = megatron_build.transformer_config(shape, par, dtype)
+        gpt = megatron_build.build_gpt(shape, config)
+        megatron_build.load_hf_weights(gpt, model_dir, shape, par)
+        if torch.cuda.is_available():
+            gpt.cuda()
+        module: Any = Float16Module(config, gpt) if dtype in (torch.bfloat16, torch.float16) else gpt
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=distributed_optimizer,
+        )
+        model = DistributedDataParallel(config, ddp_config, module)
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=lr,
+                min_lr=lr,
+                weight_decay=weight_decay,
+                clip_grad=clip_grad,
+                bf16=dtype == torch.bfloat16,
+                fp16=dtype == torch.float16,
+                params_dtype=dtype,
+                use_distributed_optimizer=distributed_optimizer,
+                adam_beta1=0.9,
+                adam_beta2=0.999,
+                adam_eps=1e-8,
+            ),
+            [model],
+        )
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = model.no_sync
+        return cls(model, gpt, optimizer, shape, par, config, micro_batch_size)
+
+    # ----- forward -----
+    def _micro_batches(
+        self, batch: packing.Batch, micro_batch_size: int | None
+    ) -> list[dict[str, torch.Tensor]]:
+        mbs = micro_batch_size or self.micro_batch_size
+        rows = batch["input_ids"].shape[0]
+        if self.par.pp > 1 and rows % mbs:
+            raise EngineError(f"with pipeline parallelism, rows ({rows}) must be a multiple of {mbs}")
+        device = _device()
+        return [{k: v.to(device) for k, v in mb.items()} for mb in packing.split_micro_batches(batch, mbs)]
+
+    def _forward_step(
+        self, loss_fn: Callable[[torch.Tensor], Any] | None, data_iterator: Iterator[Any], model: Any
+    ) -> tuple[torch.Tensor, Any]:
+        mb = next(data_iterator)
+        seg = mb["segment_ids"]
+        positions = mb.get("position_ids")
+        if positions is None:
+            positions = packing.position_ids(seg)
+        output = model(mb["input_ids"], positions, packing.attention_mask(seg))
+        return output, (partial(loss_fn, mb) if loss_fn is not None else None)
+
+    def _run(
+        self,
+        micro_batches: list[dict[str, torch.Tensor]],
+        loss: Callable[..., Any] | None,
+        forward_only: bool,
+    ) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        rows, cols = micro_batches[0]["input_ids"].shape
+        return list(
+            get_forward_backward_func()(
+                forward_step_func=partial(self._forward_step, loss),
+                data_iterator=iter(micro_batches),
+                model=[self.model],
+                num_microbatches=len(micro_batches),
+                seq_length=cols,
+                micro_batch_size=rows,
+                forward_only=forward_only,
+            )
+        )
+
+    def _logprobs(self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token log-probs from this rank's vocab shard of the logits ``[rows, len, V/tp]``."""
+        from megatron.core import tensor_parallel as mtp
+
+        logits = logits.float()
+        if self.shape.megatron_vocab != self.shape.vocab:  # padded rows never win the softmax
+            start = self.par.tp_rank * logits.shape[-1]
+            column = torch.arange(start, start + logits.shape[-1], device=logits.device)
+            logits = logits.masked_fill(column >= self.shape.vocab, torch.finfo(logits.dtype).min)
+        ids, seg = mb["input_ids"], mb["segment_ids"]
+        nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
+        same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+        scored = torch.where(same, -nll, torch.zeros_like(nll))
+        return torch.cat([torch.zeros_like(scored[:, :1]), scored], dim=1)
+
+    def token_logprobs(self, batch: packing.Batch, micro_batch_size: int | None = None) -> torch.Tensor:
+        """``out[r, t] = log p(input_ids[r, t] | earlier tokens of its segment)``, float32 on CPU.
+
+        0 at the first token of each segment and in padding. Returned on every rank.
+        """
+        self.model.eval()
+        mbs = self._micro_batches(batch, micro_batch_size)
+        with torch.no_grad():
+            outs = self._run(
+                mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._logprobs(logits, mb)}), True
+            )
+        result = torch.cat([o["lp"] for o in outs]) if outs else torch.empty(0)
+        return self._from_last_stage(result, tuple(batch["input_ids"].shape), torch.float32).cpu()
+
+    def logits(self, batch: packing.Batch) -> torch.Tensor:
+        """Full-vocabulary logits ``[rows, len, vocab]`` (float32, CPU) on every rank."""
+        from megatron.core import tensor_parallel as mtp
+
+        self.model.eval()
+        mbs = self._micro_batches(batch, batch["input_ids"].shape[0])
+        with torch.no_grad():
+            outs = self._run(mbs, lambda mb, lg: (torch.zeros(()), {"lg": lg.float()}), True)
+        rows, cols = batch["input_ids"].shape
+        result = torch.empty(0)
+        if outs:
+            result = mtp.gather_from_tensor_model_parallel_region(outs[0]["lg"])[..., : self.shape.vocab]
+        return self._from_last_stage(result, (rows, cols, self.shape.vocab), torch.float32).cpu()
+
+    def _from_last_stage(
+        self, tensor: torch.Tensor, size: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        if self.par.pp == 1:
+            return tensor
+        from megatron.core import parallel_state as ps
+
+        buffer = (
+            tensor.contiguous()
+            if ps.is_pipeline_last_stage()
+            else torch.empty(size, dtype=dtype, device=_device())
+        )
+        dist.broadcast(
+            buffer,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
+        )
+        return buffer
+
+    def greedy_generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Greedy continuation of one prompt (full forward per token; for tests)."""
+        tokens = list(prompt_ids)
+        for _ in range(max_new_tokens):
+            ids = torch.tensor([tokens], dtype=torch.long)
+            logits = self.logits({"input_ids": ids, "segment_ids": torch.ones_like(ids)})
+            tokens.append(int(logits[0, -1].argmax()))
+        return tokens[len(prompt_ids) :]
+
+    # ----- training -----
+    def train_step(
+        self, batch: packing.Batch, loss_fn: LossFn, micro_batch_size: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
+
+        The loss of each micro-batch is ``loss_fn(token_logprobs, micro_batch)``; the gradient is
+        that of their mean. Returns the mean loss and metrics over micro-batches, ``grad_norm``,
+        ``update_ok`` and ``step_seconds`` (same on every rank).
+        """
+        start = time.perf_counter()
+        self.model.train()
+        mbs = self._micro_batches(batch, micro_batch_size)
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+        def micro_loss(
+            mb: Mapping[str, torch.Tensor], logits: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = loss_fn(self._logprobs(logits, mb), mb)
+            values = {k: float(v) for k, v in metrics.items()}
+            values["loss"] = float(loss.detach())
+            return loss, values
+
+        outs = self._run(mbs, micro_loss, False)
+        update_ok, grad_norm, _ = self.optimizer.step()
+        metrics: dict[str, float] = {}
+        for key in outs[0] if outs else {}:
+            metrics[key] = sum(o[key] for o in outs) / len(outs)
+        metrics = self._metrics_from_last_stage(metrics)
+        metrics.update(
+            grad_norm=float(grad_norm or 0.0),
+            update_ok=float(bool(update_ok)),
+            step_seconds=time.perf_counter() - start,
+        )
+        return metrics
+
+    def _metrics_from_last_stage(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.par.pp == 1:
+            return metrics
+        from megatron.core import parallel_state as ps
+
+        box: list[Any] = [metrics]
+        dist.broadcast_object_list(
+            box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+        )
+        return dict(box[0])
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ----- memory phases -----
+    def _state_tensors(self) -> list[torch.Tensor]:
+        tensors: list[torch.Tensor] = []
+        for param in self.model.parameters():
+            tensors.append(param)
+            grad = getattr(param, "main_grad", None)
+            if grad is not None:
+                tensors.append(grad)
+        for buffer in getattr(self.model, "buffers", []):
+            tensors += [t for t in (buffer.param_data, buffer.grad_data) if t is not None]
+        return tensors + optimizer_tensors(self.optimizer)
+
+    def offload(self) -> dict[str, float]:
+        """Move params, grads and optimizer state to host memory; returns timings and bytes."""
+        return self._offloader.offload(self._state_tensors())
+
+    def onload(self) -> dict[str, float]:
+        """Bring back what :meth:`offload` moved; returns timings and bytes."""
+        return self._offloader.onload()
+
+    # ----- weight export -----
+    def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named weights for vLLM rollout rank ``target_rank`` of ``target_tp``. Collective.
+
+        Every rank must exhaust the iterator; the tensors come out on global rank 0 only. When it
+        is exhausted, ``last_export_seconds`` holds the time it took (including the consumer's).
+        """
+        start = time.perf_counter()
+        yield from megatron_export.export_hf(self.gpt, self.shape, self.par, target_tp, target_rank)
+        self.last_export_seconds = time.perf_counter() - start
+
+    @property
+    def is_export_rank(self) -> bool:
+        return self.par.dp_rank == 0 and self.par.tp_rank == 0 and self.par.pp_rank == 0
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's Megatron parameters (shards), unwrapped names."""
+        yield from self.gpt.named_parameters()
+
+
+def _device() -> torch.device:
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )

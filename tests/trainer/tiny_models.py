@@ -1,0 +1,67 @@
+"""Tiny random HuggingFace models for tests (Qwen2, Llama, Mixtral), saved as safetensors dirs.
+
+Used by tests/trainer, tests/convert and other tests that need a model directory without
+downloads. Random init with a fixed seed, so two calls with the same arguments give the same
+weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+_CONFIGS: dict[str, tuple[type[Any], type[Any]]] = {
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+}
+
+
+def make_tiny_hf_model(
+    directory: str | Path,
+    family: str = "qwen2",
+    hidden: int = 64,
+    layers: int = 2,
+    vocab: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    ffn: int | None = None,
+    tie: bool | None = None,
+    seed: int = 0,
+    **extra: Any,
+) -> Path:
+    """Write a randomly initialised causal LM with its config.json to ``directory``; return it.
+
+    Defaults: tied embeddings for qwen2, untied for llama (so both paths are covered).
+    """
+    config_cls, model_cls = _CONFIGS[family]
+    options: dict[str, Any] = dict(
+        hidden_size=hidden,
+        intermediate_size=ffn or hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        tie_word_embeddings=(family == "qwen2") if tie is None else tie,
+        rms_norm_eps=1e-6,
+        torch_dtype="float32",
+    )
+    if family == "mixtral":
+        options.update(num_local_experts=4, num_experts_per_tok=2)
+    options.update(extra)
+    config = config_cls(**options)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    with torch.no_grad():  # larger than the default init, so that tests see real differences
+        for param in model.parameters():
+            if param.dim() == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+            else:
+                param.normal_(0.0, 0.08)
+    out = Path(directory)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
