@@ -24,26 +24,35 @@ def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in spec.get("initContainers", []) + spec["containers"]}
 
 
-@pytest.mark.parametrize(("replicas", "rollout_only", "names", "roles"), [
-    (1, 0, ["demo-0"], ["hybrid"]),
-    (2, 0, ["demo-0", "demo-1"], ["hybrid", "hybrid"]),
-    (1, 2, ["demo-0", "demo-1", "demo-2"], ["hybrid", "rollout", "rollout"]),
-    (3, 1, ["demo-0", "demo-1", "demo-2", "demo-3"], ["hybrid", "hybrid", "hybrid", "rollout"]),
-])
+@pytest.mark.parametrize(
+    ("replicas", "rollout_only", "names", "roles"),
+    [
+        (1, 0, ["demo-0"], ["hybrid"]),
+        (2, 0, ["demo-0", "demo-1"], ["hybrid", "hybrid"]),
+        (1, 2, ["demo-0", "demo-1", "demo-2"], ["hybrid", "rollout", "rollout"]),
+        (3, 1, ["demo-0", "demo-1", "demo-2", "demo-3"], ["hybrid", "hybrid", "hybrid", "rollout"]),
+    ],
+)
 def test_pod_names_and_roles(replicas: int, rollout_only: int, names: list[str], roles: list[str]) -> None:
     pods = builders.build_pods(JobWrapper().replicas(replicas).rollout_only(rollout_only).job())
     assert [p["metadata"]["name"] for p in pods] == names
     assert [p["metadata"]["labels"][builders.LABEL_ROLE] for p in pods] == roles
-    assert [p["metadata"]["labels"][builders.LABEL_INDEX] for p in pods] == [str(i) for i in range(len(names))]
+    assert [p["metadata"]["labels"][builders.LABEL_INDEX] for p in pods] == [
+        str(i) for i in range(len(names))
+    ]
 
 
-@pytest.mark.parametrize(("gpus", "trainer_gpu", "rollout_gpu", "nvidia_env"), [
-    (8, "8", None, "all"),
-    (4, "4", None, "all"),
-    (0, None, None, None),
-])
-def test_hybrid_pod_gpus_requested_once(gpus: int, trainer_gpu: str | None, rollout_gpu: str | None,
-                                        nvidia_env: str | None) -> None:
+@pytest.mark.parametrize(
+    ("gpus", "trainer_gpu", "rollout_gpu", "nvidia_env"),
+    [
+        (8, "8", None, "all"),
+        (4, "4", None, "all"),
+        (0, None, None, None),
+    ],
+)
+def test_hybrid_pod_gpus_requested_once(
+    gpus: int, trainer_gpu: str | None, rollout_gpu: str | None, nvidia_env: str | None
+) -> None:
     pod = builders.build_pods(JobWrapper().gpus(gpus).job())[0]
     c = containers(pod)
     assert c["trainer"]["resources"]["limits"].get(builders.GPU_RESOURCE) == trainer_gpu
@@ -77,7 +86,9 @@ def test_rollout_only_pod_holds_only_the_rollout_and_owns_the_gpus(gpus: int) ->
     assert "NVIDIA_VISIBLE_DEVICES" not in env
 
 
-@pytest.mark.parametrize(("container", "role", "port"), [("trainer", "trainer", "9100"), ("rollout", "rollout", "9101")])
+@pytest.mark.parametrize(
+    ("container", "role", "port"), [("trainer", "trainer", "9100"), ("rollout", "rollout", "9101")]
+)
 def test_env_contract(container: str, role: str, port: str) -> None:
     job = JobWrapper("qwen", "team-a").replicas(2).rollout_only(1).set("checkpointEngine.port", 9100).job()
     pod = builders.build_pods(job, restart_generation=3)[1]
@@ -93,13 +104,17 @@ def test_env_contract(container: str, role: str, port: str) -> None:
     assert env["TANDEM_RESTART_GENERATION"] == "3"
     assert env["TANDEM_TOKEN"] == {"secretKeyRef": {"name": "qwen-token", "key": "token"}}
     assert env["TANDEM_ETCD_ENDPOINTS"] == builders.DEFAULT_ETCD_ENDPOINTS
+    assert env["TANDEM_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
-@pytest.mark.parametrize(("endpoints", "default", "expected"), [
-    ([], "http://e:2379", "http://e:2379"),
-    (["http://a:2379"], "http://e:2379", "http://a:2379"),
-    (["http://a:2379", "http://b:2379"], "http://e:2379", "http://a:2379,http://b:2379"),
-])
+@pytest.mark.parametrize(
+    ("endpoints", "default", "expected"),
+    [
+        ([], "http://e:2379", "http://e:2379"),
+        (["http://a:2379"], "http://e:2379", "http://a:2379"),
+        (["http://a:2379", "http://b:2379"], "http://e:2379", "http://a:2379,http://b:2379"),
+    ],
+)
 def test_etcd_endpoints(endpoints: list[str], default: str, expected: str) -> None:
     pod = builders.build_pods(JobWrapper().etcd(*endpoints).job(), default_etcd=default)[0]
     assert {env_of(c)["TANDEM_ETCD_ENDPOINTS"] for c in containers(pod).values()} == {expected}
@@ -118,10 +133,18 @@ def test_shm_is_memory_backed_with_size_limit(shm: str) -> None:
 
 
 def test_ports_and_resources_follow_the_spec() -> None:
-    job = (JobWrapper().set("checkpointEngine.port", 8800).set("trainer.resources", {"cpu": "4", "memory": "8Gi"})
-           .set("rollout.resources", {"cpu": "2", "memory": "4Gi"}).job())
+    job = (
+        JobWrapper()
+        .set("checkpointEngine.port", 8800)
+        .set("trainer.resources", {"cpu": "4", "memory": "8Gi"})
+        .set("rollout.resources", {"cpu": "2", "memory": "4Gi"})
+        .job()
+    )
     c = containers(builders.build_pods(job)[0])
-    assert {p["name"]: p["containerPort"] for p in c["trainer"]["ports"]} == {"ce-trainer": 8800, "rendezvous": 29500}
+    assert {p["name"]: p["containerPort"] for p in c["trainer"]["ports"]} == {
+        "ce-trainer": 8800,
+        "rendezvous": 29500,
+    }
     assert {p["name"]: p["containerPort"] for p in c["rollout"]["ports"]} == {"ce-rollout": 8801}
     assert c["trainer"]["resources"]["requests"] == {"cpu": "4", "memory": "8Gi", builders.GPU_RESOURCE: "8"}
     assert c["rollout"]["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
@@ -130,17 +153,28 @@ def test_ports_and_resources_follow_the_spec() -> None:
 @pytest.mark.parametrize("owner_uid", [None, "1234-uid"])
 def test_owner_references_and_labels(owner_uid: str | None) -> None:
     job = JobWrapper().job()
-    objs = [*builders.build_pods(job, restart_generation=2, owner_uid=owner_uid),
-            builders.build_service(job, owner_uid=owner_uid), builders.build_spec_configmap(job, owner_uid=owner_uid),
-            builders.build_token_secret(job, "t", owner_uid=owner_uid)]
+    objs = [
+        *builders.build_pods(job, restart_generation=2, owner_uid=owner_uid),
+        builders.build_service(job, owner_uid=owner_uid),
+        builders.build_spec_configmap(job, owner_uid=owner_uid),
+        builders.build_token_secret(job, "t", owner_uid=owner_uid),
+    ]
     for obj in objs:
         meta = obj["metadata"]
         assert meta["labels"][builders.LABEL_JOB] == "demo" and meta["namespace"] == "default"
         if owner_uid is None:
             assert "ownerReferences" not in meta
         else:
-            assert meta["ownerReferences"] == [{"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "name": "demo",
-                                                "uid": owner_uid, "controller": True, "blockOwnerDeletion": True}]
+            assert meta["ownerReferences"] == [
+                {
+                    "apiVersion": "tandem.dev/v1alpha1",
+                    "kind": "RLHFJob",
+                    "name": "demo",
+                    "uid": owner_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
     assert objs[0]["metadata"]["labels"][builders.LABEL_GENERATION] == "2"
 
 

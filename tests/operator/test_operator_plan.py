@@ -15,15 +15,28 @@ from tandem.spec.models import JobStatus
 from tandem.spec.progress import Progress
 
 
-def observe(job: JobWrapper, st: JobStatus | None = None, pod_list: list[PodState] | None = None,
-            progress: Progress | None = None, now: datetime = T0) -> Observation:
+def observe(
+    job: JobWrapper,
+    st: JobStatus | None = None,
+    pod_list: list[PodState] | None = None,
+    progress: Progress | None = None,
+    now: datetime = T0,
+) -> Observation:
     doc = job.obj()
     try:
         parsed, error = parse_job(doc), None
     except SpecError as e:
         parsed, error = None, e
-    return Observation(name=doc["metadata"]["name"], generation=1, job=parsed, spec_error=error,
-                       status=st or JobStatus(), pods=pod_list or [], progress=progress, now=now)
+    return Observation(
+        name=doc["metadata"]["name"],
+        generation=1,
+        job=parsed,
+        spec_error=error,
+        status=st or JobStatus(),
+        pods=pod_list or [],
+        progress=progress,
+        now=now,
+    )
 
 
 def test_new_job_creates_every_pod_and_announces_pending() -> None:
@@ -32,31 +45,52 @@ def test_new_job_creates_every_pod_and_announces_pending() -> None:
     assert plan.status.phase == "Pending" and plan.status.observed_generation == 1
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Pending")]
     conds = {c.type: c.status for c in plan.status.conditions}
-    assert conds == {"SpecValid": "True", "Ready": "False", "Restarting": "False", "Suspended": "False",
-                     "Complete": "False", "Failed": "False"}
+    assert conds == {
+        "SpecValid": "True",
+        "Ready": "False",
+        "Restarting": "False",
+        "Suspended": "False",
+        "Complete": "False",
+        "Failed": "False",
+    }
 
 
-@pytest.mark.parametrize(("phases", "expected_phase", "create"), [
-    (["Running", "Running"], "Running", []),
-    (["Running", "Pending"], "Pending", []),
-    (["Running"], "Pending", [1]),
-    ([], "Pending", [0, 1]),
-])
+@pytest.mark.parametrize(
+    ("phases", "expected_phase", "create"),
+    [
+        (["Running", "Running"], "Running", []),
+        (["Running", "Pending"], "Pending", []),
+        (["Running"], "Pending", [1]),
+        ([], "Pending", [0, 1]),
+    ],
+)
 def test_pending_until_every_pod_runs(phases: list[str], expected_phase: str, create: list[int]) -> None:
     pod_list = [PodWrapper("demo", i).phase(p).state() for i, p in enumerate(phases)]
     plan = decide(observe(JobWrapper().replicas(2), StatusWrapper().phase("Pending").get(), pod_list))
     assert plan.status.phase == expected_phase and plan.create == create and plan.delete == []
 
 
-@pytest.mark.parametrize(("pod_list", "phase_before", "why"), [
-    ([PodWrapper("demo", 0).running().state(), PodWrapper("demo", 1).failed("OOMKilled").state()], "Running",
-     "pod demo-1 failed (OOMKilled)"),
-    ([PodWrapper("demo", 0).failed().state(), PodWrapper("demo", 1).phase("Pending").state()], "Pending",
-     "pod demo-0 failed (Error)"),
-    ([PodWrapper("demo", 0).running().state()], "Running", "pod demo-1 disappeared"),
-    ([PodWrapper("demo", 0).running().state(), PodWrapper("demo", 1).running().deleting().state()], "Running",
-     "pod demo-1 is being deleted"),
-])
+@pytest.mark.parametrize(
+    ("pod_list", "phase_before", "why"),
+    [
+        (
+            [PodWrapper("demo", 0).running().state(), PodWrapper("demo", 1).failed("OOMKilled").state()],
+            "Running",
+            "pod demo-1 failed (OOMKilled)",
+        ),
+        (
+            [PodWrapper("demo", 0).failed().state(), PodWrapper("demo", 1).phase("Pending").state()],
+            "Pending",
+            "pod demo-0 failed (Error)",
+        ),
+        ([PodWrapper("demo", 0).running().state()], "Running", "pod demo-1 disappeared"),
+        (
+            [PodWrapper("demo", 0).running().state(), PodWrapper("demo", 1).running().deleting().state()],
+            "Running",
+            "pod demo-1 is being deleted",
+        ),
+    ],
+)
 def test_a_failed_pod_restarts_the_whole_gang(pod_list: list[PodState], phase_before: str, why: str) -> None:
     job = JobWrapper().replicas(2).failure_policy(3, 10)
     plan = decide(observe(job, StatusWrapper().phase(phase_before).get(), pod_list))
@@ -68,19 +102,33 @@ def test_a_failed_pod_restarts_the_whole_gang(pod_list: list[PodState], phase_be
 
 
 def test_pod_missing_while_pending_is_recreated_not_a_failure() -> None:
-    plan = decide(observe(JobWrapper().replicas(2), StatusWrapper().phase("Pending").get(),
-                          [PodWrapper("demo", 0).running().state()]))
+    plan = decide(
+        observe(
+            JobWrapper().replicas(2),
+            StatusWrapper().phase("Pending").get(),
+            [PodWrapper("demo", 0).running().state()],
+        )
+    )
     assert plan.status.phase == "Pending" and plan.create == [1] and plan.status.restarts == 0
 
 
-@pytest.mark.parametrize(("pod_list", "now", "create", "phase"), [
-    (pods("demo", 2, phase="Running", generation=0), later(60), [], "Restarting"),   # old gang still there
-    ([PodWrapper("demo", 0).running().deleting().state()], later(60), [], "Restarting"),  # still terminating
-    ([], later(5), [], "Restarting"),                                               # backoff not elapsed
-    ([], later(10), [0, 1], "Pending"),                                             # backoff elapsed
-])
-def test_restart_waits_for_old_gang_and_backoff(pod_list: list[PodState], now: datetime, create: list[int],
-                                                phase: str) -> None:
+@pytest.mark.parametrize(
+    ("pod_list", "now", "create", "phase"),
+    [
+        (pods("demo", 2, phase="Running", generation=0), later(60), [], "Restarting"),  # old gang still there
+        (
+            [PodWrapper("demo", 0).running().deleting().state()],
+            later(60),
+            [],
+            "Restarting",
+        ),  # still terminating
+        ([], later(5), [], "Restarting"),  # backoff not elapsed
+        ([], later(10), [0, 1], "Pending"),  # backoff elapsed
+    ],
+)
+def test_restart_waits_for_old_gang_and_backoff(
+    pod_list: list[PodState], now: datetime, create: list[int], phase: str
+) -> None:
     st = StatusWrapper().restarts(1).restart_began(T0).get()
     plan = decide(observe(JobWrapper().replicas(2).failure_policy(3, 10), st, pod_list, now=now))
     assert plan.create == create and plan.status.phase == phase and plan.restart_generation == 1
@@ -89,14 +137,17 @@ def test_restart_waits_for_old_gang_and_backoff(pod_list: list[PodState], now: d
 
 def test_new_generation_pods_count_and_old_ones_are_deleted() -> None:
     st = StatusWrapper().phase("Pending").restarts(1).get()
-    pod_list = [PodWrapper("demo", 0).running().generation(1).state(),
-                PodWrapper("demo", 1).running().generation(0).state()]
+    pod_list = [
+        PodWrapper("demo", 0).running().generation(1).state(),
+        PodWrapper("demo", 1).running().generation(0).state(),
+    ]
     plan = decide(observe(JobWrapper().replicas(2), st, pod_list))
     assert plan.delete == ["demo-1"] and plan.create == [] and plan.status.phase == "Pending"
 
 
-@pytest.mark.parametrize(("restarts", "max_restarts", "phase"), [(0, 0, "Failed"), (2, 3, "Restarting"),
-                                                                  (3, 3, "Failed")])
+@pytest.mark.parametrize(
+    ("restarts", "max_restarts", "phase"), [(0, 0, "Failed"), (2, 3, "Restarting"), (3, 3, "Failed")]
+)
 def test_max_restarts_then_failed(restarts: int, max_restarts: int, phase: str) -> None:
     st = StatusWrapper().phase("Running").restarts(restarts).get()
     pod_list = [PodWrapper("demo", 0).failed().generation(restarts).state()]
@@ -111,7 +162,9 @@ def test_max_restarts_then_failed(restarts: int, max_restarts: int, phase: str) 
 def test_failed_is_terminal_and_keeps_pods_away() -> None:
     st = StatusWrapper().phase("Failed").restarts(3).get()
     plan = decide(observe(JobWrapper(), st, pods("demo", 1, generation=3)))
-    assert plan.status.phase == "Failed" and plan.create == [] and plan.delete == ["demo-0"] and not plan.events
+    assert (
+        plan.status.phase == "Failed" and plan.create == [] and plan.delete == ["demo-0"] and not plan.events
+    )
 
 
 def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
@@ -131,14 +184,20 @@ def test_progress_is_copied_into_status() -> None:
     assert st.phase == "Running"
 
 
-@pytest.mark.parametrize(("progress", "pod_phase", "phase"), [
-    (Progress(phase="done", iteration=200), "Running", "Succeeded"),
-    (None, "Succeeded", "Succeeded"),
-    (Progress(phase="failed", message="nan loss"), "Running", "Failed"),
-])
+@pytest.mark.parametrize(
+    ("progress", "pod_phase", "phase"),
+    [
+        (Progress(phase="done", iteration=200), "Running", "Succeeded"),
+        (None, "Succeeded", "Succeeded"),
+        (Progress(phase="failed", message="nan loss"), "Running", "Failed"),
+    ],
+)
 def test_driver_or_pods_finish_the_job(progress: Progress | None, pod_phase: str, phase: str) -> None:
-    plan = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1, phase=pod_phase),
-                          progress))
+    plan = decide(
+        observe(
+            JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1, phase=pod_phase), progress
+        )
+    )
     assert plan.status.phase == phase
     if phase == "Failed":
         assert "nan loss" in plan.status.message and plan.delete == ["demo-0"]
@@ -165,23 +224,41 @@ def test_set_condition_moves_transition_time_only_on_flip() -> None:
     st = JobStatus()
     status.set_condition(st, "Ready", False, "Pending", "", T0)
     status.set_condition(st, "Ready", False, "Pending", "still", later(5))
-    assert st.conditions[0].last_transition_time == "2026-11-22T12:00:00Z" and st.conditions[0].message == "still"
+    assert (
+        st.conditions[0].last_transition_time == "2026-11-22T12:00:00Z"
+        and st.conditions[0].message == "still"
+    )
     status.set_condition(st, "Ready", True, "Running", "", later(9))
     assert st.conditions[0].last_transition_time == "2026-11-22T12:00:09Z"
 
 
-@pytest.mark.parametrize(("began", "backoff", "now", "left"), [
-    (None, 10, T0, 0.0), (T0, 10, later(3), 7.0), (T0, 10, later(11), 0.0), (T0, 0, T0, 0.0)])
+@pytest.mark.parametrize(
+    ("began", "backoff", "now", "left"),
+    [(None, 10, T0, 0.0), (T0, 10, later(3), 7.0), (T0, 10, later(11), 0.0), (T0, 0, T0, 0.0)],
+)
 def test_backoff_remaining(began: datetime | None, backoff: int, now: datetime, left: float) -> None:
     assert restart_policy.backoff_remaining(began, backoff, now) == left
 
 
 def test_pod_state_from_manifest() -> None:
-    manifest = {"metadata": {"name": "demo-1", "deletionTimestamp": "x",
-                             "labels": {"tandem.dev/job": "demo", "tandem.dev/index": "1", "tandem.dev/role": "hybrid",
-                                        "tandem.dev/restart-generation": "2"}},
-                "status": {"phase": "Failed", "containerStatuses": [
-                    {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    manifest = {
+        "metadata": {
+            "name": "demo-1",
+            "deletionTimestamp": "x",
+            "labels": {
+                "tandem.dev/job": "demo",
+                "tandem.dev/index": "1",
+                "tandem.dev/role": "hybrid",
+                "tandem.dev/restart-generation": "2",
+            },
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+            ],
+        },
+    }
     st = pod_state(manifest)
     assert st == PodState("demo-1", "demo", 1, "hybrid", 2, "Failed", True, "trainer exited 137: OOMKilled")
     assert pod_state({"metadata": {"name": "other", "labels": {}}}) is None

@@ -74,9 +74,12 @@ class JobWrapper:
 
     def small(self) -> JobWrapper:
         """Resources that fit a simulated node many times over (cluster tests)."""
-        return (self.gpus(0).set("trainer.resources", {"cpu": "100m", "memory": "128Mi"})
-                .set("rollout.resources", {"cpu": "100m", "memory": "128Mi"})
-                .set("checkpointEngine.shmSize", "64Mi"))
+        return (
+            self.gpus(0)
+            .set("trainer.resources", {"cpu": "100m", "memory": "128Mi"})
+            .set("rollout.resources", {"cpu": "100m", "memory": "128Mi"})
+            .set("checkpointEngine.shmSize", "64Mi")
+        )
 
     def etcd(self, *endpoints: str) -> JobWrapper:
         return self.set("checkpointEngine.etcd", {"endpoints": list(endpoints)})
@@ -97,9 +100,14 @@ class JobWrapper:
 class PodWrapper:
     def __init__(self, job: str, index: int, *, replicas: int = 1):
         self.fields: dict[str, Any] = {
-            "name": f"{job}-{index}", "job": job, "index": index,
+            "name": f"{job}-{index}",
+            "job": job,
+            "index": index,
             "role": ROLE_HYBRID if index < replicas else ROLE_ROLLOUT,
-            "generation": 0, "phase": "Pending", "deleting": False, "reason": "",
+            "generation": 0,
+            "phase": "Pending",
+            "deleting": False,
+            "reason": "",
         }
 
     def phase(self, phase: str, reason: str = "") -> PodWrapper:
@@ -124,10 +132,16 @@ class PodWrapper:
         return PodState(**self.fields)
 
 
-def pods(job: str, n: int, *, phase: str = "Running", generation: int = 0, replicas: int | None = None
-         ) -> list[PodState]:
-    return [PodWrapper(job, i, replicas=n if replicas is None else replicas).phase(phase).generation(generation)
-            .state() for i in range(n)]
+def pods(
+    job: str, n: int, *, phase: str = "Running", generation: int = 0, replicas: int | None = None
+) -> list[PodState]:
+    return [
+        PodWrapper(job, i, replicas=n if replicas is None else replicas)
+        .phase(phase)
+        .generation(generation)
+        .state()
+        for i in range(n)
+    ]
 
 
 class StatusWrapper:
@@ -137,8 +151,14 @@ class StatusWrapper:
     def phase(self, phase: str, conditions: bool = True) -> StatusWrapper:
         self.status.phase = phase  # type: ignore[assignment]
         if conditions:
-            self.status.conditions = [Condition(type="Ready", status="True" if phase == "Running" else "False",
-                                                reason=phase, last_transition_time="2026-11-22T11:00:00Z")]
+            self.status.conditions = [
+                Condition(
+                    type="Ready",
+                    status="True" if phase == "Running" else "False",
+                    reason=phase,
+                    last_transition_time="2026-11-22T11:00:00Z",
+                )
+            ]
         return self
 
     def restarts(self, n: int) -> StatusWrapper:
@@ -146,8 +166,14 @@ class StatusWrapper:
         return self
 
     def restart_began(self, when: datetime) -> StatusWrapper:
-        self.status.conditions.append(Condition(type="Restarting", status="True", reason="Restarting",
-                                                last_transition_time=when.strftime("%Y-%m-%dT%H:%M:%SZ")))
+        self.status.conditions.append(
+            Condition(
+                type="Restarting",
+                status="True",
+                reason="Restarting",
+                last_transition_time=when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+        )
         return self.phase_only("Restarting")
 
     def phase_only(self, phase: str) -> StatusWrapper:

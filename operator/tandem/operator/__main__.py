@@ -14,11 +14,19 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.operator", description=__doc__)
-    parser.add_argument("-n", "--namespace", action="append", default=[],
-                        help="watch only this namespace (repeatable); default: all namespaces")
-    parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--peering", default=None,
-                        help="kopf peering object name (enables peering; needs its CRD and RBAC)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable); default: all namespaces",
+    )
+    parser.add_argument(
+        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument(
+        "--peering", default=None, help="kopf peering object name (enables peering; needs its CRD and RBAC)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)

@@ -33,6 +33,7 @@ Environment of both containers:
   TANDEM_CE_PORT             checkpoint-engine HTTP port: checkpointEngine.port for the trainer,
                              port + 1 for the rollout
   TANDEM_TOKEN               checkpoint-engine API token (secretKeyRef `<job>-token`/token)
+  TANDEM_POD_IP              the pod's IP (downward API status.podIP)
   MASTER_ADDR                `<job>-0.<job>.<ns>.svc`
   MASTER_PORT                29500
   TANDEM_RESTART_GENERATION  gang restart generation (0 on first start)
@@ -101,8 +102,14 @@ def new_token() -> str:
 
 
 def owner_reference(name: str, uid: str) -> Manifest:
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid,
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _metadata(job: RLHFJob, name: str, owner_uid: str | None, labels: dict[str, str]) -> Manifest:
@@ -117,8 +124,12 @@ def job_labels(job_name: str) -> dict[str, str]:
 
 
 def pod_labels(job_name: str, role: str, index: int, generation: int) -> dict[str, str]:
-    return {**job_labels(job_name), LABEL_ROLE: role, LABEL_INDEX: str(index),
-            LABEL_GENERATION: str(generation)}
+    return {
+        **job_labels(job_name),
+        LABEL_ROLE: role,
+        LABEL_INDEX: str(index),
+        LABEL_GENERATION: str(generation),
+    }
 
 
 def ce_ports(job: RLHFJob) -> tuple[int, int]:
@@ -135,7 +146,8 @@ def build_service(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
     """Headless Service: stable DNS for every pod (rendezvous + checkpoint-engine peers)."""
     trainer_port, rollout_port = ce_ports(job)
     return {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": _metadata(job, service_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)),
         "spec": {
             "clusterIP": "None",
@@ -153,7 +165,8 @@ def build_service(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
 def job_document(job: RLHFJob) -> Manifest:
     """The job as the sidecars read it: apiVersion, kind, metadata (name, namespace), spec."""
     return {
-        "apiVersion": API_VERSION, "kind": KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
         "spec": job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
     }
@@ -162,18 +175,23 @@ def job_document(job: RLHFJob) -> Manifest:
 def build_spec_configmap(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
     text = yaml.safe_dump(job_document(job), sort_keys=False)
     return {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _metadata(job, spec_configmap_name(job.metadata.name), owner_uid,
-                              job_labels(job.metadata.name)),
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(
+            job, spec_configmap_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)
+        ),
         "data": {JOB_FILE_KEY: text},
     }
 
 
 def build_token_secret(job: RLHFJob, token: str, *, owner_uid: str | None = None) -> Manifest:
     return {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": _metadata(job, token_secret_name(job.metadata.name), owner_uid,
-                              job_labels(job.metadata.name)),
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(
+            job, token_secret_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)
+        ),
         "stringData": {TOKEN_KEY: token},
     }
 
@@ -197,14 +215,21 @@ def _env(job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, 
         "TANDEM_RESTART_GENERATION": str(generation),
     }
     env: list[Manifest] = [{"name": k, "value": v} for k, v in plain.items()]
-    env.append({"name": "TANDEM_TOKEN", "valueFrom": {"secretKeyRef": {"name": token_secret_name(name),
-                                                                        "key": TOKEN_KEY}}})
+    env.append(
+        {
+            "name": "TANDEM_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_KEY}},
+        }
+    )
+    env.append({"name": "TANDEM_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     return env
 
 
 def _mounts() -> list[Manifest]:
-    return [{"name": "shm", "mountPath": SHM_MOUNT},
-            {"name": "job-spec", "mountPath": JOB_FILE_DIR, "readOnly": True}]
+    return [
+        {"name": "shm", "mountPath": SHM_MOUNT},
+        {"name": "job-spec", "mountPath": JOB_FILE_DIR, "readOnly": True},
+    ]
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> Manifest:
@@ -222,8 +247,10 @@ def trainer_container(job: RLHFJob, index: int, generation: int, etcd: str) -> M
         "image": job.spec.trainer.image,
         "command": list(TRAINER_COMMAND),
         "env": _env(job, role="trainer", index=index, generation=generation, ce_port=port, etcd=etcd),
-        "ports": [{"name": "ce-trainer", "containerPort": port, "protocol": "TCP"},
-                  {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "ce-trainer", "containerPort": port, "protocol": "TCP"},
+            {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"},
+        ],
         "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod),
         "volumeMounts": _mounts(),
     }
@@ -247,8 +274,14 @@ def rollout_container(job: RLHFJob, index: int, generation: int, etcd: str, *, o
     }
 
 
-def build_pod(job: RLHFJob, index: int, *, restart_generation: int = 0, owner_uid: str | None = None,
-              default_etcd: str = DEFAULT_ETCD_ENDPOINTS) -> Manifest:
+def build_pod(
+    job: RLHFJob,
+    index: int,
+    *,
+    restart_generation: int = 0,
+    owner_uid: str | None = None,
+    default_etcd: str = DEFAULT_ETCD_ENDPOINTS,
+) -> Manifest:
     name = job.metadata.name
     etcd = etcd_endpoints(job, default_etcd)
     hybrid = index < job.spec.replicas
@@ -262,8 +295,13 @@ def build_pod(job: RLHFJob, index: int, *, restart_generation: int = 0, owner_ui
         "enableServiceLinks": False,
         "volumes": [
             {"name": "shm", "emptyDir": shm},
-            {"name": "job-spec", "configMap": {"name": spec_configmap_name(name),
-                                               "items": [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]}},
+            {
+                "name": "job-spec",
+                "configMap": {
+                    "name": spec_configmap_name(name),
+                    "items": [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}],
+                },
+            },
         ],
     }
     if hybrid:
@@ -276,15 +314,26 @@ def build_pod(job: RLHFJob, index: int, *, restart_generation: int = 0, owner_ui
     if job.spec.gpus_per_pod:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": _metadata(job, pod_name(name, index), owner_uid,
-                              pod_labels(name, role, index, restart_generation)),
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(
+            job, pod_name(name, index), owner_uid, pod_labels(name, role, index, restart_generation)
+        ),
         "spec": pod_spec,
     }
 
 
-def build_pods(job: RLHFJob, *, restart_generation: int = 0, owner_uid: str | None = None,
-               default_etcd: str = DEFAULT_ETCD_ENDPOINTS) -> list[Manifest]:
+def build_pods(
+    job: RLHFJob,
+    *,
+    restart_generation: int = 0,
+    owner_uid: str | None = None,
+    default_etcd: str = DEFAULT_ETCD_ENDPOINTS,
+) -> list[Manifest]:
     """Every pod of the job, hybrid pods first, in index order."""
-    return [build_pod(job, i, restart_generation=restart_generation, owner_uid=owner_uid,
-                      default_etcd=default_etcd) for i in range(pod_count(job))]
+    return [
+        build_pod(
+            job, i, restart_generation=restart_generation, owner_uid=owner_uid, default_etcd=default_etcd
+        )
+        for i in range(pod_count(job))
+    ]

@@ -55,17 +55,36 @@ def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str],
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.reconcile_interval, initial_delay=0)  # type: ignore[untyped-decorator]
-async def reconcile_job(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-                        name: str, namespace: str, uid: str, memo: kopf.Memo, job_pods: kopf.Index,
-                        logger: logging.Logger, **_: Any) -> None:
+async def reconcile_job(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str,
+    uid: str,
+    memo: kopf.Memo,
+    job_pods: kopf.Index,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
     memory = memo.get("job")
     if memory is None:
         memory = memo["job"] = reconcile.JobMemory()
-    ref = reconcile.JobRef(namespace, name, uid, int(meta.get("generation") or 0),
-                           str(meta.get("resourceVersion") or "0"))
-    plan = await reconcile.run(kube=memo.kube, etcd=memo.etcd, memory=memory, ref=ref, spec=spec,
-                               raw_status=dict(status), indexed_pods=job_pods.get((namespace, name), ()),
-                               default_etcd=CONFIG.etcd_endpoints, logger=logger)
+    ref = reconcile.JobRef(
+        namespace, name, uid, int(meta.get("generation") or 0), str(meta.get("resourceVersion") or "0")
+    )
+    plan = await reconcile.run(
+        kube=memo.kube,
+        etcd=memo.etcd,
+        memory=memory,
+        ref=ref,
+        spec=spec,
+        raw_status=dict(status),
+        indexed_pods=job_pods.get((namespace, name), ()),
+        default_etcd=CONFIG.etcd_endpoints,
+        logger=logger,
+    )
     for event in plan.events if plan else ():
         if event.type == "Warning":
             kopf.warn(body, reason=event.reason, message=event.message)
@@ -74,8 +93,16 @@ async def reconcile_job(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, statu
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=5)  # type: ignore[untyped-decorator]
-async def delete_job_keys(spec: kopf.Spec, name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
-                          retry: int, logger: logging.Logger, **_: Any) -> None:
+async def delete_job_keys(
+    spec: kopf.Spec,
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    retry: int,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
     try:
         endpoints = list(parse_spec(dict(spec), name=name).spec.checkpoint_engine.etcd.endpoints)
     except SpecError:

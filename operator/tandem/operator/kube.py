@@ -65,9 +65,12 @@ class Kube:
     async def create(self, manifest: Manifest) -> bool:
         """Create if absent. True when created, False when it already existed."""
         kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
-        creators = {"Pod": self.core.create_namespaced_pod, "Service": self.core.create_namespaced_service,
-                    "ConfigMap": self.core.create_namespaced_config_map,
-                    "Secret": self.core.create_namespaced_secret}
+        creators = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ConfigMap": self.core.create_namespaced_config_map,
+            "Secret": self.core.create_namespaced_secret,
+        }
         try:
             resp = await creators[kind](ns, manifest, _preload_content=False)
             resp.release()
@@ -76,17 +79,6 @@ class Kube:
             if e.status == 409:
                 return False
             raise KubeError(f"create {kind} {ns}/{manifest['metadata']['name']}", e) from None
-
-    async def exists(self, kind: str, namespace: str, name: str) -> bool:
-        readers = {"Secret": self.core.read_namespaced_secret, "Pod": self.core.read_namespaced_pod}
-        try:
-            resp = await readers[kind](name, namespace, _preload_content=False)
-            resp.release()
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeError(f"get {kind} {namespace}/{name}", e) from None
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Graceful delete; True when a delete was issued, False when the pod was already gone."""
@@ -101,8 +93,9 @@ class Kube:
 
     async def list_job_pods(self, namespace: str, job: str) -> list[PodState]:
         try:
-            resp = await self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}",
-                                                       _preload_content=False)
+            resp = await self.core.list_namespaced_pod(
+                namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False
+            )
             data = json.loads(await resp.read())
         except ApiException as e:
             raise KubeError(f"list pods of {namespace}/{job}", e) from None
@@ -113,8 +106,15 @@ class Kube:
         """Merge-patch the RLHFJob status subresource; returns the patched object."""
         try:
             resp = await self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
-                _content_type=MERGE_PATCH, _preload_content=False)
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": dict(status)},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
             body: dict[str, Any] = json.loads(await resp.read())
             return body
         except ApiException as e:

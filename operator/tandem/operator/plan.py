@@ -94,8 +94,9 @@ def decide(obs: Observation) -> Plan:
     driver_done = obs.progress is not None and obs.progress.phase == "done"
     if driver_done or (len(trainers) == spec.replicas and all(p.phase == "Succeeded" for p in trainers)):
         status.set_phase(new, "Succeeded", f"finished after {new.iteration} iterations", now)
-        plan.delete = sorted(p.name for p in current
-                             if p.phase not in ("Succeeded", "Failed") and not p.deleting)
+        plan.delete = sorted(
+            p.name for p in current if p.phase not in ("Succeeded", "Failed") and not p.deleting
+        )
         return _finish(obs, plan, before)
     if obs.progress is not None and obs.progress.phase == "failed":
         reason = obs.progress.message or "no message"

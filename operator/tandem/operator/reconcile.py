@@ -82,13 +82,13 @@ async def _ensure_objects(kube: Kube, job: RLHFJob, uid: str) -> None:
 
 
 async def _ensure_secret(kube: Kube, job: RLHFJob, uid: str) -> None:
-    name = builders.token_secret_name(job.metadata.name)
-    if not await kube.exists("Secret", job.metadata.namespace, name):  # token created once, then kept
-        await kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=uid))
+    """Create-if-absent: an existing token is kept (409), so the operator never needs to read Secrets."""
+    await kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=uid))
 
 
-async def observe_pods(kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None,
-                       phase: str) -> list[PodState]:
+async def observe_pods(
+    kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None, phase: str
+) -> list[PodState]:
     pods = list(indexed)
     if job is not None and phase == "Running":
         names = {p.name for p in pods}
@@ -97,8 +97,9 @@ async def observe_pods(kube: Kube, ref: JobRef, indexed: Iterable[PodState], job
     return pods
 
 
-async def read_progress(etcd: EtcdStore, endpoints: Sequence[str], ref: JobRef,
-                        logger: logging.Logger) -> Progress | None:
+async def read_progress(
+    etcd: EtcdStore, endpoints: Sequence[str], ref: JobRef, logger: logging.Logger
+) -> Progress | None:
     try:
         return await etcd.read_progress(endpoints, ref.namespace, ref.name)
     except EtcdUnavailable as e:
@@ -114,14 +115,34 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
     if plan.delete:
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
     if job is not None and plan.create:
-        await asyncio.gather(*(kube.create(builders.build_pod(
-            job, i, restart_generation=plan.restart_generation, owner_uid=ref.uid, default_etcd=default_etcd))
-            for i in plan.create))
+        await asyncio.gather(
+            *(
+                kube.create(
+                    builders.build_pod(
+                        job,
+                        i,
+                        restart_generation=plan.restart_generation,
+                        owner_uid=ref.uid,
+                        default_etcd=default_etcd,
+                    )
+                )
+                for i in plan.create
+            )
+        )
 
 
-async def run(*, kube: Kube, etcd: EtcdStore, memory: JobMemory, ref: JobRef, spec: Mapping[str, Any],
-              raw_status: Any, indexed_pods: Iterable[PodState], default_etcd: Sequence[str],
-              logger: logging.Logger) -> Plan | None:
+async def run(
+    *,
+    kube: Kube,
+    etcd: EtcdStore,
+    memory: JobMemory,
+    ref: JobRef,
+    spec: Mapping[str, Any],
+    raw_status: Any,
+    indexed_pods: Iterable[PodState],
+    default_etcd: Sequence[str],
+    logger: logging.Logger,
+) -> Plan | None:
     """One pass. Returns the plan carried out (None when skipped on a stale view)."""
     if _stale_view(memory, ref):
         return None
@@ -131,8 +152,18 @@ async def run(*, kube: Kube, etcd: EtcdStore, memory: JobMemory, ref: JobRef, sp
     endpoints = list(job.spec.checkpoint_engine.etcd.endpoints) if job else []
     progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if job else None
     pods = await observe_pods(kube, ref, indexed_pods, job, current.phase)
-    plan = decide(Observation(name=ref.name, generation=ref.generation, job=job, spec_error=memory.error,
-                              status=current, pods=pods, progress=progress, now=datetime.now(UTC)))
+    plan = decide(
+        Observation(
+            name=ref.name,
+            generation=ref.generation,
+            job=job,
+            spec_error=memory.error,
+            status=current,
+            pods=pods,
+            progress=progress,
+            now=datetime.now(UTC),
+        )
+    )
     await carry_out(kube, ref, memory, plan, ",".join(default_etcd))
     new = _clean(status.dump_status(plan.status))
     if new != _clean(raw_status if isinstance(raw_status, Mapping) else {}):

@@ -33,8 +33,9 @@ class Failure:
         return f"pod {self.pod} {self.reason}"
 
 
-def failures(pods: Iterable[PodState], expected: Sequence[str], generation: int, *,
-             all_were_running: bool) -> list[Failure]:
+def failures(
+    pods: Iterable[PodState], expected: Sequence[str], generation: int, *, all_were_running: bool
+) -> list[Failure]:
     """Failures among the pods of `generation` (expected names in index order)."""
     current = {p.name: p for p in pods if p.generation == generation}
     out: list[Failure] = []

@@ -70,14 +70,18 @@ def condition(status: JobStatus, type_: str) -> Condition | None:
     return next((c for c in status.conditions if c.type == type_), None)
 
 
-def set_condition(status: JobStatus, type_: str, value: bool, reason: str, message: str,
-                  now: datetime) -> None:
+def set_condition(
+    status: JobStatus, type_: str, value: bool, reason: str, message: str, now: datetime
+) -> None:
     """Upsert a condition; lastTransitionTime moves only when its status changes."""
     new: Literal["True", "False"] = "True" if value else "False"
     old = condition(status, type_)
     if old is None:
-        status.conditions.append(Condition(type=type_, status=new, reason=reason, message=message,
-                                           last_transition_time=rfc3339(now)))
+        status.conditions.append(
+            Condition(
+                type=type_, status=new, reason=reason, message=message, last_transition_time=rfc3339(now)
+            )
+        )
     else:
         if old.status != new:
             old.last_transition_time = rfc3339(now)
@@ -91,11 +95,21 @@ def set_phase(status: JobStatus, phase: Phase, message: str, now: datetime) -> N
     status.phase = phase
     status.message = message
     invalid = phase == "InvalidSpec"
-    set_condition(status, "SpecValid", not invalid, "InvalidSpec" if invalid else "Valid",
-                  message if invalid else "", now)
+    set_condition(
+        status,
+        "SpecValid",
+        not invalid,
+        "InvalidSpec" if invalid else "Valid",
+        message if invalid else "",
+        now,
+    )
     set_condition(status, "Ready", phase == "Running", phase, message, now)
-    for type_, when in (("Restarting", "Restarting"), ("Suspended", "Suspended"), ("Complete", "Succeeded"),
-                        ("Failed", "Failed")):
+    for type_, when in (
+        ("Restarting", "Restarting"),
+        ("Suspended", "Suspended"),
+        ("Complete", "Succeeded"),
+        ("Failed", "Failed"),
+    ):
         set_condition(status, type_, phase == when, phase, message if phase == when else "", now)
 
 

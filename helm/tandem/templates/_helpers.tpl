@@ -1,0 +1,55 @@
+{{/* Names and labels shared by the templates. */}}
+{{- define "tandem.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tandem.labels" -}}
+app.kubernetes.io/name: tandem
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tandem.operatorSelector" -}}
+app.kubernetes.io/name: tandem
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "tandem.serviceAccountName" -}}
+{{- default (printf "%s-operator" (include "tandem.fullname" .)) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "tandem.etcdEndpoints" -}}
+{{- if .Values.operator.etcdEndpoints -}}
+{{- join "," .Values.operator.etcdEndpoints -}}
+{{- else if .Values.etcd.enabled -}}
+{{- printf "http://tandem-etcd.%s.svc:2379" .Release.Namespace -}}
+{{- else -}}
+{{- fail "set operator.etcdEndpoints or etcd.enabled=true" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What the operator does to RLHFJobs and the objects it owns, in a watched namespace. */}}
+{{- define "tandem.jobRules" -}}
+- apiGroups: [tandem.dev]
+  resources: [rlhfjobs]
+  verbs: [get, list, watch, patch]
+- apiGroups: [tandem.dev]
+  resources: [rlhfjobs/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [services, configmaps, secrets]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end -}}

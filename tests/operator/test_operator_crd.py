@@ -1,0 +1,37 @@
+"""The CI check for the one CRD source: both committed copies equal what the generator renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.spec import crd
+
+ROOT = Path(__file__).resolve().parents[2]
+COPIES = [
+    ROOT / "manifests" / "crd" / "rlhfjobs.tandem.dev.yaml",
+    ROOT / "helm" / "tandem" / "crds" / "rlhfjobs.tandem.dev.yaml",
+]
+
+
+@pytest.mark.parametrize("path", COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_crd_equals_render(path: Path) -> None:
+    assert path.read_text() == crd.render(), f"{path} is stale: regenerate it from tandem.spec.crd.render()"
+
+
+def test_crd_shape() -> None:
+    doc = yaml.safe_load(crd.render())
+    version = doc["spec"]["versions"][0]
+    assert doc["metadata"]["name"] == "rlhfjobs.tandem.dev" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["Phase", "Iteration", "Reward", "Sync(s)", "Age"]
+    assert "rlhf" in doc["spec"]["names"]["shortNames"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [v["rule"] for v in spec.get("x-kubernetes-validations", [])]
+    assert any("tensorParallel" in r for r in rules)
+    assert {
+        "rule": "self == oldSelf",
+        "message": "replicas is immutable; create a new RLHFJob instead",
+    } in spec["properties"]["replicas"]["x-kubernetes-validations"]
