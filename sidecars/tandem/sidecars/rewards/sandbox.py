@@ -1,0 +1,261 @@
+"""Code executor: runs generated Python against test snippets in a sandbox; returns the pass fraction.
+
+Role: the `codeExec` rule-based reward. Callers: `rewards.combine` (from a thread pool, concurrently
+with model inference — hence no `preexec_fn`, which is unsafe in a threaded parent).
+
+Isolation, chosen once per process by `isolation_mode()`:
+- "namespaces" (root and `unshare` works — the case on these machines and in the trainer image):
+  `unshare --net --mount --pid --fork --kill-child --mount-proc` starts the harness in a fresh
+  network namespace (loopback down: no connection anywhere, 127.0.0.1 included), a private mount
+  namespace where the harness mounts small tmpfs over every world-writable directory, and a pid
+  namespace (every process the program starts dies with it). The harness then drops to `nobody`
+  (so the rest of the filesystem is read-only to it and RLIMIT_NPROC applies) and sets hard
+  limits: CPU seconds, address space, file size, processes, open files, no core.
+- "basic" (not root, or namespaces unavailable): same limits and uid drop when root; network,
+  subprocesses, ctypes and writes outside the work dir are refused by audit hooks in the child
+  (a program using C extensions could bypass these; the namespaces mode has no such gap).
+In both modes: a fresh interpreter with `-I -S -B` (no site, no env, no bytecode written), its own
+work dir as cwd/HOME/TMPDIR, its output to a size-capped file, a wall-clock deadline after which
+the whole process group is SIGKILLed, and a cap on what the parent reads back.
+
+The score is passed tests / tests (results stream per test, so a timeout keeps the tests that
+passed before it); a program that fails to load scores 0; with no tests, 1.0 when the program runs
+to completion. The result protocol resists naive forgery (a per-run nonce) but a program that
+introspects the harness could forge lines: the sandbox protects the host, not the score's honesty
+against adversarial code.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import math
+import os
+import pwd
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+HARNESS = Path(__file__).with_name("_sandbox_harness.py")
+UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+           "--propagation", "private", "--"]
+STARTUP_ALLOWANCE = 5.0  # seconds the interpreter may take to reach the program, on top of the timeout
+Isolation = Literal["namespaces", "basic"]
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_seconds: float = 5.0  # wall clock for the program and its tests
+    memory_bytes: int = 1 << 30  # RLIMIT_AS
+    file_bytes: int = 1 << 20  # RLIMIT_FSIZE: program output and any file it writes
+    processes: int = 32  # RLIMIT_NPROC of the sandbox uid
+    open_files: int = 64
+    read_bytes: int = 1 << 20  # the most the parent reads back from the result channel
+    tmpfs_bytes: int = 16 << 20  # size of each private tmpfs (namespaces mode)
+
+    @property
+    def cpu_seconds(self) -> int:
+        return math.ceil(self.timeout_seconds) + 1
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    passed: int
+    total: int
+    status: Literal["ok", "error", "timeout", "killed", "output_limit"]
+    seconds: float
+    isolation: Isolation
+    detail: str = ""
+
+    @property
+    def score(self) -> float:
+        if self.total == 0:
+            return 1.0 if self.status == "ok" else 0.0
+        return self.passed / self.total
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not start (not a failure of the program)."""
+
+
+def _world_readable_stdlib() -> bool:
+    path = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        if not mode & 0o001 or (p == path and not mode & 0o004):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _nobody() -> tuple[int, int] | None:
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_python() -> str:
+    """An interpreter whose stdlib the sandbox uid can read (the trainer's may live under /root)."""
+    if _nobody() is None or _world_readable_stdlib():
+        return sys.executable
+    ids = _nobody()
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(candidate) and ids is not None:
+            probe = subprocess.run([candidate, "-I", "-S", "-B", "-c", "import json, fractions, re"],
+                                   user=ids[0], group=ids[1], extra_groups=[], capture_output=True,
+                                   timeout=30, check=False)
+            if probe.returncode == 0:
+                return candidate
+    raise SandboxError("no Python interpreter readable by the sandbox user")
+
+
+@functools.lru_cache(maxsize=1)
+def isolation_mode() -> Isolation:
+    """"namespaces" when root and `unshare` works here, else "basic"."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "basic"
+    probe = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30, check=False)
+    return "namespaces" if probe.returncode == 0 else "basic"
+
+
+def split_tests(tests: str | Sequence[str]) -> list[str]:
+    """Test snippets: a list as given, a JSON list string, or each top-level statement of a string."""
+    if not isinstance(tests, str):
+        return list(tests)
+    text = tests.strip()
+    if text.startswith("["):
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError:
+            loaded = None
+        if isinstance(loaded, list) and all(isinstance(t, str) for t in loaded):
+            return loaded
+    tree = ast.parse(text)
+    return [ast.get_source_segment(text, node) or "" for node in tree.body]
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced ```python block of a completion (or last ``` block), else the whole text."""
+    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", completion, re.DOTALL | re.IGNORECASE)
+    return blocks[-1] if blocks else completion
+
+
+def run_tests(
+    code: str, tests: str | Sequence[str], limits: SandboxLimits | None = None,
+    isolation: Isolation | None = None,
+) -> ExecResult:
+    """Run `code` then each test snippet in the sandbox; see the module docstring."""
+    lim = limits or SandboxLimits()
+    mode = isolation or isolation_mode()
+    if mode == "namespaces" and isolation_mode() != "namespaces":
+        raise SandboxError("namespaces isolation is not available here (needs root and unshare)")
+    snippets = split_tests(tests)
+    nonce = secrets.token_hex(16)
+    ids = _nobody()
+    workdir = None if mode == "namespaces" else tempfile.mkdtemp(prefix="tandem-sbx-")
+    job = {
+        "nonce": nonce, "code": code, "tests": snippets, "private_fs": mode == "namespaces",
+        "workdir": workdir, "uid": ids[0] if ids else None, "gid": ids[1] if ids else None,
+        "limits": {"cpu_seconds": lim.cpu_seconds, "memory_bytes": lim.memory_bytes,
+                   "file_bytes": lim.file_bytes, "processes": lim.processes,
+                   "open_files": lim.open_files, "tmpfs_bytes": lim.tmpfs_bytes},
+    }
+    cmd = [sandbox_python(), "-I", "-S", "-B", str(HARNESS)]
+    if mode == "namespaces":
+        cmd = [*UNSHARE, *cmd]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                start_new_session=True)
+    except OSError as e:
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise SandboxError(f"cannot start the sandbox: {e}") from e
+    try:
+        lines, read_status = _collect(proc, json.dumps(job).encode(), nonce, lim, t0)
+    finally:
+        _kill_group(proc)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    passed = sum(1 for w in lines if w[0] == "ok")
+    status: Literal["ok", "error", "timeout", "killed", "output_limit"] = read_status
+    if status == "ok":
+        if any(w[0] == "error" for w in lines):
+            status, passed = "error", 0
+        elif not any(w[0] == "done" for w in lines):
+            status = "killed"
+    detail = "" if status == "ok" else f"exit code {proc.returncode}"
+    return ExecResult(passed, len(snippets), status, time.monotonic() - t0, mode, detail)
+
+
+def _collect(
+    proc: subprocess.Popen[bytes], job: bytes, nonce: str, lim: SandboxLimits, t0: float
+) -> tuple[list[list[str]], Literal["ok", "timeout", "output_limit"]]:
+    """Feed the job, read result lines until EOF, the deadline or the read cap."""
+    if proc.stdin is None or proc.stdout is None:
+        raise SandboxError("sandbox pipes missing")
+    try:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    buf = b""
+    deadline = t0 + lim.timeout_seconds + STARTUP_ALLOWANCE
+    started = False
+    status: Literal["ok", "timeout", "output_limit"] = "ok"
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                status = "timeout"
+                break
+            if not sel.select(timeout=left):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > lim.read_bytes:
+                status = "output_limit"
+                break
+            if not started and f"{nonce} start".encode() in buf:
+                started = True
+                deadline = min(deadline, time.monotonic() + lim.timeout_seconds)
+    lines = [ln.split()[1:] for ln in buf.decode("utf-8", "replace").splitlines()
+             if ln.startswith(nonce + " ") and len(ln.split()) > 1]
+    return lines, status
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the sandbox's whole process group (before reaping, so the group id is not reused)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def code_exec_reward(completion: str, tests: str | Sequence[str], timeout_seconds: float = 5.0) -> float:
+    """Pass fraction of the completion's code (see `extract_code`) against `tests`."""
+    return run_tests(extract_code(completion), tests, SandboxLimits(timeout_seconds=timeout_seconds)).score
