@@ -1,0 +1,248 @@
+"""The operator against the real control plane, with the chart ServiceAccount's credentials.
+
+Lifecycle of a sample job, status from etcd progress, gang restarts up to maxRestarts, suspend and
+resume, operator killed mid-reconcile, deletion cleaning etcd, immutable fields.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import ControlPlane
+from harness import MANIFESTS, OperatorProcess, etcd_keys, etcd_put, get_json, wait_for
+from wrappers import JobWrapper
+
+from tandem.checkpoint_engine import keys
+from tandem.spec.progress import Progress
+
+pytestmark = pytest.mark.k8s
+OUT = Path("/tmp/tandem-operator-evidence")
+
+
+def create(cp: ControlPlane, ns: str, job: JobWrapper | dict[str, Any]) -> dict[str, Any]:
+    doc = job.obj() if isinstance(job, JobWrapper) else job
+    doc["metadata"]["namespace"] = ns
+    cp.kubectl("create", "-f", "-", input=json.dumps(doc))
+    return get_json(cp, "rlhfjob", doc["metadata"]["name"], "-n", ns)
+
+
+def job_of(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return get_json(cp, "rlhfjob", name, "-n", ns) or {}
+
+
+def status_of(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return job_of(cp, ns, name).get("status") or {}
+
+
+def pods_of(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    return (get_json(cp, "pods", "-n", ns, "-l", f"tandem.dev/job={name}") or {}).get("items", [])
+
+
+def running(cp: ControlPlane, ns: str, name: str, n: int, generation: int = 0) -> list[dict[str, Any]] | None:
+    pods = pods_of(cp, ns, name)
+    ok = len(pods) == n and all(
+        p["status"].get("phase") == "Running"
+        and not p["metadata"].get("deletionTimestamp")
+        and p["metadata"]["labels"]["tandem.dev/restart-generation"] == str(generation)
+        for p in pods
+    )
+    return pods if ok else None
+
+
+def phase_is(cp: ControlPlane, ns: str, name: str, phase: str, **fields: Any) -> dict[str, Any] | None:
+    st = status_of(cp, ns, name)
+    return st if st.get("phase") == phase and all(st.get(k) == v for k, v in fields.items()) else None
+
+
+def events_of(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
+    items = (get_json(cp, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}") or {}).get(
+        "items", []
+    )
+    return [(e["type"], e["reason"]) for e in items]
+
+
+def fail_pod(cp: ControlPlane, ns: str, pod: str) -> None:
+    cp.kubectl(
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Failed", "reason": "Evicted", "message": "test"}}),
+    )
+
+
+def small(name: str, replicas: int = 1, rollout_only: int = 0) -> JobWrapper:
+    return JobWrapper(name).small().replicas(replicas).rollout_only(rollout_only)
+
+
+def test_sample_job_runs_and_status_follows_etcd_progress(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str, etcd_server: Any
+) -> None:
+    sample = yaml.safe_load((MANIFESTS / "samples" / "qwen-grpo.yaml").read_text())
+    job = create(k8s, ns, sample)
+    uid, name = job["metadata"]["uid"], "qwen-grpo"
+    owned = {"kind": "RLHFJob", "name": name, "uid": uid, "controller": True}
+    for kind, obj in (("service", name), ("configmap", f"{name}-spec"), ("secret", f"{name}-token")):
+        got = wait_for(f"{kind}/{obj}", lambda k=kind, o=obj: get_json(k8s, k, o, "-n", ns), 30)
+        assert owned.items() <= got["metadata"]["ownerReferences"][0].items()
+    pods = wait_for("2 running pods", lambda: running(k8s, ns, name, 2), 60)
+    for pod in pods:
+        assert owned.items() <= pod["metadata"]["ownerReferences"][0].items()
+        assert pod["spec"]["nodeName"].startswith("kwok-node-")
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    wait_for("phase Running", lambda: phase_is(k8s, ns, name, "Running"), 30)
+
+    progress = Progress(
+        phase="train",
+        iteration=12,
+        iterations=200,
+        weight_version=11,
+        last_sync_seconds=2.5,
+        reward_mean=0.75,
+    )
+    etcd_put(etcd_server.endpoint, keys.progress(ns, name), progress.to_json())
+    st = wait_for(
+        "status from etcd", lambda: phase_is(k8s, ns, name, "Running", iteration=12, rewardMean=0.75), 30
+    )
+    assert st["weightVersion"] == 11 and st["lastSyncSeconds"] == 2.5
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
+
+    table = k8s.kubectl("get", "rlhfjobs", "-n", ns).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "ITERATION", "REWARD", "SYNC(S)", "AGE"]
+    assert row.split()[:5] == [name, "Running", "12", "0.75", "2.5"]
+    OUT.mkdir(exist_ok=True)
+    pods_table = k8s.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
+    (OUT / "kubectl-get-rlhfjobs.txt").write_text(
+        f"$ kubectl get rlhfjobs\n{table}\n$ kubectl get pods -o wide\n{pods_table}"
+    )
+    assert {("Normal", "Pending"), ("Normal", "Running")} <= set(events_of(k8s, ns, name))
+
+
+def test_gang_restart_counts_restarts_then_fails(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str
+) -> None:
+    name = "gang"
+    create(k8s, ns, small(name, replicas=2).failure_policy(max_restarts=2, backoff_seconds=1))
+    wait_for("gen 0 running", lambda: running(k8s, ns, name, 2, 0), 60)
+    wait_for("Running", lambda: phase_is(k8s, ns, name, "Running"), 30)
+    token = get_json(k8s, "secret", f"{name}-token", "-n", ns)["data"]["token"]
+
+    fail_pod(k8s, ns, f"{name}-1")  # a failed pod restarts the whole gang
+    wait_for("restart 1", lambda: status_of(k8s, ns, name).get("restarts") == 1, 30)
+    wait_for("gen 1 running", lambda: running(k8s, ns, name, 2, 1), 60)
+    wait_for("Running after restart 1", lambda: phase_is(k8s, ns, name, "Running", restarts=1), 30)
+
+    k8s.kubectl("delete", "pod", f"{name}-0", "-n", ns, "--wait=false")  # a vanished pod counts too
+    wait_for("gen 2 running", lambda: running(k8s, ns, name, 2, 2), 60)
+    wait_for("Running after restart 2", lambda: phase_is(k8s, ns, name, "Running", restarts=2), 30)
+
+    fail_pod(k8s, ns, f"{name}-0")  # maxRestarts (2) reached: Failed, pods removed
+    st = wait_for("Failed", lambda: phase_is(k8s, ns, name, "Failed", restarts=2), 30)
+    assert "maxRestarts (2) reached" in st["message"]
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Failed"] == "True"
+    wait_for("pods gone", lambda: not pods_of(k8s, ns, name), 60)
+    assert get_json(k8s, "secret", f"{name}-token", "-n", ns)["data"]["token"] == token  # created once, kept
+    assert {("Warning", "Restarting"), ("Warning", "Failed")} <= set(events_of(k8s, ns, name))
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str
+) -> None:
+    name = "pause"
+    create(k8s, ns, small(name, replicas=1, rollout_only=1))
+    wait_for("running", lambda: running(k8s, ns, name, 2), 60)
+    k8s.kubectl("patch", "rlhfjob", name, "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for("Suspended", lambda: phase_is(k8s, ns, name, "Suspended"), 30)
+    wait_for("pods gone", lambda: not pods_of(k8s, ns, name), 60)
+    k8s.kubectl("patch", "rlhfjob", name, "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for("running again", lambda: running(k8s, ns, name, 2), 60)
+    wait_for("Running, no restart counted", lambda: phase_is(k8s, ns, name, "Running", restarts=0), 30)
+    assert ("Normal", "Suspended") in events_of(k8s, ns, name)
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str
+) -> None:
+    names = [f"crash-{i}" for i in range(3)]
+    for name in names:
+        create(k8s, ns, small(name, replicas=2, rollout_only=1))
+    wait_for("some pods created", lambda: pods_of(k8s, ns, names[0]), 30, every=0.05)
+    operator.kill()  # SIGKILL in the middle of creating the three gangs
+    operator.start()
+    for name in names:
+        pods = wait_for(f"{name} running", lambda n=name: running(k8s, ns, n, 3), 90)
+        assert sorted(p["metadata"]["name"] for p in pods) == [f"{name}-{i}" for i in range(3)]
+        wait_for(f"{name} Running", lambda n=name: phase_is(k8s, ns, n, "Running", restarts=0), 30)
+
+    fail_pod(k8s, ns, f"{names[0]}-2")  # now kill it again right after it begins a gang restart
+    wait_for("Restarting", lambda: status_of(k8s, ns, names[0]).get("restarts") == 1, 30, every=0.05)
+    operator.kill()
+    operator.start()
+    wait_for("gen 1 running", lambda: running(k8s, ns, names[0], 3, 1), 90)
+    wait_for("one restart only", lambda: phase_is(k8s, ns, names[0], "Running", restarts=1), 30)
+    assert len(pods_of(k8s, ns, names[0])) == 3
+    for name in names[1:]:
+        assert phase_is(k8s, ns, name, "Running", restarts=0) and running(k8s, ns, name, 3, 0)
+
+
+def test_deletion_removes_the_jobs_etcd_keys_and_owned_objects(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str, etcd_server: Any
+) -> None:
+    name, other = "gone", "stays"
+    create(k8s, ns, small(name))
+    wait_for("running", lambda: running(k8s, ns, name, 1), 60)
+    job = job_of(k8s, ns, name)
+    assert "tandem.dev/cleanup" in job["metadata"]["finalizers"]
+    for key in (
+        keys.progress(ns, name),
+        keys.version(ns, name, 3),
+        keys.shard(ns, name, 3, 0),
+        keys.progress(ns, other),
+    ):
+        etcd_put(etcd_server.endpoint, key, "{}")
+    k8s.kubectl("delete", "rlhfjob", name, "-n", ns, "--timeout=60s")
+    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, name)) == []
+    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, other)) == [keys.progress(ns, other)]
+    for kind, obj in (("service", name), ("configmap", f"{name}-spec"), ("secret", f"{name}-token")):
+        wait_for(f"{kind} collected", lambda k=kind, o=obj: get_json(k8s, k, o, "-n", ns) is None, 60)
+    wait_for("pods collected", lambda: not pods_of(k8s, ns, name), 60)
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"replicas": 3}, "replicas"),
+        ({"gpusPerPod": 4}, "gpusPerPod"),
+        ({"model": {"path": "/other"}}, "model"),
+        ({"trainer": {"tensorParallel": 2}}, "trainer"),
+        ({"checkpointEngine": {"shmSize": "1Gi"}}, "checkpointEngine"),
+    ],
+)
+def test_immutable_fields_are_rejected(
+    k8s: ControlPlane, installed: ControlPlane, ns: str, patch: dict[str, Any], field: str
+) -> None:
+    create(k8s, ns, JobWrapper("frozen").small())
+    out = k8s.kubectl(
+        "patch", "rlhfjob", "frozen", "-n", ns, "--type=merge", "-p", json.dumps({"spec": patch}), check=False
+    )
+    assert out.returncode != 0 and f"{field} is immutable" in out.stderr
+    ok = k8s.kubectl(
+        "patch",
+        "rlhfjob",
+        "frozen",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"suspend":true,"failurePolicy":{"maxRestarts":5}}}',
+    )
+    assert "patched" in ok.stdout  # suspend and failurePolicy stay mutable

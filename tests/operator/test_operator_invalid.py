@@ -1,0 +1,173 @@
+"""A table of invalid RLHFJobs: each is rejected by the real API server (schema, enums, bounds, CEL
+rules) or, where only the Python rules catch it, marked InvalidSpec by the operator — always with a
+message naming the field. Each is also rejected offline by `tandem.spec.load.parse_job` naming the
+same field (what `tandem validate` prints).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane
+from harness import OperatorProcess, get_json, wait_for
+from wrappers import JobWrapper
+
+from tandem.spec.load import SpecError, parse_job
+
+W = JobWrapper
+Case = tuple[str, Callable[[], JobWrapper], str]
+
+REJECTED: list[Case] = [
+    ("replicas-zero", lambda: W().replicas(0), "spec.replicas"),
+    ("replicas-string", lambda: W().replicas("two"), "spec.replicas"),  # type: ignore[arg-type]
+    ("rollout-only-negative", lambda: W().rollout_only(-1), "spec.rolloutOnlyReplicas"),
+    ("gpus-too-many", lambda: W().gpus(17), "spec.gpusPerPod"),
+    ("model-missing", lambda: W().unset("model"), "spec.model"),
+    ("model-path-empty", lambda: W().set("model.path", ""), "spec.model.path"),
+    ("model-family-unknown", lambda: W().set("model.family", "gpt"), "spec.model.family"),
+    ("algorithm-unknown", lambda: W().set("algorithm.name", "reinforce"), "spec.algorithm.name"),
+    ("group-size-one", lambda: W().set("algorithm.groupSize", 1), "spec.algorithm.groupSize"),
+    ("clip-one", lambda: W().set("algorithm.clip", 1.0), "spec.algorithm.clip"),
+    ("lr-zero", lambda: W().set("algorithm.lr", 0), "spec.algorithm.lr"),
+    ("kl-negative", lambda: W().set("algorithm.klCoef", -0.1), "spec.algorithm.klCoef"),
+    ("iterations-zero", lambda: W().set("algorithm.iterations", 0), "spec.algorithm.iterations"),
+    ("critic-without-ppo", lambda: W().set("algorithm.critic", True), "spec.algorithm.critic"),
+    (
+        "trainer-tp-not-dividing-gpus",
+        lambda: W().set("trainer.tensorParallel", 3),
+        "spec.trainer.tensorParallel",
+    ),
+    (
+        "rollout-tp-not-dividing-gpus",
+        lambda: W().set("rollout.tensorParallel", 3),
+        "spec.rollout.tensorParallel",
+    ),
+    (
+        "tp-pp-not-dividing-world",
+        lambda: W().set("trainer.pipelineParallel", 3),
+        "spec.trainer.pipelineParallel",
+    ),
+    (
+        "batch-not-multiple",
+        lambda: W().set("trainer.globalBatchSize", 10).set("trainer.microBatchSize", 4),
+        "spec.trainer.globalBatchSize",
+    ),
+    ("trainer-image-bad", lambda: W().set("trainer.image", "Bad Image"), "spec.trainer.image"),
+    (
+        "memory-not-a-quantity",
+        lambda: W().set("trainer.resources", {"memory": "lots"}),
+        "spec.trainer.resources.memory",
+    ),
+    ("temperature-too-high", lambda: W().set("rollout.temperature", 5), "spec.rollout.temperature"),
+    ("top-p-zero", lambda: W().set("rollout.topP", 0), "spec.rollout.topP"),
+    ("max-tokens-zero", lambda: W().set("rollout.maxTokens", 0), "spec.rollout.maxTokens"),
+    (
+        "between-rollouts-unknown",
+        lambda: W().set("rollout.betweenRollouts", "pause"),
+        "spec.rollout.betweenRollouts",
+    ),
+    ("rewards-empty", lambda: W().set("rewards", []), "spec.rewards"),
+    ("rewards-missing", lambda: W().unset("rewards"), "spec.rewards"),
+    ("reward-type-unknown", lambda: W().set("rewards", [{"type": "bleu"}]), "spec.rewards[0].type"),
+    ("format-without-pattern", lambda: W().set("rewards", [{"type": "format"}]), "spec.rewards[0].pattern"),
+    ("model-reward-without-path", lambda: W().set("rewards", [{"type": "model"}]), "spec.rewards[0].path"),
+    (
+        "reward-weight-huge",
+        lambda: W().set("rewards", [{"type": "answerMatch", "weight": 5000}]),
+        "spec.rewards[0].weight",
+    ),
+    ("dataset-missing", lambda: W().unset("dataset"), "spec.dataset"),
+    (
+        "shm-size-bad-unit",
+        lambda: W().set("checkpointEngine.shmSize", "64GB"),
+        "spec.checkpointEngine.shmSize",
+    ),
+    (
+        "transport-unknown",
+        lambda: W().set("checkpointEngine.transport", "infiniband"),
+        "spec.checkpointEngine.transport",
+    ),
+    ("ce-port-privileged", lambda: W().set("checkpointEngine.port", 80), "spec.checkpointEngine.port"),
+    (
+        "etcd-endpoint-without-scheme",
+        lambda: W().etcd("etcd:2379"),
+        "spec.checkpointEngine.etcd.endpoints[0]",
+    ),
+    (
+        "max-restarts-negative",
+        lambda: W().set("failurePolicy.maxRestarts", -1),
+        "spec.failurePolicy.maxRestarts",
+    ),
+    ("suspend-not-bool", lambda: W().suspend("maybe"), "spec.suspend"),  # type: ignore[arg-type]
+    ("unknown-field", lambda: W().set("learningRate", 0.1), "spec.learningRate"),
+]
+
+# Accepted by the API server (its schema cannot express these); the operator marks them InvalidSpec.
+OPERATOR_ONLY: list[Case] = [
+    ("name-too-long", lambda: W("j" + "x" * 55), "metadata.name"),
+    ("name-starts-with-digit", lambda: W("9lives"), "metadata.name"),
+    (
+        "pattern-not-a-regex",
+        lambda: W().set("rewards", [{"type": "format", "pattern": "(unclosed"}]),
+        "spec.rewards[0].pattern",
+    ),
+]
+
+
+def offline_field(api_field: str) -> str:
+    return re.sub(r"\[(\d+)\]", r".\1", api_field)
+
+
+def test_the_table_is_big_enough() -> None:
+    assert len(REJECTED) + len(OPERATOR_ONLY) >= 30
+
+
+@pytest.mark.parametrize(
+    ("case", "build", "field"), REJECTED + OPERATOR_ONLY, ids=[c[0] for c in REJECTED + OPERATOR_ONLY]
+)
+def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_job(build().obj(), case)
+    assert offline_field(field) in err.value.fields, str(err.value)
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build", "field"), REJECTED, ids=[c[0] for c in REJECTED])
+def test_api_server_rejects_naming_the_field(
+    installed: ControlPlane, case: str, build: Callable[[], JobWrapper], field: str
+) -> None:
+    doc = build().meta("name", case).obj()
+    doc["metadata"]["namespace"] = "default"
+    out = installed.kubectl("create", "-f", "-", input=json.dumps(doc), check=False)
+    assert out.returncode != 0, f"{case} was accepted"
+    assert field in out.stderr, out.stderr
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build", "field"), OPERATOR_ONLY, ids=[c[0] for c in OPERATOR_ONLY])
+def test_operator_marks_invalid_spec_naming_the_field(
+    installed: ControlPlane,
+    operator: OperatorProcess,
+    ns: str,
+    case: str,
+    build: Callable[[], JobWrapper],
+    field: str,
+) -> None:
+    doc = build().small().obj()
+    doc["metadata"]["namespace"] = ns
+    installed.kubectl("create", "-f", "-", input=json.dumps(doc))
+    name = doc["metadata"]["name"]
+
+    def invalid() -> dict[str, Any] | None:
+        st = (get_json(installed, "rlhfjob", name, "-n", ns) or {}).get("status") or {}
+        return st if st.get("phase") == "InvalidSpec" else None
+
+    st = wait_for(f"{case} InvalidSpec", invalid, 30)
+    assert offline_field(field) in st["message"], st["message"]
+    assert {c["type"]: c["status"] for c in st["conditions"]}["SpecValid"] == "False"
+    pods = (get_json(installed, "pods", "-n", ns, "-l", f"tandem.dev/job={name}") or {}).get("items", [])
+    assert pods == []
