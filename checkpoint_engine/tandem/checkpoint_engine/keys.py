@@ -12,6 +12,7 @@ All values are JSON. Everything of a job lives under `job_prefix(namespace, name
     /tandem/jobs/<ns>/<job>/readers/<v:012d>/<pod>     a reader pinning version v (lease-bound)
     /tandem/jobs/<ns>/<job>/engines/<pod>/<role>       checkpoint-engine status (phase, version), lease-bound
     /tandem/jobs/<ns>/<job>/ops/<pod>/<role>/<id>      operations requested/completed on an engine
+    /tandem/jobs/<ns>/<job>/endpoints/<pod>/<role>     where a sidecar's API listens, lease-bound
 """
 
 from __future__ import annotations
@@ -73,3 +74,11 @@ def version_of(key: str) -> int:
         if len(part) == 12 and part.isdigit():
             return int(part)
     raise ValueError(f"no version number in etcd key {key!r}")
+
+
+def endpoint(namespace: str, name: str, pod: str, role: str) -> str:
+    return job_prefix(namespace, name) + f"endpoints/{pod}/{role}"
+
+
+def endpoints_prefix(namespace: str, name: str) -> str:
+    return job_prefix(namespace, name) + "endpoints/"

@@ -8,6 +8,7 @@ and `python -m tandem.sidecars.rollout`.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -61,3 +62,12 @@ class PodEnv(BaseModel):
 
     def load_job(self) -> RLHFJob:
         return load_job(self.job_file)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (kubelet, `tandem run` shutdown) into SystemExit so `finally` blocks run."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

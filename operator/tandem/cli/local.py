@@ -1,0 +1,156 @@
+"""`tandem run`: one RLHFJob on one machine, from the same pod builders the operator uses.
+
+Role: start a private etcd, build the job's pods with `tandem.operator.builders.build_pods`, run
+each container as a local process (`tandem.cli.procs`), follow the driver's progress record in
+etcd with a live display, write metrics/plots under the run directory, and stop everything cleanly
+on completion, failure or Ctrl-C. Caller: `tandem.cli.main.run`.
+
+Run directory layout (`<workdir>/<job>/`): job.yaml (the resolved spec the sidecars read),
+logs/<pod>-<container>.log, metrics.jsonl (one line per iteration, written by the driver),
+progress.png (reward and phase timings), etcd/ (removed at the end unless --keep-etcd).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import aetcd
+import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
+from tandem.cli import plot
+from tandem.cli.procs import LocalContainer, containers_of
+from tandem.operator import builders
+from tandem.spec.models import RLHFJob
+from tandem.spec.progress import Progress
+
+console = Console(stderr=True)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
+    job_file = run_dir / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True),
+                                       sort_keys=False))
+    token = secrets.token_hex(16)
+    shm_root = Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
+    master_port = free_port()
+    ports: dict[tuple[str, str], int] = {}
+
+    def overrides(pod: str, container: str) -> dict[str, str]:
+        port = ports.setdefault((pod, container), free_port())
+        return {
+            "TANDEM_JOB_FILE": str(job_file), "TANDEM_ETCD_ENDPOINTS": etcd.endpoint,
+            "TANDEM_SHM_DIR": str(shm_root / pod), "TANDEM_CE_PORT": str(port), "TANDEM_POD_IP": "127.0.0.1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "TANDEM_TOKEN": token,
+            "TANDEM_OUTPUT_DIR": str(run_dir), "TANDEM_RESUME": "1" if resume else "0",
+            "OMP_NUM_THREADS": "1",
+        }
+
+    out: list[LocalContainer] = []
+    for pod in builders.build_pods(job):
+        out += containers_of(pod, overrides=overrides, secrets={"token": token}, logs=run_dir / "logs")
+    return out
+
+
+def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[LocalContainer]) -> Table:
+    t = Table(title=f"RLHFJob {job.metadata.name} ({job.spec.algorithm.name}) — {time.monotonic() - started:.0f}s",
+              show_header=True, header_style="bold")
+    for col in ("phase", "iteration", "version", "reward", "kl", "sync s"):
+        t.add_column(col)
+    if p is None:
+        t.add_row("starting", "-", "-", "-", "-", "-")
+    else:
+        def f(x: float | None, fmt: str = ".3f") -> str:
+            return "-" if x is None else format(x, fmt)
+        t.add_row(p.phase, f"{p.iteration}/{p.iterations}", str(p.weight_version), f(p.reward_mean), f(p.kl, ".4f"),
+                  f(p.last_sync_seconds, ".2f"))
+    t.caption = "  ".join(f"{c.label}: {'up' if c.exit_code() is None else 'exit ' + str(c.exit_code())}"
+                          for c in containers)
+    return t
+
+
+async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer]) -> Progress | None:
+    key = keys.progress(job.metadata.namespace, job.metadata.name).encode()
+    trainers = [c for c in containers if c.name == "trainer"]
+    started = time.monotonic()
+    last: Progress | None = None
+    client = aetcd.Client(etcd.host, etcd.port)
+    try:
+        with Live(_table(job, None, started, containers), console=console, refresh_per_second=2) as live:
+            while True:
+                got = await client.get(key)
+                if got is not None:
+                    last = Progress.from_json(got.value)
+                live.update(_table(job, last, started, containers))
+                if last is not None and last.phase in ("done", "failed"):
+                    return last
+                dead = [c for c in containers if c.exit_code() not in (None, 0)]
+                if dead or (trainers and all(c.exit_code() == 0 for c in trainers)):
+                    return last
+                await asyncio.sleep(0.5)
+    finally:
+        await client.close()
+
+
+def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: bool = False) -> int:
+    """Run to completion; returns the process exit code (0: the driver reported done)."""
+    run_dir = (workdir / job.metadata.name).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    etcd_dir = run_dir / "etcd"
+    if not resume:
+        shutil.rmtree(etcd_dir, ignore_errors=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    etcd = LocalEtcd(etcd_dir / "data").start()
+    containers: list[LocalContainer] = []
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    result: Progress | None = None
+    try:
+        containers = _prepare(job, run_dir, etcd, resume)
+        console.print(f"[bold]tandem run[/bold] {job.metadata.name}: {len(containers)} processes, etcd "
+                      f"{etcd.endpoint}, logs in {run_dir / 'logs'}")
+        for c in sorted(containers, key=lambda c: c.name != "rollout"):
+            c.start()
+        result = asyncio.run(_follow(job, etcd, containers))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping sidecars[/yellow]")
+    finally:
+        for c in reversed(containers):
+            c.stop()
+        etcd.stop()
+        signal.signal(signal.SIGTERM, previous)
+        shm_root = Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
+        if not keep_etcd:
+            shutil.rmtree(etcd_dir, ignore_errors=True)
+            shutil.rmtree(shm_root, ignore_errors=True)
+    ok = result is not None and result.phase == "done"
+    for c in containers:
+        if c.exit_code() not in (0, None, -signal.SIGTERM) or not ok:
+            console.print(f"[dim]--- {c.label} (exit {c.exit_code()}), last lines of {c.log_path}:[/dim]")
+            console.print(c.tail(15), markup=False, highlight=False)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        png = plot.plot_metrics(rows, run_dir / "progress.png", title=job.metadata.name)
+        console.print(f"metrics: {metrics}  plot: {png}")
+        plot.print_summary(rows, console)
+    console.print("[green]done[/green]" if ok else f"[red]job did not finish[/red] ({result.phase if result else 'no progress'})")
+    return 0 if ok else 1

@@ -1,0 +1,69 @@
+"""Plots and summaries of a run's metrics.jsonl (one JSON object per iteration).
+
+Caller: `tandem.cli.local` after a run; bench scripts reuse `plot_metrics`. Rows carry
+`iteration`, `reward_mean`, `kl` and `seconds` (a mapping phase -> seconds), as the trainer
+driver writes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [r["iteration"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.plot(its, [r.get("reward_mean") for r in rows], marker="o", ms=3, label="reward mean")
+    if any(r.get("reward_std") is not None for r in rows):
+        lo = [r["reward_mean"] - r["reward_std"] for r in rows]
+        hi = [r["reward_mean"] + r["reward_std"] for r in rows]
+        ax1.fill_between(its, lo, hi, alpha=0.15)
+    ax1.set_xlabel("iteration")
+    ax1.set_ylabel("reward")
+    ax1.set_title(f"{title}: reward")
+    ax1.grid(alpha=0.3)
+    phases = sorted({p for r in rows for p in r.get("seconds", {})})
+    bottom = [0.0] * len(rows)
+    for p in phases:
+        vals = [float(r.get("seconds", {}).get(p, 0.0)) for r in rows]
+        ax2.bar(its, vals, bottom=bottom, label=p)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax2.set_xlabel("iteration")
+    ax2.set_ylabel("seconds")
+    ax2.set_title("phase timings")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
+    if not rows:
+        return
+    k = max(1, len(rows) // 5)
+    first = sum(r["reward_mean"] for r in rows[:k]) / k
+    last = sum(r["reward_mean"] for r in rows[-k:]) / k
+    t = Table(title="run summary")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("iterations", str(len(rows)))
+    t.add_row(f"reward mean, first {k}", f"{first:.3f}")
+    t.add_row(f"reward mean, last {k}", f"{last:.3f}")
+    phases: dict[str, float] = {}
+    for r in rows:
+        for p, s in r.get("seconds", {}).items():
+            phases[p] = phases.get(p, 0.0) + float(s)
+    total = sum(phases.values()) or 1.0
+    for p, s in sorted(phases.items(), key=lambda kv: -kv[1]):
+        t.add_row(f"time in {p}", f"{s:.1f}s ({100 * s / total:.0f}%)")
+    console.print(t)

@@ -1,0 +1,63 @@
+"""`python -m tandem.sidecars.rollout`: the rollout container's entry point.
+
+Starts vLLM with dummy weights through the checkpoint engine (`RolloutEngine`), loads the newest
+published version if there is one (a late joiner or a restarted pod), advertises its address
+under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes with the process), and
+serves the control + generation API on TANDEM_CE_PORT. Caller: the pod built by
+`tandem.operator.builders`, or `tandem run`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.podenv import PodEnv, PodEnvError, exit_on_sigterm
+
+log = logging.getLogger("tandem.rollout")
+
+
+def max_model_len(model_dir: str, max_tokens: int) -> int:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    limit = int(cfg.get("max_position_embeddings", 4096))
+    return min(limit, max_tokens + 1024)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    exit_on_sigterm()
+    try:
+        env = PodEnv.from_environ()
+        job = env.load_job()
+    except (PodEnvError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    import uvicorn
+
+    from tandem.sidecars.rollout.server import build_app
+
+    spec = job.spec
+    registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "rollout").connect()
+    engine = RolloutEngine(EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
+                                        max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens),
+                                        enable_sleep_mode=spec.rollout.between_rollouts == "sleep"), registry)
+    try:
+        engine.start(spec.model.path, dummy=True)
+        if registry.latest() is not None:
+            engine.update(None)
+        endpoint = keys.endpoint(env.namespace, env.job, env.pod, "rollout")
+        registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod}, lease=True)
+        uvicorn.run(build_app(engine, env.token), host="0.0.0.0", port=env.port, log_level="warning")  # noqa: S104
+    finally:
+        engine.terminate()
+        registry.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Everything the driver loop needs, built once per trainer process, and each phase's work.
+
+Role: keeps `driver.run` one screen long. `TrainerContext.create` builds the Megatron engine,
+reference weights, algorithm, rewards, dataset and — on the driver rank — the etcd registry,
+the shared-memory publisher and the rollout client. Every rank calls the collective methods
+(`inference`, `train`, `publish`) in the same order; the driver alone talks to rollouts and etcd.
+Caller: `tandem.sidecars.trainer.driver`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.algorithms.base import Algorithm, Sample, make_algorithm
+from tandem.sidecars.algorithms.packing import PackedBatch
+from tandem.sidecars.podenv import PodEnv
+from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
+from tandem.sidecars.trainer import resume
+from tandem.sidecars.trainer.dataset import PromptDataset
+from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.reference import ReferenceWeights
+from tandem.sidecars.trainer.rollout_client import RolloutClient
+from tandem.sidecars.trainer.timing import PhaseTimer
+from tandem.spec.models import RLHFJob
+from tandem.spec.progress import Phase, Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerContext:
+    env: PodEnv
+    job: RLHFJob
+    engine: MegatronEngine
+    reference: ReferenceWeights | None
+    algorithm: Algorithm
+    rewards: RewardSet
+    dataset: PromptDataset
+    eos_id: int
+    pad_id: int
+    seed: int = 0
+    registry: SyncRegistry | None = None
+    publisher: Publisher | None = None
+    rollouts: RolloutClient | None = None
+    first_iteration: int = 0
+    pending: list[RewardInput] = field(default_factory=list)
+    last_sync: float | None = None
+    last_kl: float | None = None
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def create(cls, env: PodEnv, job: RLHFJob) -> TrainerContext:
+        from transformers import AutoTokenizer
+
+        spec = job.spec
+        engine = MegatronEngine.from_hf(
+            spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
+            pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=0,
+            dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+            micro_batch_size=spec.trainer.micro_batch_size)
+        tok = AutoTokenizer.from_pretrained(spec.model.path)
+        eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
+        pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
+        algorithm = make_algorithm(spec.algorithm, pad_id=pad)
+        needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
+        reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
+        ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
+                  PromptDataset.load(spec.dataset), eos, pad)
+        if ctx.is_driver:
+            ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
+            ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
+                                      shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
+            ctx.publisher.recover()
+            ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, spec.replicas), env.token)
+        return ctx
+
+    @property
+    def is_driver(self) -> bool:
+        return not dist.is_initialized() or dist.get_rank() == 0
+
+    def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
+        if self.registry is not None:
+            self.registry.close()
+
+    # ---- versions --------------------------------------------------------------------------
+    def start_version(self) -> int:
+        """Resume from the latest published version, or publish the initial weights as the first."""
+        found = resume.latest_state(self) if self.env.resume else None
+        if found is not None:
+            version, self.first_iteration = found
+        else:
+            version = self.publish(None)
+        if self.is_driver:
+            self.report("sync", self.first_iteration, version)
+            self.last_sync = self.sync(version, initial=True)
+        return version
+
+    def publish(self, version: int | None) -> int:
+        """Export HF weights from every rank; the driver writes them to shm and registers them."""
+        named = self.engine.export_hf(target_tp=1, target_rank=0)
+        if self.publisher is None:
+            for _ in named:  # collective: non-driver ranks take part in the gathers
+                pass
+            return -1 if version is None else version
+        report = self.publisher.publish(version, named)
+        return report.version
+
+    def sync(self, version: int, initial: bool = False) -> float:
+        """Every rollout loads `version` (restarting vLLM first if it was terminated)."""
+        if self.rollouts is None:
+            return 0.0
+        t = time.perf_counter()
+        mode = self.job.spec.rollout.between_rollouts
+        if mode == "terminate" and not initial:
+            self.rollouts.start(dummy=True)
+        elif mode == "sleep" and not initial:
+            self.rollouts.wake_up()
+        self.rollouts.update(version)
+        self.last_sync = time.perf_counter() - t
+        return self.last_sync
+
+    def release_rollouts(self) -> None:
+        """Free the accelerator for training as the spec asks (terminate or sleep vLLM)."""
+        if self.rollouts is None:
+            return
+        mode = self.job.spec.rollout.between_rollouts
+        if mode == "terminate":
+            self.rollouts.terminate()
+        elif mode == "sleep":
+            self.rollouts.sleep()
+
+    # ---- phases ------------------------------------------------------------------------------
+    def broadcast(self, obj: Any) -> Any:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _pack(self, samples: list[Sample]) -> PackedBatch:
+        return self.algorithm.prepare(samples, self.token_budget(samples))
+
+    def token_budget(self, samples: list[Sample]) -> int:
+        longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        return max(64, math.ceil(longest / 64) * 64)
+
+    def inference(self, samples: list[Sample]) -> dict[str, Any]:
+        """Reference log-probs (collective) overlapped with rewards (driver); fills the samples."""
+        from tandem.sidecars.algorithms.base import pack_samples
+
+        def model_work() -> dict[int, list[float]]:
+            if self.reference is None:
+                return {}
+            packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id)
+            lp = shift_to_labels(self.reference.token_logprobs(engine_batch(packed)))
+            return {i: v.tolist() for i, v in packed.unpack(lp).items()}
+
+        info: dict[str, Any] = {}
+        if self.is_driver:
+            result = overlapped(self.rewards, self.pending, model_work)
+            ref, rewards = result.model_result, result.rewards
+            info["overlap_fraction"] = result.timings.overlap_fraction
+            info["reward_components"] = {k: sum(v) / len(v) for k, v in result.components.items()}
+        else:
+            ref, rewards = model_work(), []
+        rewards = self.broadcast(rewards)
+        for i, s in enumerate(samples):
+            s.reward = float(rewards[i])
+            if i in ref:
+                s.ref_logprobs = ref[i]
+        return info
+
+    def train(self, samples: list[Sample]) -> dict[str, float]:
+        spec = self.job.spec
+        batch = self._pack(samples)
+        steps = max(1, math.ceil(len(samples) / spec.trainer.global_batch_size))
+        sums: dict[str, float] = {}
+        n = 0
+        for _ in range(spec.algorithm.epochs):
+            for part in batch.split(steps):
+                m = self.engine.train_step(engine_batch(part), loss_for(self.algorithm, part, self.engine, steps))
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n += 1
+        out = {k: v / n for k, v in sums.items()} | {f"prepare_{k}": v for k, v in batch.stats.items()}
+        self.last_kl = out.get("kl")
+        return out
+
+    # ---- reporting ---------------------------------------------------------------------------
+    def report(self, phase: Phase, iteration: int, version: int, *, reward: float | None = None,
+               message: str = "", final: bool = False) -> None:
+        if not self.is_driver or self.registry is None:
+            return
+        p = Progress(phase=phase, iteration=iteration, iterations=self.job.spec.algorithm.iterations,
+                     weight_version=version, last_sync_seconds=self.last_sync, reward_mean=reward,
+                     kl=self.last_kl, message=message, updated_at=time.time())
+        if reward is None:
+            old = self.registry.get_json(keys.progress(self.env.namespace, self.env.job))
+            p.reward_mean = None if old is None else old.get("rewardMean")
+        self.registry.put_json(keys.progress(self.env.namespace, self.env.job), json.loads(p.to_json()))
+
+    def record(self, iteration: int, version: int, info: dict[str, Any], timer: PhaseTimer) -> None:
+        row = {"iteration": iteration, "weight_version": version, **info,
+               "seconds": timer.seconds, "total_seconds": timer.total,
+               "switch_share": timer.share(("offload", "onload", "publish", "sync", "release"))}
+        if self.env.output_dir is not None:
+            with open(self.env.output_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+        log.info("iteration %d: reward %.3f kl %s sync %.2fs", iteration, info.get("reward_mean", 0.0),
+                 info.get("kl"), info.get("sync_seconds", 0.0))
+
+
+def engine_batch(batch: PackedBatch) -> dict[str, torch.Tensor]:
+    """The Megatron engine's view of a packed batch (row index lets the loss find its rows)."""
+    return {"input_ids": batch.input_ids, "segment_ids": batch.segment_ids, "position_ids": batch.position_ids,
+            "row": torch.arange(batch.num_rows)}
+
+
+def shift_to_labels(lp: torch.Tensor) -> torch.Tensor:
+    """Engine log-probs (position t scores token t) → algorithm layout (position t scores token t+1)."""
+    return torch.cat([lp[:, 1:], torch.zeros_like(lp[:, :1])], dim=1)
+
+
+def loss_for(algorithm: Algorithm, part: PackedBatch, engine: MegatronEngine, steps: int) -> Any:
+    """A loss_fn for `engine.train_step` that hands each micro-batch's rows to the algorithm.
+
+    Megatron averages micro-batch losses; the algorithm's losses add up over micro-batches, so
+    each is scaled by the micro-batch count (and by `steps`: each optimizer step sees 1/steps of
+    the iteration's loss weights).
+    """
+    n_micro = math.ceil(part.num_rows / engine.micro_batch_size)
+
+    def loss_fn(lp: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        rows = mb["row"]
+        sub = part.rows(int(rows[0]), int(rows[-1]) + 1)
+        loss, metrics = algorithm.loss(shift_to_labels(lp), sub)
+        return loss * (n_micro * steps), metrics
+
+    return loss_fn

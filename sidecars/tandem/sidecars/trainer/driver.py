@@ -1,0 +1,93 @@
+"""The RL loop of a job: one screen, top to bottom. Trainer rank 0 drives; every rank trains.
+
+Rollout → Inference (reference log-probs overlapped with rewards) → Train (onload, optimizer
+steps, offload) → Publish (HF layout in shared memory, registered in etcd) → Sync (every rollout
+loads the new version). Phase, iteration and metrics go to etcd (`Progress`) and, when
+TANDEM_OUTPUT_DIR is set, to metrics.jsonl. The phase work lives in `context.TrainerContext`.
+Caller: `python -m tandem.sidecars.trainer`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tandem.checkpoint_engine.models import SamplingOptions
+from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.podenv import PodEnv
+from tandem.sidecars.rewards.combine import RewardInput
+from tandem.sidecars.trainer.context import TrainerContext
+from tandem.sidecars.trainer.timing import PhaseTimer
+from tandem.spec.models import RLHFJob
+
+
+def run(env: PodEnv, job: RLHFJob) -> None:
+    ctx = TrainerContext.create(env, job)
+    iterations = job.spec.algorithm.iterations
+    version = -1
+    try:
+        version = ctx.start_version()  # publish the initial weights, or resume the latest version
+        for it in range(ctx.first_iteration, iterations):
+            timer = PhaseTimer()
+            info: dict[str, Any] = {}
+            ctx.report("rollout", it, version)
+            with timer("rollout"):
+                samples = rollout(ctx, it, info) if ctx.is_driver else []
+            with timer("release"):
+                ctx.release_rollouts()
+            samples = ctx.broadcast(samples)
+            ctx.report("inference", it, version)
+            with timer("inference"):
+                info |= ctx.inference(samples)
+            info |= summarize(samples)
+            ctx.report("train", it, version, reward=info["reward_mean"])
+            with timer("onload"):
+                ctx.engine.onload()
+            with timer("train"):
+                info |= ctx.train(samples)
+            with timer("offload"):
+                ctx.engine.offload()
+            ctx.report("publish", it, version, reward=info["reward_mean"])
+            with timer("publish"):
+                version = ctx.publish(version + 1)
+            ctx.report("sync", it, version, reward=info["reward_mean"])
+            with timer("sync"):
+                info["sync_seconds"] = ctx.sync(version)
+            ctx.record(it, version, info, timer)
+            ctx.report("rollout", it + 1, version, reward=info["reward_mean"])
+        ctx.report("done", iterations, version)
+    except Exception as e:
+        ctx.report("failed", ctx.first_iteration, version, message=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        ctx.close()
+
+
+def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[Sample]:
+    """groupSize completions per prompt from the rollout sidecars, as algorithm samples."""
+    spec = ctx.job.spec
+    assert ctx.rollouts is not None  # noqa: S101 - the driver rank always has a client
+    prompts = ctx.dataset.batch(iteration, spec.rollout.prompts_per_iteration)
+    opts = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+                           max_tokens=spec.rollout.max_tokens, seed=iteration)
+    t = time.perf_counter()
+    groups = ctx.rollouts.generate([p.text for p in prompts], opts, n=spec.algorithm.group_size)
+    seconds = time.perf_counter() - t
+    samples: list[Sample] = []
+    ctx.pending = []
+    for g, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
+        for c in group:
+            samples.append(Sample(prompt_ids=c.prompt_token_ids, completion_ids=c.token_ids or [ctx.eos_id], group=g))
+            ctx.pending.append(RewardInput(prompt.text, c.text, prompt.answer))
+    info.update(completions=len(samples), generate_seconds=seconds,
+                completions_per_s=len(samples) / max(seconds, 1e-9),
+                completion_tokens=sum(len(s.completion_ids) for s in samples))
+    return samples
+
+
+def summarize(samples: list[Sample]) -> dict[str, float]:
+    rewards = [s.reward for s in samples]
+    mean = sum(rewards) / max(len(rewards), 1)
+    std = (sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)) ** 0.5
+    return {"reward_mean": mean, "reward_std": std,
+            "completion_len": sum(len(s.completion_ids) for s in samples) / max(len(samples), 1)}
