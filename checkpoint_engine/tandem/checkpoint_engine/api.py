@@ -1,0 +1,176 @@
+"""FastAPI control API of one checkpoint engine: a thin HTTP layer over RolloutEngine or Publisher.
+
+Caller: the rollout sidecar (serves `create_app(engine, token)` with uvicorn inside the pod and
+adds its own /generate router), the trainer sidecar (`create_app(publisher, token)`), the driver
+and the operator as HTTP clients. Operations and statuses also go to etcd (the cores do that).
+
+Routes (all but /health need `Authorization: Bearer <token>`, the token of the job's Secret,
+default env TANDEM_TOKEN):
+    GET  /health                     liveness, no token
+    GET  /status                     EngineStatus (phase, version, timings)
+    POST /start        {model_dir, dummy}   rollout only
+    POST /dummy_start  {model_dir}          rollout only
+    POST /update       {version|null}       rollout only (null: latest)
+    POST /terminate                          rollout only
+    POST /sleep {level}, POST /wake_up      rollout only
+    POST /gc                                 publisher only
+Typed errors map to status codes (errors.py): 404 unknown version, 409 wrong phase or busy,
+422 invalid/torn version, 503 engine not running or etcd unavailable, 405 unsupported.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+
+Core = RolloutEngine | Publisher
+
+
+class StartRequest(BaseModel):
+    model_dir: str
+    dummy: bool = False
+
+
+class DummyStartRequest(BaseModel):
+    model_dir: str
+
+
+class UpdateRequest(BaseModel):
+    version: int | None = Field(default=None, ge=0)
+
+
+class SleepRequest(BaseModel):
+    level: int = Field(default=1, ge=1, le=2)
+
+
+def bearer_auth(token: str) -> Callable[[Request], None]:
+    """A FastAPI dependency that rejects requests without `Authorization: Bearer <token>`."""
+    expected = f"Bearer {token}".encode()
+
+    def check(request: Request) -> None:
+        got = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(got, expected):
+            raise _Unauthorized()
+
+    return check
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+class _Serial:
+    """One operation at a time; a second one while busy is a 409, not a queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self._lock.acquire(blocking=False):
+            raise errors.WrongPhase("another operation is in progress")
+        try:
+            return await run_in_threadpool(fn, *args)
+        finally:
+            self._lock.release()
+
+
+def _rollout_router(engine: RolloutEngine, serial: _Serial) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/start")
+    async def start(req: StartRequest) -> dict[str, Any]:
+        timings = await serial.run(engine.start, req.model_dir, req.dummy)
+        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
+
+    @r.post("/dummy_start")
+    async def dummy_start(req: DummyStartRequest) -> dict[str, Any]:
+        timings = await serial.run(engine.start, req.model_dir, True)
+        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
+
+    @r.post("/update")
+    async def update(req: UpdateRequest) -> dict[str, Any]:
+        report = await serial.run(engine.update, req.version)
+        return {"status": engine.status().model_dump(mode="json"), "report": report.model_dump(mode="json")}
+
+    @r.post("/terminate")
+    async def terminate() -> dict[str, Any]:
+        timings = await serial.run(engine.terminate)
+        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
+
+    @r.post("/sleep")
+    async def sleep(req: SleepRequest) -> dict[str, Any]:
+        await serial.run(engine.sleep, req.level)
+        return {"status": engine.status().model_dump(mode="json")}
+
+    @r.post("/wake_up")
+    async def wake_up() -> dict[str, Any]:
+        await serial.run(engine.wake_up)
+        return {"status": engine.status().model_dump(mode="json")}
+
+    return r
+
+
+def _publisher_router(pub: Publisher, serial: _Serial) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/gc")
+    async def gc() -> dict[str, Any]:
+        return {"collected": await serial.run(pub.gc)}
+
+    for path in ("/start", "/dummy_start", "/update", "/terminate", "/sleep", "/wake_up"):
+        async def unsupported(_path: str = path) -> None:
+            raise errors.UnsupportedOperation(f"{_path} is a rollout-engine operation; this is a publisher")
+        r.add_api_route(path, unsupported, methods=["POST"])
+    return r
+
+
+def create_app(core: Core, token: str | None = None) -> FastAPI:
+    """The control app; `app.state.auth` is the auth dependency for routers added later, e.g.
+    `app.include_router(my_router, dependencies=[Depends(app.state.auth)])`."""
+    token = token if token is not None else os.environ.get("TANDEM_TOKEN")
+    if not token:
+        raise ValueError("the control API needs a token (argument or TANDEM_TOKEN); refusing to run open")
+    auth = bearer_auth(token)
+    app = FastAPI(title="tandem checkpoint engine")
+    app.state.core = core
+    app.state.auth = auth
+    app.state.serial = _Serial()
+
+    @app.exception_handler(errors.CheckpointEngineError)
+    async def typed_error(_: Request, exc: errors.CheckpointEngineError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code,
+                            content={"error": exc.code, "type": type(exc).__name__, "detail": str(exc)})
+
+    @app.exception_handler(_Unauthorized)
+    async def unauthorized(_: Request, __: _Unauthorized) -> JSONResponse:
+        return JSONResponse(status_code=401, content={"error": "unauthorized", "detail": "bearer token required"},
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"ok": True, "phase": core.phase.value}
+
+    common = APIRouter()
+
+    @common.get("/status")
+    async def status() -> dict[str, Any]:
+        return core.status().model_dump(mode="json")
+
+    app.include_router(common, dependencies=[Depends(auth)])
+    if isinstance(core, RolloutEngine):
+        app.include_router(_rollout_router(core, app.state.serial), dependencies=[Depends(auth)])
+    else:
+        app.include_router(_publisher_router(core, app.state.serial), dependencies=[Depends(auth)])
+    return app

@@ -1,0 +1,94 @@
+"""Data shapes shared by the rollout engine, the publisher and the control API (pydantic).
+
+Callers: rollout_engine.py and publisher.py return them, api.py serialises them, the rollout
+sidecar and the RL driver read them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Phase(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"          # engine up, serving rollouts (dummy or loaded weights)
+    UPDATING = "updating"
+    SLEEPING = "sleeping"
+    TERMINATING = "terminating"
+    FAILED = "failed"        # the engine died or a reload failed half-way: terminate + start again
+    PUBLISHING = "publishing"  # publisher side
+    IDLE = "idle"              # publisher side, nothing in flight
+
+
+class SamplingOptions(BaseModel):
+    """The subset of vLLM's SamplingParams the RL loop uses."""
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    max_tokens: int = Field(default=64, ge=1)
+    min_tokens: int = Field(default=0, ge=0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class Completion(BaseModel):
+    """One sampled completion: token ids and the log-prob of each sampled token."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None = None
+
+
+class UpdateReport(BaseModel):
+    version: int
+    previous: int | None
+    bytes: int
+    tensors: int
+    resolve_s: float = 0.0   # etcd: latest / version record / pin
+    validate_s: float = 0.0  # index + names/shapes/dtypes + checksums
+    load_s: float = 0.0      # collective_rpc reload in the workers + prefix-cache reset
+    total_s: float = 0.0
+    workers: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def load_gbps(self) -> float:
+        return self.bytes / self.load_s / 1e9 if self.load_s else 0.0
+
+
+class PublishReport(BaseModel):
+    version: int
+    bytes: int
+    tensors: int
+    shards: int
+    path: str
+    write_s: float
+    register_s: float
+    gc_s: float
+    total_s: float
+    collected: list[int] = Field(default_factory=list)
+
+    @property
+    def write_gbps(self) -> float:
+        return self.bytes / self.write_s / 1e9 if self.write_s else 0.0
+
+
+class EngineStatus(BaseModel):
+    role: str
+    phase: Phase
+    version: int | None = None
+    model_dir: str | None = None
+    dummy: bool = False
+    error: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    updated: float = 0.0

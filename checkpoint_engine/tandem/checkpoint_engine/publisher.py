@@ -1,0 +1,120 @@
+"""Publisher: trainer-side checkpoint engine — named HF tensors → shared-memory version → etcd.
+
+Caller: the trainer sidecar, with `export_hf(target_tp, target_rank)` of the Megatron engine as
+`named_tensors`; tests and bench/weight_sync.py with a transformers state_dict.
+
+publish(v, tensors) = write the layout into a temp dir, rename it into place (layout.py), then
+register it in one etcd transaction on the publisher's lease (registry.py), then garbage-collect
+versions beyond the newest `keep` that no reader pins (etcd records first, then files). A
+publisher killed at any point leaves either nothing visible or a complete version; its temp
+dir is removed by the next publisher's `recover()` (or the next GC).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine.models import EngineStatus, Phase, PublishReport
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    def __init__(self, shm_root: Path, job: str, registry: SyncRegistry, keep: int = 2,
+                 shard_bytes: int = layout.DEFAULT_SHARD_BYTES, fsync: bool = False, role: str = "trainer") -> None:
+        if keep < 1:
+            raise ValueError("keep must be at least 1 (the latest version)")
+        self.shm_root, self.job, self.registry = Path(shm_root), job, registry
+        self.keep, self.shard_bytes, self.fsync, self.role = keep, shard_bytes, fsync, role
+        self.phase = Phase.IDLE
+        self.version: int | None = None
+        self.error: str | None = None
+        self.timings: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def recover(self) -> dict[str, Any]:
+        """Start-up cleanup: stale temp dirs of dead writers, and local versions etcd no longer lists."""
+        stale = layout.clean_stale_temps(self.shm_root, self.job)
+        registered = set(self.registry.versions())
+        orphans = [v for v in layout.list_versions(self.shm_root, self.job) if v not in registered]
+        for v in orphans:
+            layout.remove_version(self.shm_root, self.job, v)
+        latest = self.registry.latest()
+        if latest is not None and (self.version is None or latest > self.version):
+            self.version = latest
+        return {"stale_temps": stale, "orphan_versions": orphans, "latest": latest}
+
+    def next_version(self) -> int:
+        latest = self.registry.latest()
+        return 1 if latest is None else latest + 1
+
+    def publish(self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PublishReport:
+        """Write, register and GC one version; `version=None` takes latest + 1."""
+        with self._lock:
+            t0 = time.perf_counter()
+            v = self.next_version() if version is None else version
+            latest = self.registry.latest()
+            if latest is not None and v <= latest:
+                raise errors.VersionExists(f"version {v} is not newer than the registered latest {latest}")
+            self._set(Phase.PUBLISHING)
+            try:
+                wrote = layout.write_version(self.shm_root, self.job, v, named_tensors,
+                                             shard_bytes=self.shard_bytes, fsync=self.fsync)
+            except Exception as e:
+                self._set(Phase.IDLE, error=f"write of version {v} failed: {e}")
+                raise
+            t1 = time.perf_counter()
+            try:
+                self.registry.register(wrote.index, str(wrote.path))
+            except Exception as e:
+                # never registered: nobody can be reading it, so its files can go
+                layout.remove_version(self.shm_root, self.job, v)
+                self._set(Phase.IDLE, error=f"register of version {v} failed: {e}")
+                raise
+            t2 = time.perf_counter()
+            self.version = v
+            collected = self.gc()
+            t3 = time.perf_counter()
+            report = PublishReport(version=v, bytes=wrote.bytes, tensors=len(wrote.index.tensors),
+                                   shards=len(wrote.index.shards), path=str(wrote.path), write_s=t1 - t0,
+                                   register_s=t2 - t1, gc_s=t3 - t2, total_s=t3 - t0, collected=collected)
+            self.timings.update({"write_s": report.write_s, "register_s": report.register_s,
+                                 "gc_s": report.gc_s, "publish_total_s": report.total_s})
+            self._set(Phase.IDLE)
+            return report
+
+    def gc(self) -> list[int]:
+        """Unregister and delete versions beyond the newest `keep` that no reader pins."""
+        try:
+            collected = self.registry.gc(self.keep)
+        except errors.RegistryUnavailable as e:
+            log.warning("gc skipped: %s", e)
+            return []
+        for v in collected:
+            layout.remove_version(self.shm_root, self.job, v)
+        layout.clean_stale_temps(self.shm_root, self.job)
+        return collected
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(role=self.role, phase=self.phase, version=self.version, error=self.error,
+                            timings=dict(self.timings), updated=time.time())
+
+    def _set(self, phase: Phase, error: str | None = None) -> None:
+        self.phase, self.error = phase, error
+        try:
+            self.registry.put_status(self.status().model_dump(mode="json"))
+        except errors.RegistryUnavailable as e:
+            log.warning("could not publish status: %s", e)
+
+    def close(self, revoke: bool = True) -> None:
+        """Stop the lease keepalive; with revoke=True the versions disappear from etcd at once."""
+        self.registry.close(revoke=revoke)

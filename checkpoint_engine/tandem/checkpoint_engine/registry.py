@@ -1,0 +1,249 @@
+"""etcd registry of weight versions, reader pins, engine statuses and operations (aetcd, asyncio).
+
+Callers: publisher.py (register, gc), rollout_engine.py (latest, pin/unpin, status), api.py (ops),
+transports of other pods (shard records), through `SyncRegistry` when the caller is not async.
+
+Protocol (keys.py holds the paths):
+- register(v): ONE transaction puts every shard record, the version record and `latest`, all on
+  the writer's lease, guarded by "version v does not exist" and "latest < v". The lease is
+  refreshed by a keepalive task: the files live in the writer pod's shared memory, so when the
+  writer dies its versions disappear from etcd with it. A reader never sees a partial version.
+- pin(v): a transaction puts `readers/<v>/<me>` on the reader's lease only if version v exists.
+- gc(keep): deletes a version's records in a transaction guarded by "no reader key in
+  readers/<v>/" (a range compare), so a pin and a deletion cannot interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aetcd
+import aetcd.exceptions
+from aetcd.utils import prefix_range_end
+
+from tandem.checkpoint_engine import errors, keys
+from tandem.checkpoint_engine.layout import VersionIndex
+
+log = logging.getLogger(__name__)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    rest = endpoint.split("://", 1)[-1].rstrip("/")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"etcd endpoint {endpoint!r} is not host:port or http://host:port")
+    return host, int(port)
+
+
+def _b(s: str) -> bytes:
+    return s.encode()
+
+
+class Registry:
+    """One job's view of etcd for one identity (pod + role), with its own lease."""
+
+    def __init__(self, endpoint: str, namespace: str, job: str, pod: str, role: str,
+                 ttl: int = 10, timeout: float = 5.0) -> None:
+        self.endpoint, self.namespace, self.job, self.pod, self.role = endpoint, namespace, job, pod, role
+        self.ttl = ttl
+        host, port = parse_endpoint(endpoint)
+        self.client = aetcd.Client(host=host, port=port, timeout=int(timeout))
+        self._lease: Any = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self.lease_lost = asyncio.Event()
+
+    @property
+    def me(self) -> str:
+        return f"{self.pod}.{self.role}"
+
+    # ---- connection and lease -------------------------------------------------------------
+    async def connect(self) -> None:
+        with _etcd_errors("connect"):
+            await self.client.connect()
+
+    async def lease_id(self) -> int:
+        """The identity's lease (granted on first use; re-granted after it expired)."""
+        if self._lease is None:
+            with _etcd_errors("lease grant"):
+                self._lease = await self.client.lease(self.ttl)
+            self.lease_lost.clear()
+            if self._keepalive is None or self._keepalive.done():
+                self._keepalive = asyncio.create_task(self._keep_alive())
+        return int(self._lease.id)
+
+    async def _keep_alive(self) -> None:
+        while self._lease is not None:
+            await asyncio.sleep(max(self.ttl / 3, 0.2))
+            lease = self._lease
+            if lease is None:
+                return
+            try:
+                reply = await lease.refresh()
+                if reply is not None and reply.TTL <= 0:
+                    log.warning("etcd lease %x expired; keys bound to it are gone", lease.id)
+                    self._lease = None
+                    self.lease_lost.set()
+                    return
+            except aetcd.exceptions.ClientError as e:  # etcd down: keep trying until TTL passes
+                log.warning("lease keepalive failed: %s", e)
+
+    async def close(self, revoke: bool = True) -> None:
+        lease, self._lease = self._lease, None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive
+        if lease is not None and revoke:
+            with contextlib.suppress(Exception):
+                await lease.revoke()
+        with contextlib.suppress(Exception):
+            await self.client.close()
+
+    # ---- versions ----------------------------------------------------------------------------
+    def _k(self) -> tuple[str, str]:
+        return self.namespace, self.job
+
+    async def register(self, index: VersionIndex, directory: str) -> int:
+        """Register version `index.version` (shards + version record + latest) in one transaction."""
+        ns, job = self._k()
+        v = index.version
+        lease = await self.lease_id()
+        tx = self.client.transactions
+        ops = [tx.put(_b(keys.shard(ns, job, v, s.index)),
+                      _b(json.dumps({"holder": self.pod, "file": s.file, "bytes": s.nbytes,
+                                     "digest": s.digest, "dir": directory})), lease)
+               for s in index.shards]
+        record = {"version": v, "holder": self.pod, "dir": directory, "shards": len(index.shards),
+                  "tensors": len(index.tensors), "bytes": index.total_bytes,
+                  "algorithm": index.algorithm, "created": index.created}
+        ops.append(tx.put(_b(keys.version(ns, job, v)), _b(json.dumps(record)), lease))
+        ops.append(tx.put(_b(keys.latest(ns, job)), _b(str(v)), lease))
+        ops.append(tx.put(_b(keys.holder(ns, job, v, self.pod)), _b(directory), lease))
+        compare = [tx.version(_b(keys.version(ns, job, v))) == 0]
+        cur = await self.latest()
+        if cur is not None:
+            if cur >= v:
+                raise errors.VersionExists(f"version {v} is not newer than the latest {cur}")
+            compare.append(tx.value(_b(keys.latest(ns, job))) == _b(str(cur)))
+        else:
+            compare.append(tx.version(_b(keys.latest(ns, job))) == 0)
+        with _etcd_errors("register"):
+            ok, _ = await self.client.transaction(compare=compare, success=ops, failure=[])
+        if not ok:
+            raise errors.VersionExists(f"version {v} (or a newer one) was registered concurrently")
+        return v
+
+    async def latest(self) -> int | None:
+        with _etcd_errors("get latest"):
+            got = await self.client.get(_b(keys.latest(*self._k())))
+        return int(got.value) if got is not None else None
+
+    async def version_record(self, v: int) -> dict[str, Any]:
+        with _etcd_errors("get version"):
+            got = await self.client.get(_b(keys.version(*self._k(), v)))
+        if got is None:
+            raise errors.VersionNotFound(f"version {v} of job {self.namespace}/{self.job} is not registered")
+        return dict(json.loads(got.value))
+
+    async def shard_records(self, v: int) -> list[dict[str, Any]]:
+        with _etcd_errors("get shards"):
+            rng = await self.client.get_prefix(_b(keys.shards_prefix(*self._k(), v)))
+        return [json.loads(kv.value) for kv in rng]
+
+    async def versions(self) -> list[int]:
+        with _etcd_errors("list versions"):
+            rng = await self.client.get_prefix(_b(keys.versions_prefix(*self._k())), keys_only=True)
+        return sorted(keys.version_of(kv.key.decode()) for kv in rng)
+
+    async def pin(self, v: int) -> None:
+        """Hold version v against GC (lease-bound); VersionNotFound if it is not (or no longer) there."""
+        ns, job = self._k()
+        tx = self.client.transactions
+        lease = await self.lease_id()
+        with _etcd_errors("pin"):
+            ok, _ = await self.client.transaction(
+                compare=[tx.version(_b(keys.version(ns, job, v))) > 0],
+                success=[tx.put(_b(keys.reader(ns, job, v, self.me)), b"1", lease)], failure=[])
+        if not ok:
+            raise errors.VersionNotFound(f"version {v} of job {ns}/{job} is not registered")
+
+    async def unpin(self, v: int) -> None:
+        with _etcd_errors("unpin"):
+            await self.client.delete(_b(keys.reader(*self._k(), v, self.me)))
+
+    async def readers(self, v: int) -> list[str]:
+        with _etcd_errors("list readers"):
+            rng = await self.client.get_prefix(_b(keys.readers_prefix(*self._k(), v)), keys_only=True)
+        return [kv.key.decode().rsplit("/", 1)[-1] for kv in rng]
+
+    async def gc(self, keep: int) -> list[int]:
+        """Unregister versions older than the newest `keep` that no reader pins; returns them."""
+        ns, job = self._k()
+        tx = self.client.transactions
+        removed = []
+        for v in (await self.versions())[:-keep] if keep > 0 else await self.versions():
+            rp = _b(keys.readers_prefix(ns, job, v))
+            sp = _b(keys.shards_prefix(ns, job, v))
+            hp = _b(keys.holder(ns, job, v, ""))
+            with _etcd_errors("gc"):
+                ok, _ = await self.client.transaction(
+                    compare=[tx.version(rp, range_end=prefix_range_end(rp)) == 0],
+                    success=[tx.delete(_b(keys.version(ns, job, v))),
+                             tx.delete(sp, range_end=prefix_range_end(sp)),
+                             tx.delete(hp, range_end=prefix_range_end(hp))],
+                    failure=[])
+            if ok:
+                removed.append(v)
+        return removed
+
+    async def watch_latest(self) -> AsyncIterator[int]:
+        """Yield each new value of `latest` (starting with the current one, if any)."""
+        key = _b(keys.latest(*self._k()))
+        cur = await self.latest()
+        if cur is not None:
+            yield cur
+        with _etcd_errors("watch"):
+            watch = await self.client.watch(key)
+        try:
+            async for ev in watch:
+                if ev.kind == aetcd.rtypes.EventKind.PUT:
+                    yield int(ev.kv.value)
+        finally:
+            with contextlib.suppress(Exception):
+                await watch.cancel()
+
+    # ---- engine status and operations -------------------------------------------------------
+    async def put_status(self, status: dict[str, Any]) -> None:
+        lease = await self.lease_id()
+        with _etcd_errors("put status"):
+            await self.client.put(_b(keys.engine(*self._k(), self.pod, self.role)),
+                                  _b(json.dumps(status)), lease)
+
+    async def get_status(self, pod: str, role: str) -> dict[str, Any] | None:
+        with _etcd_errors("get status"):
+            got = await self.client.get(_b(keys.engine(*self._k(), pod, role)))
+        return None if got is None else dict(json.loads(got.value))
+
+    async def put_op(self, op_id: str, record: dict[str, Any]) -> None:
+        with _etcd_errors("put op"):
+            await self.client.put(_b(keys.op(*self._k(), self.pod, self.role, op_id)), _b(json.dumps(record)))
+
+    async def get_op(self, op_id: str) -> dict[str, Any] | None:
+        with _etcd_errors("get op"):
+            got = await self.client.get(_b(keys.op(*self._k(), self.pod, self.role, op_id)))
+        return None if got is None else dict(json.loads(got.value))
+
+
+@contextlib.contextmanager
+def _etcd_errors(what: str) -> Any:
+    try:
+        yield
+    except aetcd.exceptions.ClientError as e:
+        raise errors.RegistryUnavailable(f"etcd {what} failed: {type(e).__name__}: {e}") from e
+    except (TimeoutError, OSError) as e:
+        raise errors.RegistryUnavailable(f"etcd {what} failed: {e!r}") from e

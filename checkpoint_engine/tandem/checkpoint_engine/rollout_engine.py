@@ -1,0 +1,315 @@
+"""RolloutEngine: owns one in-process vLLM `LLM` — dummy start, in-place update, generate, terminate.
+
+Caller: the rollout sidecar (through api.py's routes and directly for /generate), tests and
+bench/weight_sync.py. One engine per process; every public method is serialised by a lock.
+
+update(v) resolves v in etcd, pins it, validates the shared-memory version (index, names,
+shapes, dtypes against the model's HF parameters, every checksum) BEFORE touching vLLM — a
+reload that fails half-way leaves vLLM half-loaded — and only then has every worker reload in
+place (vllm_ext.ShmWeightLoader). A bad or torn version raises a typed error and the engine keeps
+serving the previous weights. Phases and operations are published in etcd (keys.engine/keys.op).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine.models import Completion, EngineStatus, Phase, SamplingOptions, UpdateReport
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+
+log = logging.getLogger(__name__)
+EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
+_CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
+
+
+@dataclass
+class EngineConfig:
+    shm_root: Path
+    job: str
+    tensor_parallel: int = 1
+    dtype: str | None = None        # None: "auto" on a GPU, "float32" on CPU (bf16 picks AMX kernels
+                                    # that die with SIGILL where the kernel does not enable AMX)
+    max_model_len: int = 1024
+    kv_cache_gib: int = 1           # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = 0.5
+    seed: int = 0
+    enable_sleep_mode: bool = False
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare_env(cfg: EngineConfig) -> None:
+    """Environment vLLM reads at import/start: offline, private caches, small CPU KV cache."""
+    cache = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if _CE_ROOT not in paths:  # worker processes must import the extension
+        os.environ["PYTHONPATH"] = os.pathsep.join([_CE_ROOT, *[p for p in paths if p]])
+
+
+def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Expected], set[str]]:
+    """HF parameter names/shapes/dtypes of the model in `model_dir`, built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    expected = {n: layout.Expected(tuple(t.shape), dtype) for n, t in model.state_dict().items()}
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    optional = {n for n in expected if tied and n.startswith("lm_head.")}
+    return expected, optional
+
+
+class RolloutEngine:
+    def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout") -> None:
+        self.cfg, self.registry, self.role = config, registry, role
+        self.llm: Any = None
+        self.phase = Phase.STOPPED
+        self.version: int | None = None
+        self.model_dir: str | None = None
+        self.dummy = False
+        self.error: str | None = None
+        self.timings: dict[str, float] = {}
+        self._expected: dict[str, layout.Expected] = {}
+        self._optional: set[str] = set()
+        self._lock = threading.RLock()
+        self._stale_pins: set[int] = set()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
+        with self._lock, self._op("start", model_dir=model_dir, dummy=dummy):
+            if self.phase not in (Phase.STOPPED, Phase.FAILED):
+                raise errors.WrongPhase(f"start needs a stopped engine; it is {self.phase.value}")
+            if self.llm is not None:
+                self._destroy()
+            self._set_phase(Phase.STARTING)
+            t0 = time.perf_counter()
+            try:
+                prepare_env(self.cfg)
+                from vllm import LLM
+
+                t1 = time.perf_counter()
+                self.llm = LLM(model=model_dir, load_format="dummy" if dummy else "auto",
+                               tensor_parallel_size=self.cfg.tensor_parallel, dtype=self._dtype(),
+                               max_model_len=self.cfg.max_model_len, enforce_eager=True, seed=self.cfg.seed,
+                               gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+                               enable_sleep_mode=self.cfg.enable_sleep_mode,
+                               worker_extension_cls=EXTENSION, **self.cfg.llm_kwargs)
+                t2 = time.perf_counter()
+                dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+                self._expected, self._optional = expected_parameters(model_dir, dt)
+            except Exception as e:
+                self._destroy()
+                self._set_phase(Phase.FAILED, error=f"start failed: {e}")
+                raise
+            self.model_dir, self.dummy, self.version = model_dir, dummy, None
+            self.timings.update({"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0})
+            self._set_phase(Phase.READY)
+            return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
+
+    def _dtype(self) -> str:
+        if self.cfg.dtype is not None:
+            return self.cfg.dtype
+        import torch
+
+        return "auto" if torch.cuda.is_available() else "float32"
+
+    def terminate(self) -> dict[str, float]:
+        """Destroy the LLM and free its memory (accelerator memory included); idempotent."""
+        with self._lock, self._op("terminate"):
+            t0 = time.perf_counter()
+            self._set_phase(Phase.TERMINATING)
+            self._destroy()
+            self.version = None
+            self.timings["terminate_s"] = time.perf_counter() - t0
+            self._set_phase(Phase.STOPPED)
+            return {"terminate_s": self.timings["terminate_s"]}
+
+    def _destroy(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # a dead engine may fail to shut down: nothing left to free
+                log.warning("vLLM shutdown: %s", e)
+            del llm
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: S110 - best effort
+            pass
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory but keep the process (a no-op on CPU)."""
+        with self._lock, self._op("sleep", level=level):
+            self._need(Phase.READY)
+            self.llm.sleep(level=level)
+            self._set_phase(Phase.SLEEPING)
+
+    def wake_up(self) -> None:
+        with self._lock, self._op("wake_up"):
+            self._need(Phase.SLEEPING)
+            self.llm.wake_up()
+            if self.cfg.enable_sleep_mode:
+                self.version = None if self.dummy else self.version  # level-2 sleep drops weights
+            self._set_phase(Phase.READY)
+
+    # ---- weights --------------------------------------------------------------------------------
+    def update(self, version: int | None = None) -> UpdateReport:
+        """Load version `version` (default: the latest registered) from shared memory."""
+        with self._lock, self._op("update", version=version):
+            if self.registry is None:
+                raise errors.UnsupportedOperation("update by version needs an etcd registry")
+            self._need(Phase.READY)
+            t0 = time.perf_counter()
+            reg = self.registry
+            self._release_stale_pins()
+            v = reg.latest() if version is None else version
+            if v is None:
+                raise errors.VersionNotFound("no version is registered yet")
+            record = reg.version_record(v)
+            reg.pin(v)
+            try:
+                local = layout.version_dir(self.cfg.shm_root, self.cfg.job, v)
+                path = local if local.exists() else Path(record["dir"])
+                shard_digests = [s["digest"] for s in reg.shard_records(v)]
+                t1 = time.perf_counter()
+                return self._load(path, v, t0, t1, shard_digests)
+            finally:
+                try:
+                    reg.unpin(v)
+                except errors.RegistryUnavailable:
+                    self._stale_pins.add(v)
+
+    def update_from_path(self, path: str | Path) -> UpdateReport:
+        """Load a version directory directly (no etcd): same validation, same load."""
+        with self._lock, self._op("update_from_path", path=str(path)):
+            self._need(Phase.READY)
+            t0 = time.perf_counter()
+            return self._load(Path(path), None, t0, t0, None)
+
+    def _load(self, path: Path, v: int | None, t0: float, t1: float, digests: list[str] | None) -> UpdateReport:
+        index = layout.read_index(path)
+        if v is not None and index.version != v:
+            raise errors.TornVersion(f"{path} holds version {index.version}, not {v}")
+        if digests is not None and digests != [s.digest for s in index.shards]:
+            raise errors.TornVersion(f"shards of {path} differ from those registered for version {v}")
+        layout.validate(index, self._expected, self._optional)
+        layout.MappedVersion(path, index).verify_checksums()
+        t2 = time.perf_counter()
+        self._set_phase(Phase.UPDATING)
+        try:
+            workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
+            self.llm.reset_prefix_cache()
+        except Exception as e:
+            self._set_phase(Phase.FAILED, error=f"reload of version {index.version} failed: {e}")
+            raise errors.CheckpointEngineError(f"reload failed; engine must be restarted: {e}") from e
+        t3 = time.perf_counter()
+        previous, self.version, self.dummy = self.version, index.version, False
+        report = UpdateReport(version=index.version, previous=previous, bytes=index.total_bytes,
+                              tensors=len(index.tensors), resolve_s=t1 - t0, validate_s=t2 - t1,
+                              load_s=t3 - t2, total_s=t3 - t0, workers=list(workers))
+        self.timings.update({"update_resolve_s": report.resolve_s, "update_validate_s": report.validate_s,
+                             "update_load_s": report.load_s, "update_total_s": report.total_s})
+        self._set_phase(Phase.READY)
+        return report
+
+    def _release_stale_pins(self) -> None:
+        for v in list(self._stale_pins):
+            try:
+                self.registry.unpin(v)  # type: ignore[union-attr]
+                self._stale_pins.discard(v)
+            except errors.RegistryUnavailable:
+                return
+
+    # ---- generation -----------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], options: SamplingOptions | None = None,
+                 n: int = 1) -> list[list[Completion]]:
+        """n completions per prompt, with token ids and the log-prob of every sampled token."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        opts = options or SamplingOptions()
+        with self._lock:
+            self._need(Phase.READY)
+            params = SamplingParams(n=n, logprobs=0, temperature=opts.temperature, top_p=opts.top_p,
+                                    top_k=opts.top_k, max_tokens=opts.max_tokens, min_tokens=opts.min_tokens,
+                                    seed=opts.seed, stop=opts.stop or None, stop_token_ids=opts.stop_token_ids,
+                                    ignore_eos=opts.ignore_eos)
+            inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+            try:
+                outs = self.llm.generate(inputs, params, use_tqdm=False)
+            except Exception as e:
+                self._set_phase(Phase.FAILED, error=f"generate failed: {e}")
+                raise errors.EngineNotRunning(f"vLLM failed while generating: {e}") from e
+        result = []
+        for i, out in enumerate(outs):
+            samples = []
+            for j, c in enumerate(out.outputs):
+                ids = list(c.token_ids)
+                lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
+                samples.append(Completion(prompt_index=i, sample_index=j, prompt_token_ids=list(out.prompt_token_ids),
+                                          token_ids=ids, logprobs=lps, text=c.text, finish_reason=c.finish_reason))
+            result.append(samples)
+        return result
+
+    # ---- status -----------------------------------------------------------------------------------
+    def status(self) -> EngineStatus:
+        return EngineStatus(role=self.role, phase=self.phase, version=self.version, model_dir=self.model_dir,
+                            dummy=self.dummy, error=self.error, timings=dict(self.timings), updated=time.time())
+
+    def _need(self, phase: Phase) -> None:
+        if self.phase == phase:
+            return
+        if self.phase in (Phase.STOPPED, Phase.FAILED) or self.llm is None:
+            raise errors.EngineNotRunning(f"the vLLM engine is {self.phase.value}" +
+                                          (f": {self.error}" if self.error else ""))
+        raise errors.WrongPhase(f"needs phase {phase.value}; the engine is {self.phase.value}")
+
+    def _set_phase(self, phase: Phase, error: str | None = None) -> None:
+        self.phase = phase
+        self.error = error if phase == Phase.FAILED else None
+        if self.registry is not None:
+            try:
+                self.registry.put_status(self.status().model_dump(mode="json"))
+            except errors.RegistryUnavailable as e:
+                log.warning("could not publish status %s: %s", phase.value, e)
+
+    @contextmanager
+    def _op(self, kind: str, **args: Any) -> Iterator[None]:
+        op_id = f"{time.time_ns()}-{kind}-{uuid.uuid4().hex[:6]}"
+        rec: dict[str, Any] = {"op": kind, "args": args, "state": "running", "started": time.time()}
+        self._put_op(op_id, rec)
+        try:
+            yield
+        except Exception as e:
+            rec.update(state="failed", error=f"{type(e).__name__}: {e}", finished=time.time())
+            self._put_op(op_id, rec)
+            raise
+        rec.update(state="done", finished=time.time(), version=self.version)
+        self._put_op(op_id, rec)
+
+    def _put_op(self, op_id: str, rec: dict[str, Any]) -> None:
+        if self.registry is None:
+            return
+        try:
+            self.registry.put_op(op_id, rec)
+        except errors.RegistryUnavailable as e:
+            log.warning("could not publish operation %s: %s", op_id, e)

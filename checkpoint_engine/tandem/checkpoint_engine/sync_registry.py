@@ -1,0 +1,115 @@
+"""Blocking facade over `Registry`: its own event loop in a daemon thread.
+
+Callers: publisher.py and rollout_engine.py (which block in torch/vLLM for seconds) and the
+FastAPI routes (through a threadpool). Running the asyncio registry on a private loop keeps the
+lease keepalive ticking while the caller's thread is busy loading weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.layout import VersionIndex
+from tandem.checkpoint_engine.registry import Registry
+
+T = TypeVar("T")
+
+
+class SyncRegistry:
+    """Same operations as `Registry`, called from ordinary threads."""
+
+    def __init__(self, endpoint: str, namespace: str, job: str, pod: str, role: str,
+                 ttl: int = 10, timeout: float = 5.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"etcd-{role}", daemon=True)
+        self._thread.start()
+        self.timeout = timeout
+        self.reg: Registry = self._run(self._make(endpoint, namespace, job, pod, role, ttl, timeout))
+        self.namespace, self.job, self.pod, self.role = namespace, job, pod, role
+        self.endpoint = endpoint
+
+    @staticmethod
+    async def _make(endpoint: str, namespace: str, job: str, pod: str, role: str,
+                    ttl: int, timeout: float) -> Registry:
+        # the Registry (and its asyncio.Event) must be created on the loop that uses it
+        return Registry(endpoint, namespace, job, pod, role, ttl=ttl, timeout=timeout)
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if self._loop.is_closed():
+            raise errors.RegistryUnavailable("registry is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout if timeout is not None else self.timeout * 3 + 5)
+        except FutureTimeout as e:
+            fut.cancel()
+            raise errors.RegistryUnavailable("etcd did not answer in time") from e
+
+    def connect(self) -> SyncRegistry:
+        self._run(self.reg.connect())
+        return self
+
+    def register(self, index: VersionIndex, directory: str) -> int:
+        return self._run(self.reg.register(index, directory))
+
+    def latest(self) -> int | None:
+        return self._run(self.reg.latest())
+
+    def version_record(self, v: int) -> dict[str, Any]:
+        return self._run(self.reg.version_record(v))
+
+    def shard_records(self, v: int) -> list[dict[str, Any]]:
+        return self._run(self.reg.shard_records(v))
+
+    def versions(self) -> list[int]:
+        return self._run(self.reg.versions())
+
+    def pin(self, v: int) -> None:
+        self._run(self.reg.pin(v))
+
+    def unpin(self, v: int) -> None:
+        self._run(self.reg.unpin(v))
+
+    def readers(self, v: int) -> list[str]:
+        return self._run(self.reg.readers(v))
+
+    def gc(self, keep: int) -> list[int]:
+        return self._run(self.reg.gc(keep))
+
+    def put_status(self, status: dict[str, Any]) -> None:
+        self._run(self.reg.put_status(status))
+
+    def get_status(self, pod: str, role: str) -> dict[str, Any] | None:
+        return self._run(self.reg.get_status(pod, role))
+
+    def put_op(self, op_id: str, record: dict[str, Any]) -> None:
+        self._run(self.reg.put_op(op_id, record))
+
+    def get_op(self, op_id: str) -> dict[str, Any] | None:
+        return self._run(self.reg.get_op(op_id))
+
+    def wait_latest(self, newer_than: int | None, timeout: float) -> int | None:
+        """Block until `latest` exceeds `newer_than` (or exists); None on timeout."""
+        async def wait() -> int | None:
+            async for v in self.reg.watch_latest():
+                if newer_than is None or v > newer_than:
+                    return v
+            return None
+        try:
+            return self._run(asyncio.wait_for(wait(), timeout), timeout=timeout + 5)
+        except (TimeoutError, errors.RegistryUnavailable):
+            return None
+
+    def close(self, revoke: bool = True) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.reg.close(revoke=revoke), timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()

@@ -1,0 +1,63 @@
+"""vLLM worker extension: load a shared-memory version into the live model, in place.
+
+Caller: rollout_engine.py creates `LLM(..., worker_extension_cls=
+"tandem.checkpoint_engine.vllm_ext.ShmWeightLoader")` and calls these methods through
+`llm.collective_rpc("tandem_load_shm", args=(path, index_json))`; vLLM mixes this class into
+every worker (one per tensor-parallel rank), so the methods run inside the worker processes.
+
+Tensors inside collective_rpc arguments arrive as lists, so only the version directory and its
+(already validated) index travel; each worker maps the shard files itself (MAP_SHARED, no copy)
+and hands (HF name, view) pairs to `self.reload_weights(weights_iterator=...)`, the worker's
+in-place reload that also re-runs the post-load processing (CPU linear weights are repacked,
+which is why `model.load_weights` alone fails on CPU).
+
+Tensor parallelism: vLLM's weight loaders (ColumnParallelLinear, RowParallelLinear,
+VocabParallelEmbedding, QKV/MergedColumn) take the FULL checkpoint tensor and `narrow` it to the
+worker's tp_rank before copying. Since the full tensor is only a view of the mapped file, each
+worker of a TP=N rollout reads and copies only its own slice; no pre-slicing is needed.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+from tandem.checkpoint_engine.layout import MappedVersion, VersionIndex
+
+
+class ShmWeightLoader:
+    """Mixed into vLLM's worker class; `self` is the worker (has reload_weights, model_runner)."""
+
+    def tandem_load_shm(self, path: str, index_json: str) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        index = VersionIndex.model_validate_json(index_json)
+        mapped = MappedVersion(Path(path), index)
+        t1 = time.perf_counter()
+        self.reload_weights(weights_iterator=mapped.tensors())  # type: ignore[attr-defined]
+        t2 = time.perf_counter()
+        del mapped
+        gc.collect()
+        return {"rank": self._tandem_rank(), "map_s": t1 - t0, "load_s": t2 - t1,
+                "bytes": index.total_bytes}
+
+    def tandem_load_dir(self, path: str) -> dict[str, Any]:
+        """Reload from a HF directory (safetensors) — the slow path, kept for comparisons."""
+        t0 = time.perf_counter()
+        self.reload_weights(weights_path=path)  # type: ignore[attr-defined]
+        return {"rank": self._tandem_rank(), "load_s": time.perf_counter() - t0}
+
+    def tandem_param_info(self) -> dict[str, Any]:
+        """vLLM-side parameter names and shapes of this rank (after TP slicing and fusing)."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        return {"rank": self._tandem_rank(),
+                "params": {n: list(p.shape) for n, p in model.named_parameters()}}
+
+    def tandem_checksum_param(self, name: str) -> float:
+        """Sum of one vLLM parameter (for tests that watch weights change)."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        return float(dict(model.named_parameters())[name].detach().float().sum().item())
+
+    def _tandem_rank(self) -> int:
+        return int(getattr(self, "rank", 0))
