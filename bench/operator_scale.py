@@ -106,7 +106,7 @@ def run(jobs: int, rollout_only: int, interval: float) -> None:
         cp.apply(namespace_doc(NS))
         sa = service_account_kubeconfig(cp, cp.root / "sa.kubeconfig")
         etcd, etcd_url = start_etcd(cp)
-        op = OperatorProcess(sa, etcd_url, cp.root / "operator.log", interval).start()
+        op = OperatorProcess(sa, etcd_url, cp.root / "operator.log", interval, verbose=False).start()
         proc = psutil.Process(op.pid)
         api = config.new_client_from_config(str(cp.kubeconfig))
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)

@@ -91,14 +91,9 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path) -> Path:
 class OperatorProcess:
     """`python -m tandem.operator` as a child process with the given kubeconfig and etcd."""
 
-    def __init__(self, kubeconfig: Path, etcd: str, log: Path, interval: float = 0.5, *extra: str):
-        self.kubeconfig, self.etcd, self.log, self.interval, self.extra = (
-            kubeconfig,
-            etcd,
-            log,
-            interval,
-            extra,
-        )
+    def __init__(self, kubeconfig: Path, etcd: str, log: Path, interval: float = 0.5, verbose: bool = True):
+        self.kubeconfig, self.etcd, self.log, self.interval = kubeconfig, etcd, log, interval
+        self.args = ["--verbose"] if verbose else []
         self.proc: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
@@ -116,7 +111,7 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tandem.operator", "--verbose", *self.extra],
+                [sys.executable, "-m", "tandem.operator", *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env(),
@@ -126,22 +121,21 @@ class OperatorProcess:
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None  # noqa: S101 - test helper
+        if self.proc is None:
+            raise RuntimeError("operator not started")
         return self.proc.pid
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        """SIGKILL: no cleanup, as when a node dies under the operator."""
-        if self.alive():
-            assert self.proc is not None  # noqa: S101
+        """SIGKILL: no cleanup, as when the operator's node dies under it."""
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None  # noqa: S101
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(20)

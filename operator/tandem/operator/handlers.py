@@ -85,11 +85,8 @@ async def reconcile_job(
         default_etcd=CONFIG.etcd_endpoints,
         logger=logger,
     )
-    for event in plan.events if plan else ():
-        if event.type == "Warning":
-            kopf.warn(body, reason=event.reason, message=event.message)
-        else:
-            kopf.info(body, reason=event.reason, message=event.message)
+    for event in plan.events if plan else ():  # kopf.event: posted whatever settings.posting.level says
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=5)  # type: ignore[untyped-decorator]
@@ -112,6 +109,8 @@ async def delete_job_keys(
     except EtcdUnavailable as e:
         if retry < CONFIG.finalizer_retries:
             raise kopf.TemporaryError(f"etcd unavailable, will retry: {e}", delay=5) from None
-        kopf.warn(body, reason="EtcdCleanupSkipped", message=f"gave up deleting etcd keys: {e}")
+        kopf.event(
+            body, type="Warning", reason="EtcdCleanupSkipped", message=f"gave up deleting etcd keys: {e}"
+        )
         return
     logger.info(f"deleted {deleted} etcd keys of {namespace}/{name}")
