@@ -238,6 +238,24 @@ class Registry:
             got = await self.client.get(_b(keys.op(*self._k(), self.pod, self.role, op_id)))
         return None if got is None else dict(json.loads(got.value))
 
+    # ---- plain JSON records (progress, endpoints) --------------------------------------------
+    async def put_json(self, key: str, value: dict[str, Any], lease: bool = False) -> None:
+        """Store a JSON record; with `lease`, it vanishes when this identity's lease expires."""
+        lease_id = await self.lease_id() if lease else None
+        with _etcd_errors(f"put {key}"):
+            await self.client.put(_b(key), _b(json.dumps(value)), lease_id)
+
+    async def get_json(self, key: str) -> dict[str, Any] | None:
+        with _etcd_errors(f"get {key}"):
+            got = await self.client.get(_b(key))
+        return None if got is None else dict(json.loads(got.value))
+
+    async def list_json(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every JSON record under `prefix`, keyed by its full key."""
+        with _etcd_errors(f"list {prefix}"):
+            got = await self.client.get_prefix(_b(prefix))
+        return {kv.key.decode(): dict(json.loads(kv.value)) for kv in got}
+
 
 @contextlib.contextmanager
 def _etcd_errors(what: str) -> Any:

@@ -92,6 +92,15 @@ class SyncRegistry:
     def get_op(self, op_id: str) -> dict[str, Any] | None:
         return self._run(self.reg.get_op(op_id))
 
+    def put_json(self, key: str, value: dict[str, Any], lease: bool = False) -> None:
+        self._run(self.reg.put_json(key, value, lease))
+
+    def get_json(self, key: str) -> dict[str, Any] | None:
+        return self._run(self.reg.get_json(key))
+
+    def list_json(self, prefix: str) -> dict[str, dict[str, Any]]:
+        return self._run(self.reg.list_json(prefix))
+
     def wait_latest(self, newer_than: int | None, timeout: float) -> int | None:
         """Block until `latest` exceeds `newer_than` (or exists); None on timeout."""
         async def wait() -> int | None:

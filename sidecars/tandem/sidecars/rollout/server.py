@@ -33,7 +33,7 @@ class GenerateResponse(BaseModel):
 
 def build_app(engine: RolloutEngine, token: str) -> FastAPI:
     app = api.create_app(engine, token)
-    router = APIRouter(dependencies=[Depends(api.require_token(token))])
+    router = APIRouter(dependencies=[Depends(app.state.auth)])
 
     @router.post("/v1/generate")
     async def generate(req: GenerateRequest) -> GenerateResponse:

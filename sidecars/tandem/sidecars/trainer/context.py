@@ -125,7 +125,7 @@ class TrainerContext:
         t = time.perf_counter()
         mode = self.job.spec.rollout.between_rollouts
         if mode == "terminate" and not initial:
-            self.rollouts.start(dummy=True)
+            self.rollouts.start(self.job.spec.model.path, dummy=True)
         elif mode == "sleep" and not initial:
             self.rollouts.wake_up()
         self.rollouts.update(version)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._device
 
 _applied = False
 _CPU = torch.device("cpu")

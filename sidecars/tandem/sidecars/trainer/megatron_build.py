@@ -42,17 +42,18 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
     """Start torch.distributed (if needed) and Megatron's model-parallel groups."""
     on_gpu = not cpu_compat.apply()
     if not torch.distributed.is_initialized():
-        if "WORLD_SIZE" not in os.environ:
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        env = os.environ
+        local_rank = int(env.get("LOCAL_RANK", "0"))
         if on_gpu:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group(
-            backend="nccl" if on_gpu else "gloo",
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-        )
+            torch.cuda.set_device(local_rank)
+        backend = "nccl" if on_gpu else "gloo"
+        if "WORLD_SIZE" in env:  # torchrun or the sidecar's launcher: env:// rendezvous
+            torch.distributed.init_process_group(
+                backend=backend, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"])
+            )
+        else:  # a single process: a private TCP store, the environment left untouched
+            init = f"tcp://127.0.0.1:{_free_port()}"
+            torch.distributed.init_process_group(backend=backend, init_method=init, rank=0, world_size=1)
     from megatron.core import parallel_state as ps
 
     world = torch.distributed.get_world_size()

@@ -305,8 +305,10 @@ class MegatronEngine:
     def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named weights for vLLM rollout rank ``target_rank`` of ``target_tp``. Collective.
 
-        Every rank must exhaust the iterator; the tensors come out on global rank 0 only. When it
-        is exhausted, ``last_export_seconds`` holds the time it took (including the consumer's).
+        Every rank must exhaust the iterator; the tensors come out on global rank 0 only. They
+        may alias live parameters (no copy is made where none is needed): consume or copy them
+        before the next ``train_step``. When the iterator is exhausted, ``last_export_seconds``
+        holds the time it took (the consumer's time included).
         """
         start = time.perf_counter()
         yield from megatron_export.export_hf(self.gpt, self.shape, self.par, target_tp, target_rank)

@@ -65,14 +65,14 @@ class RolloutClient:
         self._all("/update", {"version": version})
         return time.perf_counter() - t
 
-    def start(self, dummy: bool = True) -> None:
-        self._all("/start", {"dummy": dummy})
+    def start(self, model_dir: str, dummy: bool = True) -> None:
+        self._all("/start", {"model_dir": model_dir, "dummy": dummy})
 
     def terminate(self) -> None:
         self._all("/terminate")
 
-    def sleep(self) -> None:
-        self._all("/sleep")
+    def sleep(self, level: int = 1) -> None:
+        self._all("/sleep", {"level": level})
 
     def wake_up(self) -> None:
         self._all("/wake_up")
