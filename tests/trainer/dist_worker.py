@@ -1,0 +1,74 @@
+"""Worker processes for the multi-rank trainer tests (TP=2, PP=2 over gloo on CPU).
+
+Started by tests/trainer/test_megatron_parallel.py with torch.multiprocessing (spawn); each rank
+builds a MegatronEngine, runs the same fixed script, and saves what it saw to ``out/rank{r}.pt``
+for the test process to compare with a single-rank engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def fixed_batch() -> dict[str, torch.Tensor]:
+    """Two packed rows with three samples; the same on every rank and in the test process."""
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 128, (2, 12), generator=gen)
+    seg = torch.tensor([[1] * 5 + [2] * 7, [1] * 9 + [0] * 3])
+    return {"input_ids": ids * (seg != 0), "segment_ids": seg}
+
+
+def nll_loss(
+    logprobs: torch.Tensor, batch: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Mean negative log-likelihood of the non-first tokens of every sample."""
+    seg = batch["segment_ids"]
+    mask = torch.zeros_like(logprobs)
+    mask[:, 1:] = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
+    loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+    return loss, {"tokens": mask.sum()}
+
+
+def _copy(tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in tensors}  # exports may alias live parameters
+
+
+def run(
+    rank: int, world: int, port: int, model_dir: str, out_dir: str, layouts: list[tuple[int, int]]
+) -> None:
+    """Build an engine for each (tp, pp) layout in turn and save what rank ``rank`` saw."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    from megatron.core import parallel_state
+
+    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+
+    for tp, pp in layouts:
+        engine = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, pipeline_parallel=pp, lr=1e-2, seed=0)
+        result: dict[str, Any] = {
+            "export": _copy(engine.export_hf()),
+            "export_seconds": engine.last_export_seconds,
+        }
+        for target in range(2):
+            result[f"slice{target}"] = _copy(engine.export_hf(target_tp=2, target_rank=target))
+        batch = fixed_batch()
+        result["logits"] = engine.logits(batch)
+        result["logprobs"] = engine.token_logprobs(batch)
+        result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)
+        result["export_after"] = dict(engine.export_hf())
+        result["local_names"] = [n for n, _ in engine.named_parameters()]
+        torch.save(result, Path(out_dir) / f"tp{tp}pp{pp}-rank{rank}.pt")
+        torch.distributed.barrier()
+        parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
