@@ -70,9 +70,24 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, list[d
     return out
 
 
+def _fill_object_defaults(node: dict[str, Any]) -> None:
+    """Replace each nested object's `default: {}` by its fully defaulted value (bottom-up).
+
+    The API server checks every default against the schema's CEL rules without applying the nested
+    defaults first, so `{}` fails rules such as `self.globalBatchSize % self.microBatchSize == 0`.
+    """
+    for prop in node.get("properties", {}).values():
+        if prop.get("type") != "object":
+            continue
+        _fill_object_defaults(prop)
+        if prop.get("default") == {}:
+            prop["default"] = {k: v["default"] for k, v in prop.get("properties", {}).items() if "default" in v}
+
+
 def spec_schema() -> dict[str, Any]:
     raw = models.JobSpec.model_json_schema(by_alias=True, mode="validation")
     schema = _convert(raw, raw.get("$defs", {}), _rules_by_title())
+    _fill_object_defaults(schema)
     for name in IMMUTABLE_FIELDS:
         prop = schema["properties"][name]
         prop.setdefault("x-kubernetes-validations", []).append(
