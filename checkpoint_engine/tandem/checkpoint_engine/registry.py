@@ -52,7 +52,11 @@ class Registry:
         self.endpoint, self.namespace, self.job, self.pod, self.role = endpoint, namespace, job, pod, role
         self.ttl = ttl
         host, port = parse_endpoint(endpoint)
-        self.client = aetcd.Client(host=host, port=port, timeout=int(timeout))
+        # short reconnect backoff: after an etcd restart the channel must dial again within a
+        # second, not after gRPC's default exponential backoff (up to two minutes)
+        self.client = aetcd.Client(host=host, port=port, timeout=max(1, int(timeout)), options={
+            "grpc.initial_reconnect_backoff_ms": 100, "grpc.min_reconnect_backoff_ms": 100,
+            "grpc.max_reconnect_backoff_ms": 1000})
         self._lease: Any = None
         self._keepalive: asyncio.Task[None] | None = None
         self.lease_lost = asyncio.Event()

@@ -1,0 +1,90 @@
+"""etcd registry against a real etcd: one-transaction registration, pins vs GC, leases, watch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tandem.checkpoint_engine import errors, keys, layout
+
+pytestmark = pytest.mark.etcd
+
+
+def write(shm_root: Path, job: str, v: int) -> layout.WriteReport:
+    return layout.write_version(shm_root, job, v, [("w", torch.full((4, 4), float(v))), ("b", torch.zeros(3))],
+                                shard_bytes=64)
+
+
+def test_register_is_one_transaction(make_registry: Any, shm_root: Path, job: str) -> None:
+    reg = make_registry()
+    rep = write(shm_root, job, 1)
+    reg.register(rep.index, str(rep.path))
+    assert reg.latest() == 1 and reg.versions() == [1]
+    rec = reg.version_record(1)
+    assert rec["shards"] == len(rep.index.shards) == 2 and rec["dir"] == str(rep.path)
+    assert [s["digest"] for s in reg.shard_records(1)] == [s.digest for s in rep.index.shards]
+
+    async def revisions() -> set[int]:
+        rng = await reg.reg.client.get_prefix(keys.job_prefix("test", job).encode())
+        return {kv.mod_revision for kv in rng if b"/engines/" not in kv.key}
+    assert len(reg._run(revisions())) == 1, "shards, version, latest and holder must share one revision"
+    with pytest.raises(errors.VersionExists):
+        reg.register(rep.index, str(rep.path))
+
+
+def test_pin_holds_a_version_against_gc(make_registry: Any, shm_root: Path, job: str) -> None:
+    writer, reader = make_registry(), make_registry("pod1", "rollout")
+    for v in (1, 2, 3):
+        rep = write(shm_root, job, v)
+        writer.register(rep.index, str(rep.path))
+    reader.pin(1)
+    assert reader.readers(1) == ["pod1.rollout"]
+    assert writer.gc(keep=1) == [2], "pinned version 1 must survive, 2 goes, newest (3) is kept"
+    assert writer.versions() == [1, 3] and writer.shard_records(2) == []
+    reader.unpin(1)
+    assert writer.gc(keep=1) == [1]
+    with pytest.raises(errors.VersionNotFound):
+        reader.pin(1)
+    with pytest.raises(errors.VersionNotFound):
+        reader.version_record(2)
+
+
+def test_versions_vanish_with_the_writers_lease(make_registry: Any, shm_root: Path, job: str) -> None:
+    writer, other = make_registry(ttl=2), make_registry("pod1", "rollout")
+    rep = write(shm_root, job, 1)
+    writer.register(rep.index, str(rep.path))
+    time.sleep(3)  # keepalive holds the lease beyond its TTL
+    assert other.latest() == 1
+    writer.close(revoke=False)  # the writer "dies": no more keepalives
+    deadline = time.monotonic() + 10
+    while other.latest() is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert other.latest() is None and other.versions() == [] and other.shard_records(1) == []
+
+
+def test_wait_latest_sees_a_new_version(make_registry: Any, shm_root: Path, job: str) -> None:
+    writer, reader = make_registry(), make_registry("pod1", "rollout")
+    rep = write(shm_root, job, 1)
+    writer.register(rep.index, str(rep.path))
+    got: list[int | None] = []
+    t = threading.Thread(target=lambda: got.append(reader.wait_latest(newer_than=1, timeout=10)))
+    t.start()
+    time.sleep(0.5)
+    rep = write(shm_root, job, 2)
+    writer.register(rep.index, str(rep.path))
+    t.join(15)
+    assert got == [2]
+    assert reader.wait_latest(newer_than=2, timeout=0.5) is None
+
+
+def test_status_and_ops_records(make_registry: Any) -> None:
+    reg = make_registry("pod7", "rollout")
+    reg.put_status({"phase": "ready", "version": 3})
+    reg.put_op("op1", {"op": "update", "state": "done"})
+    assert reg.get_status("pod7", "rollout") == {"phase": "ready", "version": 3}
+    assert reg.get_op("op1") == {"op": "update", "state": "done"}
