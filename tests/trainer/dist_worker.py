@@ -38,10 +38,8 @@ def _copy(tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor
     return {name: tensor.clone() for name, tensor in tensors}  # exports may alias live parameters
 
 
-def run(
-    rank: int, world: int, port: int, model_dir: str, out_dir: str, layouts: list[tuple[int, int]]
-) -> None:
-    """Build an engine for each (tp, pp) layout in turn and save what rank ``rank`` saw."""
+def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str, int, int, int]]) -> None:
+    """Build an engine for each (model_dir, tp, pp, ep) layout in turn; save what rank ``rank`` saw."""
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -54,8 +52,10 @@ def run(
 
     from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 
-    for tp, pp in layouts:
-        engine = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, pipeline_parallel=pp, lr=1e-2, seed=0)
+    for model_dir, tp, pp, ep in layouts:
+        engine = MegatronEngine.from_hf(
+            model_dir, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep, lr=1e-2, seed=0
+        )
         result: dict[str, Any] = {
             "export": _copy(engine.export_hf()),
             "export_seconds": engine.last_export_seconds,
@@ -68,7 +68,7 @@ def run(
         result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)
         result["export_after"] = dict(engine.export_hf())
         result["local_names"] = [n for n, _ in engine.named_parameters()]
-        torch.save(result, Path(out_dir) / f"tp{tp}pp{pp}-rank{rank}.pt")
+        torch.save(result, Path(out_dir) / f"tp{tp}pp{pp}ep{ep}-rank{rank}.pt")
         torch.distributed.barrier()
         parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()

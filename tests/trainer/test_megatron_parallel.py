@@ -1,8 +1,8 @@
-"""MegatronEngine with two gloo ranks on CPU: tensor parallelism 2 and pipeline parallelism 2.
+"""MegatronEngine with two gloo ranks on CPU: TP=2 and PP=2 (Qwen2), EP=2 (Mixtral experts).
 
-One spawn of two processes runs both layouts (see dist_worker.py); the test process compares
-what they saw with the HF tensors and with a single-rank engine: exports, rollout TP slices,
-logits, a training step (TP and PP schedules), and global layer numbers from each stage.
+One spawn of two processes runs the three layouts in turn (see dist_worker.py); the test process
+compares what they saw with the HF tensors and with a single-rank engine: exports, rollout TP
+slices, logits, a training step (TP, PP and EP), and global layer/expert numbers.
 """
 
 from __future__ import annotations
@@ -21,46 +21,51 @@ from tandem.checkpoint_engine.local_etcd import free_port
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 
 pytestmark = pytest.mark.megatron
-LAYOUTS = [(2, 1), (1, 2)]
+Layout = tuple[str, int, int, int]  # family, tp, pp, ep
+LAYOUTS: list[Layout] = [("qwen2", 2, 1, 1), ("qwen2", 1, 2, 1), ("mixtral", 1, 1, 2)]
+IDS = ["tp2", "pp2", "ep2"]
+Ranks = dict[Layout, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(make_tiny_hf_model(tmp_path_factory.mktemp("tiny-qwen2") / "m", family="qwen2"))
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-hf")
+    return {f: Path(make_tiny_hf_model(root / f, family=f)) for f in ("qwen2", "mixtral")}
 
 
 @pytest.fixture(scope="module")
-def ranks(
-    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[int, int], list[dict[str, Any]]]:
+def ranks(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ranks:
     out = tmp_path_factory.mktemp("ranks")
+    layouts = [(str(model_dirs[f]), tp, pp, ep) for f, tp, pp, ep in LAYOUTS]
     mp.start_processes(
-        dist_worker.run,
-        args=(2, free_port(), str(model_dir), str(out), LAYOUTS),
-        nprocs=2,
-        start_method="spawn",
+        dist_worker.run, args=(2, free_port(), str(out), layouts), nprocs=2, start_method="spawn"
     )
     return {
-        (tp, pp): [torch.load(out / f"tp{tp}pp{pp}-rank{r}.pt", weights_only=False) for r in range(2)]
-        for tp, pp in LAYOUTS
+        (f, tp, pp, ep): [
+            torch.load(out / f"tp{tp}pp{pp}ep{ep}-rank{r}.pt", weights_only=False) for r in range(2)
+        ]
+        for f, tp, pp, ep in LAYOUTS
     }
 
 
 @pytest.fixture(scope="module")
-def single(model_dir: Path) -> dict[str, Any]:
-    """What one rank (TP=1, PP=1) sees for the same script."""
-    engine = MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0)
-    batch = dist_worker.fixed_batch()
-    logits = engine.logits(batch)
-    train = engine.train_step(batch, dist_worker.nll_loss, micro_batch_size=1)
-    return {"logits": logits, "train": train, "export_after": dict(engine.export_hf())}
+def single(model_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """What one rank (TP=PP=EP=1) sees for the same script, per family."""
+    seen: dict[str, dict[str, Any]] = {}
+    for family, model_dir in model_dirs.items():
+        engine = MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0)
+        batch = dist_worker.fixed_batch()
+        logits = engine.logits(batch)
+        train = engine.train_step(batch, dist_worker.nll_loss, micro_batch_size=1)
+        seen[family] = {"logits": logits, "train": train, "export_after": dict(engine.export_hf())}
+    return seen
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["tp2", "pp2"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_export_equals_hf_and_only_rank0_exports(
-    layout: tuple[int, int], ranks: dict[tuple[int, int], list[dict[str, Any]]], model_dir: Path
+    layout: Layout, ranks: Ranks, model_dirs: dict[str, Path]
 ) -> None:
-    want = load_file(str(model_dir / "model.safetensors"))
+    want = load_file(str(model_dirs[layout[0]] / "model.safetensors"))
     rank0, rank1 = ranks[layout]
     assert rank1["export"] == {}
     assert sorted(rank0["export"]) == sorted(want)
@@ -68,27 +73,28 @@ def test_export_equals_hf_and_only_rank0_exports(
         assert torch.equal(rank0["export"][name], tensor), name
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["tp2", "pp2"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_forward_and_train_step_match_single_rank(
-    layout: tuple[int, int], ranks: dict[tuple[int, int], list[dict[str, Any]]], single: dict[str, Any]
+    layout: Layout, ranks: Ranks, single: dict[str, dict[str, Any]]
 ) -> None:
+    one = single[layout[0]]
     for seen in ranks[layout]:
-        assert (seen["logits"] - single["logits"]).abs().max().item() < 1e-5
-        assert abs(seen["train"]["loss"] - single["train"]["loss"]) < 1e-5
-        assert abs(seen["train"]["grad_norm"] - single["train"]["grad_norm"]) < 1e-4
+        assert (seen["logits"] - one["logits"]).abs().max().item() < 1e-5
+        assert abs(seen["train"]["loss"] - one["train"]["loss"]) < 1e-5
+        assert abs(seen["train"]["grad_norm"] - one["train"]["grad_norm"]) < 1e-4
     after = ranks[layout][0]["export_after"]
-    assert sorted(after) == sorted(single["export_after"])
-    for name, tensor in single["export_after"].items():
+    assert sorted(after) == sorted(one["export_after"])
+    for name, tensor in one["export_after"].items():
         # Adam's first step is about lr * sign(grad): summation-order noise in a near-zero
         # gradient moves a rare element by up to ~1e-4 (lr = 1e-2); a wrong layout moves many by lr.
         assert torch.allclose(after[name], tensor, atol=2e-4), name
         assert (after[name] - tensor).abs().gt(1e-5).float().mean() < 0.01, name
 
 
-def test_rollout_tp2_slices(ranks: dict[tuple[int, int], list[dict[str, Any]]], model_dir: Path) -> None:
+def test_rollout_tp2_slices(ranks: Ranks, model_dirs: dict[str, Path]) -> None:
     """Slices follow vLLM's layout: q/k/v and gate/up by rows, o/down by columns, norms whole."""
-    full = load_file(str(model_dir / "model.safetensors"))
-    rank0 = ranks[(2, 1)][0]
+    full = load_file(str(model_dirs["qwen2"] / "model.safetensors"))
+    rank0, rank1 = ranks[LAYOUTS[0]]
     p = "model.layers.1."
     for r in range(2):
         part = rank0[f"slice{r}"]
@@ -109,11 +115,11 @@ def test_rollout_tp2_slices(ranks: dict[tuple[int, int], list[dict[str, Any]]], 
         assert torch.equal(
             part["model.embed_tokens.weight"], full["model.embed_tokens.weight"][r * 64 : (r + 1) * 64]
         )
-    assert ranks[(2, 1)][1]["slice0"] == {} and ranks[(2, 1)][1]["slice1"] == {}
+    assert rank1["slice0"] == {} and rank1["slice1"] == {}
 
 
-def test_pipeline_stages_use_global_layer_numbers(ranks: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
-    first, last = ranks[(1, 2)]
+def test_pipeline_stages_use_global_layer_numbers(ranks: Ranks) -> None:
+    first, last = ranks[LAYOUTS[1]]
     assert "embedding.word_embeddings.weight" in first["local_names"]
     assert "output_layer.weight" in last["local_names"]  # tied copy on the last stage
     # each stage numbers its one layer 0 locally; the export names them 0 and 1
@@ -121,3 +127,12 @@ def test_pipeline_stages_use_global_layer_numbers(ranks: dict[tuple[int, int], l
     assert not any(n.startswith("decoder.layers.1.") for n in first["local_names"] + last["local_names"])
     assert "model.layers.1.self_attn.q_proj.weight" in first["export"]
     assert "lm_head.weight" not in first["export"]  # tied: HF keeps only embed_tokens
+
+
+def test_expert_parallel_ranks_hold_half_the_experts_under_global_numbers(ranks: Ranks) -> None:
+    rank0, rank1 = ranks[LAYOUTS[2]]
+    for seen in (rank0, rank1):  # 4 experts, 2 per rank, numbered 0 and 1 locally
+        local = {n.split(".")[6] for n in seen["local_names"] if ".local_experts." in n}
+        assert local == {"0", "1"}
+    experts = {n.split(".")[5] for n in rank0["export"] if ".experts." in n}
+    assert experts == {"0", "1", "2", "3"}

@@ -94,6 +94,10 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) 
 
     moe: dict[str, Any] = {}
     if shape.num_experts:
+        from megatron.core.transformer.moe import moe_utils
+
+        # megatron-core 0.16 leaves this name undefined when Transformer Engine is absent.
+        moe_utils.te_general_gemm = getattr(moe_utils, "te_general_gemm", None)  # type: ignore[attr-defined]
         moe = dict(
             num_moe_experts=shape.num_experts,
             moe_router_topk=shape.moe_top_k,

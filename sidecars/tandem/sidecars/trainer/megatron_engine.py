@@ -59,6 +59,7 @@ class MegatronEngine:
         *,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
+        expert_parallel: int = 1,
         lr: float = 1e-6,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
@@ -69,7 +70,7 @@ class MegatronEngine:
     ) -> MegatronEngine:
         """Start process groups, build the model matching ``model_dir`` and load its weights."""
         model_dir = Path(model_dir)
-        par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel)
+        par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
         shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
         from megatron.core import tensor_parallel as mtp
         from megatron.core.distributed import (
