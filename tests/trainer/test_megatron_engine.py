@@ -17,8 +17,10 @@ from dist_worker import fixed_batch, nll_loss
 from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
+from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.grpo import GRPO
+from tandem.sidecars.algorithms.packing import pack
 from tandem.sidecars.trainer.megatron_engine import EngineError, MegatronEngine
-from tandem.sidecars.trainer.packing import pack_sequences, unpack
 
 pytestmark = pytest.mark.megatron
 FAMILIES = ["qwen2", "llama"]
@@ -82,17 +84,20 @@ def test_packed_logprobs_equal_one_by_one(
 ) -> None:
     gen = torch.Generator().manual_seed(2)
     seqs = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3, 8, 6)]
-    batch, placements = pack_sequences(seqs, row_len=16)
-    assert batch["input_ids"].shape[0] < len(seqs)  # several samples share a row
-    packed = unpack(engines[family].token_logprobs(batch), placements)
-    for seq, got in zip(seqs, packed, strict=True):
+    batch = pack([s[:2] for s in seqs], [s[2:] for s in seqs], token_budget=16)
+    assert batch.num_rows < len(seqs)  # several samples share a row
+    packed = engines[family].token_logprobs(batch)
+    for p in batch.placements:
+        seq = seqs[p.sample]
+        got = packed[p.row, p.start : p.start + p.length]
         alone = engines[family].token_logprobs(_one_row(seq))[0]
         with torch.no_grad():
             ref = torch.log_softmax(hf_models[family](torch.tensor([seq])).logits[0], dim=-1)
-        want = ref[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]
-        assert got[0] == 0 and alone[0] == 0
+        want = ref[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]  # next-token alignment
+        assert got[-1] == 0 and alone[-1] == 0
         assert (got - alone).abs().max().item() < 1e-5
-        assert (got[1:] - want).abs().max().item() < 1e-5
+        assert (got[:-1] - want).abs().max().item() < 1e-5
+    assert packed[batch.segment_ids == 0].abs().sum() == 0  # padding
 
 
 def test_greedy_generate_matches_transformers(
@@ -105,6 +110,11 @@ def test_greedy_generate_matches_transformers(
             torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None
         )
     assert got == out[0, len(prompt) :].tolist()
+
+
+def _grads(engine: MegatronEngine) -> dict[str, torch.Tensor]:
+    """The accumulated gradients of the last step (Megatron DDP keeps them in ``main_grad``)."""
+    return {n: p.main_grad.detach().clone() for n, p in engine.named_parameters()}
 
 
 def test_train_steps_change_weights_and_lower_loss(model_dirs: dict[str, Path]) -> None:
@@ -128,11 +138,38 @@ def test_gradient_accumulation_equals_one_big_micro_batch(model_dirs: dict[str, 
     results = []
     for micro in (1, 2):
         engine = MegatronEngine.from_hf(model_dirs["qwen2"], lr=1e-2, seed=0)
-        metrics = engine.train_step(batch, nll_loss, micro_batch_size=micro)
-        results.append((metrics, {n: p.detach().clone() for n, p in engine.named_parameters()}))
+        metrics = engine.train_step(batch, nll_loss, micro_batch_size=micro, reduction="mean")
+        results.append((metrics, _grads(engine)))
     (m1, p1), (m2, p2) = results
     assert abs(m1["loss"] - m2["loss"]) < 1e-6 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5
-    for name in p1:
+    for name in p1:  # gradients, not Adam's sign-like first update, are what must agree
+        assert torch.allclose(p1[name], p2[name], atol=1e-6), name
+
+
+def test_grpo_packed_batch_sums_micro_batch_losses(model_dirs: dict[str, Path]) -> None:
+    """With the algorithms' globally weighted losses, 3 micro-batches give the 1-batch step."""
+    gen = torch.Generator().manual_seed(3)
+    samples = [
+        Sample(
+            prompt_ids=torch.randint(1, 128, (3,), generator=gen).tolist(),
+            completion_ids=torch.randint(1, 128, (int(n),), generator=gen).tolist(),
+            group=i // 2,
+            reward=float(i % 3),
+        )
+        for i, n in enumerate(torch.randint(2, 8, (6,), generator=gen))
+    ]
+    algo = GRPO(kl_coef=0.0)
+    batch = algo.prepare(samples, token_budget=12)
+    assert batch.num_rows >= 3
+    results = []
+    for micro in (1, batch.num_rows):
+        engine = MegatronEngine.from_hf(model_dirs["qwen2"], lr=1e-2, seed=0)
+        metrics = engine.train_step(batch, algo.loss, micro_batch_size=micro)
+        results.append((metrics, _grads(engine)))
+    (m1, p1), (m2, p2) = results
+    assert m1["update_ok"] == 1.0 and m1["grad_norm"] > 0
+    assert abs(m1["loss"] - m2["loss"]) < 1e-6 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5
+    for name in p1:  # gradients, not Adam's sign-like first update, are what must agree
         assert torch.allclose(p1[name], p2[name], atol=1e-6), name
 
 

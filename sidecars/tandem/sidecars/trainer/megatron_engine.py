@@ -6,8 +6,9 @@ arguments (the batch may differ across data-parallel ranks). Runs on GPUs (NCCL)
 :mod:`.cpu_compat`, on CPUs (gloo). Pipeline stages are driven by Megatron's own schedules, so
 gradient accumulation over micro-batches and pipeline parallelism share one path.
 
-Batches are packed (see :mod:`.packing`): ``input_ids`` and ``segment_ids`` of shape
-``[rows, row_len]``; attention never crosses a ``segment_ids`` boundary.
+Batches are packed: the algorithms' ``PackedBatch`` or a mapping with ``input_ids`` and
+``segment_ids`` of shape ``[rows, row_len]`` (see :mod:`.packing`); attention never crosses a
+``segment_ids`` boundary. Log-probs follow the next-token (``labels``) alignment.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -26,8 +27,8 @@ from tandem.sidecars.trainer import megatron_build, megatron_export, packing
 from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
 from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
 
-LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], tuple[torch.Tensor, Mapping[str, Any]]]
-"""``loss_fn(logprobs, micro_batch) -> (scalar loss, metrics)``: logprobs as ``token_logprobs``."""
+LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, Any]]]
+"""``loss_fn(logprobs, micro_batch) -> (scalar loss, metrics)``; ``Algorithm.loss`` fits."""
 
 __all__ = ["MegatronEngine", "EngineError", "LossFn"]
 
@@ -117,36 +118,31 @@ class MegatronEngine:
         return cls(model, gpt, optimizer, shape, par, config, micro_batch_size)
 
     # ----- forward -----
-    def _micro_batches(
-        self, batch: packing.Batch, micro_batch_size: int | None
-    ) -> list[dict[str, torch.Tensor]]:
+    def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
         mbs = micro_batch_size or self.micro_batch_size
-        rows = batch["input_ids"].shape[0]
+        rows = packing.require(batch, "input_ids").shape[0]
         if self.par.pp > 1 and rows % mbs:
             raise EngineError(f"with pipeline parallelism, rows ({rows}) must be a multiple of {mbs}")
         device = _device()
-        return [{k: v.to(device) for k, v in mb.items()} for mb in packing.split_micro_batches(batch, mbs)]
+        return [packing.to_device(mb, device) for mb in packing.split_rows(batch, mbs)]
 
     def _forward_step(
-        self, loss_fn: Callable[[torch.Tensor], Any] | None, data_iterator: Iterator[Any], model: Any
+        self, loss_fn: Callable[..., Any] | None, data_iterator: Iterator[Any], model: Any
     ) -> tuple[torch.Tensor, Any]:
         mb = next(data_iterator)
-        seg = mb["segment_ids"]
-        positions = mb.get("position_ids")
+        seg = packing.require(mb, "segment_ids")
+        positions = packing.field(mb, "position_ids")
         if positions is None:
             positions = packing.position_ids(seg)
-        output = model(mb["input_ids"], positions, packing.attention_mask(seg))
+        output = model(packing.require(mb, "input_ids"), positions, packing.attention_mask(seg))
         return output, (partial(loss_fn, mb) if loss_fn is not None else None)
 
     def _run(
-        self,
-        micro_batches: list[dict[str, torch.Tensor]],
-        loss: Callable[..., Any] | None,
-        forward_only: bool,
+        self, micro_batches: list[Any], loss: Callable[..., Any] | None, forward_only: bool
     ) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        rows, cols = micro_batches[0]["input_ids"].shape
+        rows, cols = packing.require(micro_batches[0], "input_ids").shape
         return list(
             get_forward_backward_func()(
                 forward_step_func=partial(self._forward_step, loss),
@@ -159,8 +155,8 @@ class MegatronEngine:
             )
         )
 
-    def _logprobs(self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token log-probs from this rank's vocab shard of the logits ``[rows, len, V/tp]``."""
+    def _logprobs(self, logits: torch.Tensor, mb: Any) -> torch.Tensor:
+        """Next-token log-probs from this rank's vocab shard of the logits ``[rows, len, V/tp]``."""
         from megatron.core import tensor_parallel as mtp
 
         logits = logits.float()
@@ -168,16 +164,18 @@ class MegatronEngine:
             start = self.par.tp_rank * logits.shape[-1]
             column = torch.arange(start, start + logits.shape[-1], device=logits.device)
             logits = logits.masked_fill(column >= self.shape.vocab, torch.finfo(logits.dtype).min)
-        ids, seg = mb["input_ids"], mb["segment_ids"]
+        ids, seg = packing.require(mb, "input_ids"), packing.require(mb, "segment_ids")
         nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
         same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
         scored = torch.where(same, -nll, torch.zeros_like(nll))
-        return torch.cat([torch.zeros_like(scored[:, :1]), scored], dim=1)
+        return torch.cat([scored, torch.zeros_like(scored[:, :1])], dim=1)
 
-    def token_logprobs(self, batch: packing.Batch, micro_batch_size: int | None = None) -> torch.Tensor:
-        """``out[r, t] = log p(input_ids[r, t] | earlier tokens of its segment)``, float32 on CPU.
+    def token_logprobs(self, batch: Any, micro_batch_size: int | None = None) -> torch.Tensor:
+        """Next-token log-probs ``[rows, len]`` (float32, CPU) on every rank; no gradient.
 
-        0 at the first token of each segment and in padding. Returned on every rank.
+        ``out[r, t] = log p(input_ids[r, t + 1] | input_ids of its sample up to t)`` when token
+        t + 1 belongs to the same sample as t, else 0 (last token of a sample, padding): the
+        ``labels`` alignment of :mod:`tandem.sidecars.algorithms.packing`.
         """
         self.model.eval()
         mbs = self._micro_batches(batch, micro_batch_size)
@@ -186,17 +184,18 @@ class MegatronEngine:
                 mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._logprobs(logits, mb)}), True
             )
         result = torch.cat([o["lp"] for o in outs]) if outs else torch.empty(0)
-        return self._from_last_stage(result, tuple(batch["input_ids"].shape), torch.float32).cpu()
+        size = tuple(packing.require(batch, "input_ids").shape)
+        return self._from_last_stage(result, size, torch.float32).cpu()
 
-    def logits(self, batch: packing.Batch) -> torch.Tensor:
+    def logits(self, batch: Any) -> torch.Tensor:
         """Full-vocabulary logits ``[rows, len, vocab]`` (float32, CPU) on every rank."""
         from megatron.core import tensor_parallel as mtp
 
         self.model.eval()
-        mbs = self._micro_batches(batch, batch["input_ids"].shape[0])
+        rows, cols = packing.require(batch, "input_ids").shape
+        mbs = self._micro_batches(batch, rows)
         with torch.no_grad():
             outs = self._run(mbs, lambda mb, lg: (torch.zeros(()), {"lg": lg.float()}), True)
-        rows, cols = batch["input_ids"].shape
         result = torch.empty(0)
         if outs:
             result = mtp.gather_from_tensor_model_parallel_region(outs[0]["lg"])[..., : self.shape.vocab]
@@ -232,33 +231,44 @@ class MegatronEngine:
 
     # ----- training -----
     def train_step(
-        self, batch: packing.Batch, loss_fn: LossFn, micro_batch_size: int | None = None
+        self,
+        batch: Any,
+        loss_fn: LossFn,
+        micro_batch_size: int | None = None,
+        reduction: Literal["sum", "mean"] = "sum",
     ) -> dict[str, float]:
         """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
 
-        The loss of each micro-batch is ``loss_fn(token_logprobs, micro_batch)``; the gradient is
-        that of their mean. Returns the mean loss and metrics over micro-batches, ``grad_norm``,
-        ``update_ok`` and ``step_seconds`` (same on every rank).
+        ``batch`` is split by rows into micro-batches of ``micro_batch_size`` rows (default: the
+        engine's), each in the batch's own type (``PackedBatch.rows``); the loss of each is
+        ``loss_fn(logprobs, micro_batch)`` with ``logprobs`` as :meth:`token_logprobs` but with
+        gradient. The optimised loss is the ``reduction`` of the micro-batch losses: ``"sum"``
+        for the algorithms' losses (globally weighted, see ``algorithms.packing.PackedBatch``),
+        ``"mean"`` for per-micro-batch means. Returns (same on every rank) ``loss`` (that
+        reduction), the mean of each metric over micro-batches, ``grad_norm``, ``update_ok``
+        (0 when the step was skipped, e.g. a non-finite gradient) and ``step_seconds``.
         """
         start = time.perf_counter()
         self.model.train()
         mbs = self._micro_batches(batch, micro_batch_size)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        # Megatron divides each micro-batch loss by their number: undo it for a sum.
+        scale = float(len(mbs)) if reduction == "sum" else 1.0
 
-        def micro_loss(
-            mb: Mapping[str, torch.Tensor], logits: torch.Tensor
-        ) -> tuple[torch.Tensor, dict[str, float]]:
+        def micro_loss(mb: Any, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             loss, metrics = loss_fn(self._logprobs(logits, mb), mb)
             values = {k: float(v) for k, v in metrics.items()}
             values["loss"] = float(loss.detach())
-            return loss, values
+            return loss * scale, values
 
         outs = self._run(mbs, micro_loss, False)
         update_ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {}
         for key in outs[0] if outs else {}:
             metrics[key] = sum(o[key] for o in outs) / len(outs)
+        if outs:
+            metrics["loss"] *= scale
         metrics = self._metrics_from_last_stage(metrics)
         metrics.update(
             grad_norm=float(grad_norm or 0.0),
