@@ -203,3 +203,33 @@ def test_offload_onload_is_bit_exact(model_dirs: dict[str, Path]) -> None:
 def test_tensor_parallel_larger_than_world_is_refused(model_dirs: dict[str, Path]) -> None:
     with pytest.raises(EngineError, match="world size"):
         MegatronEngine.from_hf(model_dirs["qwen2"], tensor_parallel=2)
+
+
+def test_forward_only_engine_for_the_reference_model(
+    model_dirs: dict[str, Path], engines: dict[str, MegatronEngine]
+) -> None:
+    reference = MegatronEngine.from_hf(model_dirs["qwen2"], trainable=False)
+    batch = fixed_batch()
+    assert torch.equal(reference.token_logprobs(batch), engines["qwen2"].token_logprobs(batch))
+    assert all(not p.requires_grad for _, p in reference.named_parameters())
+    with pytest.raises(EngineError, match="trainable"):
+        reference.train_step(batch, nll_loss)
+    moved = reference.offload()
+    assert moved["offload_bytes"] == sum(p.numel() * 4 for _, p in reference.named_parameters())
+    reference.onload()
+    assert torch.equal(reference.token_logprobs(batch), engines["qwen2"].token_logprobs(batch))
+
+
+def test_save_hf_after_training_loads_in_transformers(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    import transformers
+
+    engine = MegatronEngine.from_hf(model_dirs["llama"], lr=1e-2, seed=0)
+    engine.train_step(fixed_batch(), nll_loss)
+    saved = engine.save_hf(tmp_path / "step1", config_dir=model_dirs["llama"])
+    assert (saved / "config.json").exists()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    ids = fixed_batch()["input_ids"][:1]
+    with torch.no_grad():
+        want = hf(ids).logits
+    got = engine.logits({"input_ids": ids, "segment_ids": torch.ones_like(ids)})
+    assert (got - want).abs().max().item() < 1e-5

@@ -13,6 +13,7 @@ Batches are packed: the algorithms' ``PackedBatch`` or a mapping with ``input_id
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
@@ -68,8 +69,15 @@ class MegatronEngine:
         clip_grad: float = 1.0,
         micro_batch_size: int = 1,
         distributed_optimizer: bool = False,
+        trainable: bool = True,
     ) -> MegatronEngine:
-        """Start process groups, build the model matching ``model_dir`` and load its weights."""
+        """Start process groups, build the model matching ``model_dir`` and load its weights.
+
+        ``trainable=False`` builds a forward-only engine (no DDP wrapper, no optimizer), e.g. for
+        the reference model: ``token_logprobs``, ``logits``, ``offload``/``onload`` and
+        ``export_hf`` work, ``train_step`` raises. Several engines may live in one process when
+        they share the parallel sizes.
+        """
         model_dir = Path(model_dir)
         par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
         shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
@@ -90,6 +98,11 @@ class MegatronEngine:
         if torch.cuda.is_available():
             gpt.cuda()
         module: Any = Float16Module(config, gpt) if dtype in (torch.bfloat16, torch.float16) else gpt
+        if not trainable:
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad_(False)
+            return cls(module, gpt, None, shape, par, config, micro_batch_size)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -248,6 +261,8 @@ class MegatronEngine:
         reduction), the mean of each metric over micro-batches, ``grad_norm``, ``update_ok``
         (0 when the step was skipped, e.g. a non-finite gradient) and ``step_seconds``.
         """
+        if self.optimizer is None:
+            raise EngineError("this engine was built with trainable=False")
         start = time.perf_counter()
         self.model.train()
         mbs = self._micro_batches(batch, micro_batch_size)
@@ -289,6 +304,8 @@ class MegatronEngine:
         return dict(box[0])
 
     def set_lr(self, lr: float) -> None:
+        if self.optimizer is None:
+            raise EngineError("this engine was built with trainable=False")
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -300,9 +317,11 @@ class MegatronEngine:
             grad = getattr(param, "main_grad", None)
             if grad is not None:
                 tensors.append(grad)
-        for buffer in getattr(self.model, "buffers", []):
-            tensors += [t for t in (buffer.param_data, buffer.grad_data) if t is not None]
-        return tensors + optimizer_tensors(self.optimizer)
+        for name in ("buffers", "expert_parallel_buffers"):  # Megatron DDP's flat buffers
+            buffers = getattr(self.model, name, None)
+            for buffer in buffers if isinstance(buffers, list) else []:
+                tensors += [t for t in (buffer.param_data, buffer.grad_data) if t is not None]
+        return tensors + (optimizer_tensors(self.optimizer) if self.optimizer is not None else [])
 
     def offload(self) -> dict[str, float]:
         """Move params, grads and optimizer state to host memory; returns timings and bytes."""
@@ -324,6 +343,23 @@ class MegatronEngine:
         start = time.perf_counter()
         yield from megatron_export.export_hf(self.gpt, self.shape, self.par, target_tp, target_rank)
         self.last_export_seconds = time.perf_counter() - start
+
+    def save_hf(self, out_dir: str | Path, config_dir: str | Path) -> Path:
+        """Write the weights as a HF directory (``model.safetensors`` plus the non-weight files
+        of ``config_dir``: config, tokenizer, generation config). Collective; rank 0 writes."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        tensors = {name: tensor.contiguous().clone() for name, tensor in self.export_hf()}
+        if self.is_export_rank:
+            out.mkdir(parents=True, exist_ok=True)
+            for item in Path(config_dir).iterdir():
+                if item.is_file() and item.suffix != ".safetensors" and not item.name.endswith(".index.json"):
+                    shutil.copy2(item, out / item.name)
+            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if dist.is_initialized():
+            dist.barrier()
+        return out
 
     @property
     def is_export_rank(self) -> bool:
