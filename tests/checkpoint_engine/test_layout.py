@@ -17,11 +17,13 @@ from tandem.checkpoint_engine import errors, layout
 
 def sample() -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    return [("a.weight", torch.randn(3, 5, generator=g)),
-            ("b.bf16", torch.randn(7, generator=g).to(torch.bfloat16)),
-            ("c.scalar", torch.tensor(3, dtype=torch.int64)),
-            ("d.transposed", torch.randn(4, 6, generator=g).t()),  # non-contiguous input
-            ("e.half", torch.randn(2, 3, 3, generator=g).half())]
+    return [
+        ("a.weight", torch.randn(3, 5, generator=g)),
+        ("b.bf16", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("c.scalar", torch.tensor(3, dtype=torch.int64)),
+        ("d.transposed", torch.randn(4, 6, generator=g).t()),  # non-contiguous input
+        ("e.half", torch.randn(2, 3, 3, generator=g).half()),
+    ]
 
 
 def test_round_trip_alignment_and_shards(shm_root: Path) -> None:
@@ -88,9 +90,16 @@ def test_validate_names_shapes_dtypes(shm_root: Path) -> None:
     with pytest.raises(errors.InvalidVersion) as e:
         layout.validate(rep.index, bad)
     msg = str(e.value)
-    for part in ("a.weight: shape", "b.bf16: dtype", "missing tensors ['z.missing']", "unexpected tensors ['e.half']"):
+    for part in (
+        "a.weight: shape",
+        "b.bf16: dtype",
+        "missing tensors ['z.missing']",
+        "unexpected tensors ['e.half']",
+    ):
         assert part in msg
-    layout.validate(rep.index, {**expected, "z.missing": layout.Expected((1,), "float32")}, optional={"z.missing"})
+    layout.validate(
+        rep.index, {**expected, "z.missing": layout.Expected((1,), "float32")}, optional={"z.missing"}
+    )
 
 
 def test_existing_version_and_duplicate_names_rejected(shm_root: Path) -> None:
@@ -100,7 +109,9 @@ def test_existing_version_and_duplicate_names_rejected(shm_root: Path) -> None:
     with pytest.raises(ValueError, match="twice"):
         layout.write_version(shm_root, "j", 2, [("x", torch.zeros(1)), ("x", torch.zeros(1))])
     assert layout.list_versions(shm_root, "j") == [1]
-    assert not [p for p in (shm_root / "j").iterdir() if p.name.startswith(".tmp-")], "failed write left a temp dir"
+    assert not [p for p in (shm_root / "j").iterdir() if p.name.startswith(".tmp-")], (
+        "failed write left a temp dir"
+    )
 
 
 def test_stale_temp_dirs_removed_only_when_their_writer_is_gone(shm_root: Path) -> None:
@@ -110,10 +121,16 @@ def test_stale_temp_dirs_removed_only_when_their_writer_is_gone(shm_root: Path) 
         d.mkdir(parents=True)
         (d / "shard-00000.bin").write_bytes(b"x" * 100)
         (d / ".lock").touch()
-    holder = subprocess.Popen([sys.executable, "-c",
-                               "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR); "
-                               "fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(60)",
-                               str(live / ".lock")], stdout=subprocess.PIPE)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR); "
+            "fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(60)",
+            str(live / ".lock"),
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
         assert layout.clean_stale_temps(shm_root, "j") == [dead.name]

@@ -56,8 +56,9 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_kill_9_mid_publish_is_invisible_and_cleaned(make_registry: Any, etcd_server: Any,
-                                                     shm_root: Path, job: str) -> None:
+def test_kill_9_mid_publish_is_invisible_and_cleaned(
+    make_registry: Any, etcd_server: Any, shm_root: Path, job: str
+) -> None:
     pub = Publisher(shm_root, job, make_registry(), keep=2)
     pub.publish(1, tensors(1))
     code = WRITER.format(roots=ROOTS, endpoint=etcd_server.endpoint, job=job, root=str(shm_root))
@@ -77,8 +78,9 @@ def test_kill_9_mid_publish_is_invisible_and_cleaned(make_registry: Any, etcd_se
     assert fresh.publish(None, tensors(2)).version == 2
 
 
-def test_etcd_down_during_publish_fails_cleanly_then_retry(make_registry: Any, etcd_server: Any,
-                                                           shm_root: Path, job: str) -> None:
+def test_etcd_down_during_publish_fails_cleanly_then_retry(
+    make_registry: Any, etcd_server: Any, shm_root: Path, job: str
+) -> None:
     pub = Publisher(shm_root, job, make_registry(), keep=3)
     pub.publish(1, tensors(1))
 
@@ -87,6 +89,7 @@ def test_etcd_down_during_publish_fails_cleanly_then_retry(make_registry: Any, e
             if i == 2:
                 etcd_server.stop()
             yield item
+
     try:
         with pytest.raises(errors.RegistryUnavailable):
             pub.publish(2, stop_midway())

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.etcd
 
 
 def write(shm_root: Path, job: str, v: int) -> layout.WriteReport:
-    return layout.write_version(shm_root, job, v, [("w", torch.full((4, 4), float(v))), ("b", torch.zeros(3))],
-                                shard_bytes=64)
+    return layout.write_version(
+        shm_root, job, v, [("w", torch.full((4, 4), float(v))), ("b", torch.zeros(3))], shard_bytes=64
+    )
 
 
 def test_register_is_one_transaction(make_registry: Any, shm_root: Path, job: str) -> None:
@@ -32,6 +33,7 @@ def test_register_is_one_transaction(make_registry: Any, shm_root: Path, job: st
     async def revisions() -> set[int]:
         rng = await reg.reg.client.get_prefix(keys.job_prefix("test", job).encode())
         return {kv.mod_revision for kv in rng if b"/engines/" not in kv.key}
+
     assert len(reg._run(revisions())) == 1, "shards, version, latest and holder must share one revision"
     with pytest.raises(errors.VersionExists):
         reg.register(rep.index, str(rep.path))

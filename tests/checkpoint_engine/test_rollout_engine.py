@@ -34,12 +34,13 @@ def hf_greedy(model: Any, tokenizer: Any) -> list[list[int]]:
         ids = tokenizer(p, return_tensors="pt").input_ids
         with torch.no_grad():
             gen = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=1)
-        out.append(gen[0, ids.shape[1]:].tolist())
+        out.append(gen[0, ids.shape[1] :].tolist())
     return out
 
 
-def test_update_equals_fresh_engine_and_hf(live_engine: RolloutEngine, live_publisher: Any,
-                                           tiny_dir: Path, tmp_path: Path) -> None:
+def test_update_equals_fresh_engine_and_hf(
+    live_engine: RolloutEngine, live_publisher: Any, tiny_dir: Path, tmp_path: Path
+) -> None:
     from transformers import AutoTokenizer
 
     model = tiny_model.random_model(seed=11)
@@ -64,7 +65,9 @@ def test_update_equals_fresh_engine_and_hf(live_engine: RolloutEngine, live_publ
 
 
 def test_generate_samples_with_logprobs(live_engine: RolloutEngine) -> None:
-    out = live_engine.generate([[5, 6, 7], "alpha"], SamplingOptions(temperature=1.0, max_tokens=6, seed=3), n=3)
+    out = live_engine.generate(
+        [[5, 6, 7], "alpha"], SamplingOptions(temperature=1.0, max_tokens=6, seed=3), n=3
+    )
     assert len(out) == 2 and all(len(samples) == 3 for samples in out)
     assert out[0][0].prompt_token_ids == [5, 6, 7]
     for c in (c for samples in out for c in samples):
@@ -83,7 +86,8 @@ def corrupt_one_byte(path: Path) -> None:
 
 
 def test_corrupt_or_mismatched_versions_refused_engine_keeps_previous(
-        live_engine: RolloutEngine, live_publisher: Any) -> None:
+    live_engine: RolloutEngine, live_publisher: Any
+) -> None:
     live_publisher.publish(None, tiny_model.random_state_dict(21).items())
     good = live_engine.update()
     expected = greedy(live_engine)
@@ -101,8 +105,12 @@ def test_corrupt_or_mismatched_versions_refused_engine_keeps_previous(
 
     sd = tiny_model.random_state_dict(24)
     del sd["model.layers.1.mlp.up_proj.weight"]
-    live_publisher.publish(None, {k: v.double() if k == "lm_head.weight" else v for k, v in sd.items()}.items())
-    with pytest.raises(errors.InvalidVersion, match="missing tensors.*up_proj.*lm_head.weight: dtype float64"):
+    live_publisher.publish(
+        None, {k: v.double() if k == "lm_head.weight" else v for k, v in sd.items()}.items()
+    )
+    with pytest.raises(
+        errors.InvalidVersion, match="missing tensors.*up_proj.*lm_head.weight: dtype float64"
+    ):
         live_engine.update()
 
     with pytest.raises(errors.VersionNotFound):
@@ -111,7 +119,9 @@ def test_corrupt_or_mismatched_versions_refused_engine_keeps_previous(
     assert greedy(live_engine) == expected
 
 
-def test_etcd_restart_around_an_update(live_engine: RolloutEngine, live_publisher: Any, etcd_server: Any) -> None:
+def test_etcd_restart_around_an_update(
+    live_engine: RolloutEngine, live_publisher: Any, etcd_server: Any
+) -> None:
     rep = live_publisher.publish(None, tiny_model.random_state_dict(31).items())
     previous = live_engine.version
     etcd_server.stop()

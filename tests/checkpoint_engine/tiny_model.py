@@ -12,8 +12,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 VOCAB = 1024
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
-         "sigma tau upsilon phi chi psi omega one two three four five six seven eight nine ten").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+    "sigma tau upsilon phi chi psi omega one two three four five six seven eight nine ten"
+).split()
 
 
 def build_tokenizer(out: Path) -> None:
@@ -21,26 +23,41 @@ def build_tokenizer(out: Path) -> None:
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    corpus = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12)) + f" {i} {i * 13 % 97}"
-              for i in range(400)]
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 16, special_tokens=["<unk>", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [
+        " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12)) + f" {i} {i * 13 % 97}"
+        for i in range(400)
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB - 16,
+        special_tokens=["<unk>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer)
     from tokenizers import decoders
 
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>",
-                                   pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>", pad_token="<|endoftext|>"
+    )
     fast.save_pretrained(out)
 
 
 def config(hidden: int = 128, layers: int = 2, heads: int = 2, kv_heads: int = 1, tied: bool = False):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 2,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                       max_position_embeddings=1024, tie_word_embeddings=tied, torch_dtype="float32",
-                       eos_token_id=1, bos_token_id=1)
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        torch_dtype="float32",
+        eos_token_id=1,
+        bos_token_id=1,
+    )
 
 
 def random_model(seed: int, tied: bool = False):  # type: ignore[no-untyped-def]

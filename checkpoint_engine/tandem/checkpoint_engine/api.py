@@ -130,8 +130,10 @@ def _publisher_router(pub: Publisher, serial: _Serial) -> APIRouter:
         return {"collected": await serial.run(pub.gc)}
 
     for path in ("/start", "/dummy_start", "/update", "/terminate", "/sleep", "/wake_up"):
+
         async def unsupported(_path: str = path) -> None:
             raise errors.UnsupportedOperation(f"{_path} is a rollout-engine operation; this is a publisher")
+
         r.add_api_route(path, unsupported, methods=["POST"])
     return r
 
@@ -150,13 +152,18 @@ def create_app(core: Core, token: str | None = None) -> FastAPI:
 
     @app.exception_handler(errors.CheckpointEngineError)
     async def typed_error(_: Request, exc: errors.CheckpointEngineError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code,
-                            content={"error": exc.code, "type": type(exc).__name__, "detail": str(exc)})
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"error": exc.code, "type": type(exc).__name__, "detail": str(exc)},
+        )
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_: Request, __: _Unauthorized) -> JSONResponse:
-        return JSONResponse(status_code=401, content={"error": "unauthorized", "detail": "bearer token required"},
-                            headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse(
+            status_code=401,
+            content={"error": "unauthorized", "detail": "bearer token required"},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -35,3 +35,21 @@ def checksum(buf: Any, algorithm: str = ALGORITHM) -> str:
 def digest_strings(items: Iterable[str], algorithm: str = ALGORITHM) -> str:
     """Order-sensitive digest of a sequence of checksums (a shard's digest)."""
     return checksum("\n".join(items).encode(), algorithm)
+
+
+def throughput(nbytes: int = 256 << 20) -> dict[str, float]:
+    """GB/s of each available algorithm on `nbytes` of random data (bench/weight_sync.py prints it)."""
+    import time
+
+    import numpy as np
+
+    data = np.random.default_rng(0).integers(0, 255, size=nbytes, dtype=np.uint8)
+    out: dict[str, float] = {}
+    for algorithm in SUPPORTED:
+        if algorithm == "xxh3_64" and xxhash is None:
+            continue
+        checksum(data[: 1 << 20], algorithm)  # warm up
+        t = time.perf_counter()
+        checksum(data, algorithm)
+        out[algorithm] = nbytes / (time.perf_counter() - t) / 1e9
+    return out

@@ -20,10 +20,12 @@ xxhash is missing): see bench/weight_sync.py for the measured speeds.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,9 +114,14 @@ class WriteReport:
     bytes: int
 
 
-def write_version(root: Path, job: str, version: int,
-                  named_tensors: Iterable[tuple[str, torch.Tensor]],
-                  shard_bytes: int = DEFAULT_SHARD_BYTES, fsync: bool = False) -> WriteReport:
+def write_version(
+    root: Path,
+    job: str,
+    version: int,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    fsync: bool = False,
+) -> WriteReport:
     """Write all tensors of `version` into a temp dir, then rename it into place atomically.
 
     Tensors are written in the iterator's order; a shard closes when the next tensor would make
@@ -150,8 +157,11 @@ def write_version(root: Path, job: str, version: int,
             fh.close()
             fh = None
             i = len(shards)
-            shards.append(ShardRecord(index=i, file=f"shard-{i:05d}.bin", nbytes=pos,
-                                      digest=hashing.digest_strings(shard_sums)))
+            shards.append(
+                ShardRecord(
+                    index=i, file=f"shard-{i:05d}.bin", nbytes=pos, digest=hashing.digest_strings(shard_sums)
+                )
+            )
 
         for name, tensor in named_tensors:
             if name in names:
@@ -166,9 +176,17 @@ def write_version(root: Path, job: str, version: int,
                 pos, shard_sums = 0, []
             arr = flat.numpy()
             checksum = hashing.checksum(arr)
-            tensors.append(TensorRecord(name=name, dtype=dtype_name(tensor.dtype),
-                                        shape=list(tensor.shape), shard=len(shards), offset=pos,
-                                        nbytes=nbytes, checksum=checksum))
+            tensors.append(
+                TensorRecord(
+                    name=name,
+                    dtype=dtype_name(tensor.dtype),
+                    shape=list(tensor.shape),
+                    shard=len(shards),
+                    offset=pos,
+                    nbytes=nbytes,
+                    checksum=checksum,
+                )
+            )
             shard_sums.append(checksum)
             fh.write(memoryview(arr))
             pad = _pad(nbytes)
@@ -176,8 +194,14 @@ def write_version(root: Path, job: str, version: int,
                 fh.write(b"\0" * pad)
             pos += nbytes + pad
         close_shard()
-        index = VersionIndex(job=job, version=version, algorithm=hashing.ALGORITHM,
-                             created=time.time(), shards=shards, tensors=tensors)
+        index = VersionIndex(
+            job=job,
+            version=version,
+            algorithm=hashing.ALGORITHM,
+            created=time.time(),
+            shards=shards,
+            tensors=tensors,
+        )
         (tmp / INDEX).write_text(index.model_dump_json())
         os.rename(tmp, final)  # atomic: the version appears complete or not at all
         os.unlink(final / ".lock")
@@ -200,12 +224,14 @@ def read_index(path: Path) -> VersionIndex:
 
 
 class MappedVersion:
-    """A version's shard files mapped read-only (MAP_SHARED, no copy) with per-tensor views."""
+    """A version's shard files mapped (MAP_SHARED, no copy) with per-tensor views; readers must
+    not write into the views (checksums would expose it to the next reader)."""
 
     def __init__(self, path: Path, index: VersionIndex | None = None) -> None:
         self.path = Path(path)
         self.index = index if index is not None else read_index(self.path)
         self._buffers: dict[int, torch.Tensor] = {}
+        self._maps: list[mmap.mmap] = []
         for s in self.index.shards:
             f = self.path / s.file
             try:
@@ -214,14 +240,31 @@ class MappedVersion:
                 raise errors.TornVersion(f"shard file {f} is missing") from e
             if size != s.nbytes:
                 raise errors.TornVersion(f"shard file {f} has {size} bytes, index says {s.nbytes}")
-            self._buffers[s.index] = (torch.from_file(str(f), shared=True, size=size, dtype=torch.uint8)
-                                      if size else torch.empty(0, dtype=torch.uint8))
+            self._buffers[s.index] = self._map(f, size) if size else torch.empty(0, dtype=torch.uint8)
+
+    def _map(self, f: Path, size: int) -> torch.Tensor:
+        """Map a shard MAP_SHARED (no copy) with MAP_POPULATE, so the page tables are filled in one
+        call instead of one fault per page (measured: faults otherwise halve the copy speed)."""
+        fd = os.open(f, os.O_RDWR)
+        try:
+            mm = mmap.mmap(
+                fd,
+                size,
+                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
+        finally:
+            os.close(fd)
+        self._maps.append(mm)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(mm, dtype=torch.uint8)
 
     def raw(self, rec: TensorRecord) -> torch.Tensor:
         buf = self._buffers.get(rec.shard)
         if buf is None or rec.offset + rec.nbytes > buf.numel() or rec.offset % ALIGN:
             raise errors.TornVersion(f"tensor {rec.name} lies outside its shard {rec.shard}")
-        return buf[rec.offset: rec.offset + rec.nbytes]
+        return buf[rec.offset : rec.offset + rec.nbytes]
 
     def tensor(self, rec: TensorRecord) -> torch.Tensor:
         return self.raw(rec).view(torch_dtype(rec.dtype)).view(rec.shape)
@@ -239,7 +282,8 @@ class MappedVersion:
             if got != rec.checksum:
                 raise errors.ChecksumMismatch(
                     f"version {self.index.version}: tensor {rec.name} (shard {rec.shard}, offset "
-                    f"{rec.offset}) has checksum {got}, index says {rec.checksum}")
+                    f"{rec.offset}) has checksum {got}, index says {rec.checksum}"
+                )
 
 
 @dataclass(frozen=True)
@@ -248,8 +292,7 @@ class Expected:
     dtype: str
 
 
-def validate(index: VersionIndex, expected: Mapping[str, Expected],
-             optional: Iterable[str] = ()) -> None:
+def validate(index: VersionIndex, expected: Mapping[str, Expected], optional: Iterable[str] = ()) -> None:
     """Check names, shapes and dtypes of `index` against what the engine expects.
 
     Names in `optional` may be absent (e.g. lm_head.weight of a model with tied embeddings).
@@ -279,7 +322,9 @@ def validate(index: VersionIndex, expected: Mapping[str, Expected],
         if numel * elem != rec.nbytes:
             problems.append(f"{name}: {rec.nbytes} bytes do not hold shape {rec.shape} of {rec.dtype}")
     if problems:
-        raise errors.InvalidVersion(f"version {index.version} does not fit the engine: " + "; ".join(problems))
+        raise errors.InvalidVersion(
+            f"version {index.version} does not fit the engine: " + "; ".join(problems)
+        )
 
 
 def list_versions(root: Path, job: str) -> list[int]:
@@ -337,5 +382,10 @@ def clean_stale_temps(root: Path, job: str) -> list[str]:
 
 
 def describe(index: VersionIndex) -> dict[str, Any]:
-    return {"version": index.version, "shards": len(index.shards), "tensors": len(index.tensors),
-            "bytes": index.total_bytes, "algorithm": index.algorithm}
+    return {
+        "version": index.version,
+        "shards": len(index.shards),
+        "tensors": len(index.tensors),
+        "bytes": index.total_bytes,
+        "algorithm": index.algorithm,
+    }

@@ -15,13 +15,13 @@ from pydantic import BaseModel, Field
 class Phase(StrEnum):
     STOPPED = "stopped"
     STARTING = "starting"
-    READY = "ready"          # engine up, serving rollouts (dummy or loaded weights)
+    READY = "ready"  # engine up, serving rollouts (dummy or loaded weights)
     UPDATING = "updating"
     SLEEPING = "sleeping"
     TERMINATING = "terminating"
-    FAILED = "failed"        # the engine died or a reload failed half-way: terminate + start again
+    FAILED = "failed"  # the engine died or a reload failed half-way: terminate + start again
     PUBLISHING = "publishing"  # publisher side
-    IDLE = "idle"              # publisher side, nothing in flight
+    IDLE = "idle"  # publisher side, nothing in flight
 
 
 class SamplingOptions(BaseModel):
@@ -55,9 +55,9 @@ class UpdateReport(BaseModel):
     previous: int | None
     bytes: int
     tensors: int
-    resolve_s: float = 0.0   # etcd: latest / version record / pin
+    resolve_s: float = 0.0  # etcd: latest / version record / pin
     validate_s: float = 0.0  # index + names/shapes/dtypes + checksums
-    load_s: float = 0.0      # collective_rpc reload in the workers + prefix-cache reset
+    load_s: float = 0.0  # collective_rpc reload in the workers + prefix-cache reset
     total_s: float = 0.0
     workers: list[dict[str, Any]] = Field(default_factory=list)
 

@@ -29,8 +29,16 @@ log = logging.getLogger(__name__)
 
 
 class Publisher:
-    def __init__(self, shm_root: Path, job: str, registry: SyncRegistry, keep: int = 2,
-                 shard_bytes: int = layout.DEFAULT_SHARD_BYTES, fsync: bool = False, role: str = "trainer") -> None:
+    def __init__(
+        self,
+        shm_root: Path,
+        job: str,
+        registry: SyncRegistry,
+        keep: int = 2,
+        shard_bytes: int = layout.DEFAULT_SHARD_BYTES,
+        fsync: bool = False,
+        role: str = "trainer",
+    ) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1 (the latest version)")
         self.shm_root, self.job, self.registry = Path(shm_root), job, registry
@@ -57,7 +65,9 @@ class Publisher:
         latest = self.registry.latest()
         return 1 if latest is None else latest + 1
 
-    def publish(self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PublishReport:
+    def publish(
+        self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> PublishReport:
         """Write, register and GC one version; `version=None` takes latest + 1."""
         with self._lock:
             t0 = time.perf_counter()
@@ -67,8 +77,9 @@ class Publisher:
                 raise errors.VersionExists(f"version {v} is not newer than the registered latest {latest}")
             self._set(Phase.PUBLISHING)
             try:
-                wrote = layout.write_version(self.shm_root, self.job, v, named_tensors,
-                                             shard_bytes=self.shard_bytes, fsync=self.fsync)
+                wrote = layout.write_version(
+                    self.shm_root, self.job, v, named_tensors, shard_bytes=self.shard_bytes, fsync=self.fsync
+                )
             except Exception as e:
                 self._set(Phase.IDLE, error=f"write of version {v} failed: {e}")
                 raise
@@ -84,11 +95,26 @@ class Publisher:
             self.version = v
             collected = self.gc()
             t3 = time.perf_counter()
-            report = PublishReport(version=v, bytes=wrote.bytes, tensors=len(wrote.index.tensors),
-                                   shards=len(wrote.index.shards), path=str(wrote.path), write_s=t1 - t0,
-                                   register_s=t2 - t1, gc_s=t3 - t2, total_s=t3 - t0, collected=collected)
-            self.timings.update({"write_s": report.write_s, "register_s": report.register_s,
-                                 "gc_s": report.gc_s, "publish_total_s": report.total_s})
+            report = PublishReport(
+                version=v,
+                bytes=wrote.bytes,
+                tensors=len(wrote.index.tensors),
+                shards=len(wrote.index.shards),
+                path=str(wrote.path),
+                write_s=t1 - t0,
+                register_s=t2 - t1,
+                gc_s=t3 - t2,
+                total_s=t3 - t0,
+                collected=collected,
+            )
+            self.timings.update(
+                {
+                    "write_s": report.write_s,
+                    "register_s": report.register_s,
+                    "gc_s": report.gc_s,
+                    "publish_total_s": report.total_s,
+                }
+            )
             self._set(Phase.IDLE)
             return report
 
@@ -105,8 +131,14 @@ class Publisher:
         return collected
 
     def status(self) -> EngineStatus:
-        return EngineStatus(role=self.role, phase=self.phase, version=self.version, error=self.error,
-                            timings=dict(self.timings), updated=time.time())
+        return EngineStatus(
+            role=self.role,
+            phase=self.phase,
+            version=self.version,
+            error=self.error,
+            timings=dict(self.timings),
+            updated=time.time(),
+        )
 
     def _set(self, phase: Phase, error: str | None = None) -> None:
         self.phase, self.error = phase, error

@@ -47,16 +47,31 @@ def _b(s: str) -> bytes:
 class Registry:
     """One job's view of etcd for one identity (pod + role), with its own lease."""
 
-    def __init__(self, endpoint: str, namespace: str, job: str, pod: str, role: str,
-                 ttl: int = 10, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        namespace: str,
+        job: str,
+        pod: str,
+        role: str,
+        ttl: int = 10,
+        timeout: float = 5.0,
+    ) -> None:
         self.endpoint, self.namespace, self.job, self.pod, self.role = endpoint, namespace, job, pod, role
         self.ttl = ttl
         host, port = parse_endpoint(endpoint)
         # short reconnect backoff: after an etcd restart the channel must dial again within a
         # second, not after gRPC's default exponential backoff (up to two minutes)
-        self.client = aetcd.Client(host=host, port=port, timeout=max(1, int(timeout)), options={
-            "grpc.initial_reconnect_backoff_ms": 100, "grpc.min_reconnect_backoff_ms": 100,
-            "grpc.max_reconnect_backoff_ms": 1000})
+        self.client = aetcd.Client(
+            host=host,
+            port=port,
+            timeout=max(1, int(timeout)),
+            options={
+                "grpc.initial_reconnect_backoff_ms": 100,
+                "grpc.min_reconnect_backoff_ms": 100,
+                "grpc.max_reconnect_backoff_ms": 1000,
+            },
+        )
         self._lease: Any = None
         self._keepalive: asyncio.Task[None] | None = None
         self.lease_lost = asyncio.Event()
@@ -118,13 +133,34 @@ class Registry:
         v = index.version
         lease = await self.lease_id()
         tx = self.client.transactions
-        ops = [tx.put(_b(keys.shard(ns, job, v, s.index)),
-                      _b(json.dumps({"holder": self.pod, "file": s.file, "bytes": s.nbytes,
-                                     "digest": s.digest, "dir": directory})), lease)
-               for s in index.shards]
-        record = {"version": v, "holder": self.pod, "dir": directory, "shards": len(index.shards),
-                  "tensors": len(index.tensors), "bytes": index.total_bytes,
-                  "algorithm": index.algorithm, "created": index.created}
+        ops = [
+            tx.put(
+                _b(keys.shard(ns, job, v, s.index)),
+                _b(
+                    json.dumps(
+                        {
+                            "holder": self.pod,
+                            "file": s.file,
+                            "bytes": s.nbytes,
+                            "digest": s.digest,
+                            "dir": directory,
+                        }
+                    )
+                ),
+                lease,
+            )
+            for s in index.shards
+        ]
+        record = {
+            "version": v,
+            "holder": self.pod,
+            "dir": directory,
+            "shards": len(index.shards),
+            "tensors": len(index.tensors),
+            "bytes": index.total_bytes,
+            "algorithm": index.algorithm,
+            "created": index.created,
+        }
         ops.append(tx.put(_b(keys.version(ns, job, v)), _b(json.dumps(record)), lease))
         ops.append(tx.put(_b(keys.latest(ns, job)), _b(str(v)), lease))
         ops.append(tx.put(_b(keys.holder(ns, job, v, self.pod)), _b(directory), lease))
@@ -172,7 +208,9 @@ class Registry:
         with _etcd_errors("pin"):
             ok, _ = await self.client.transaction(
                 compare=[tx.version(_b(keys.version(ns, job, v))) > 0],
-                success=[tx.put(_b(keys.reader(ns, job, v, self.me)), b"1", lease)], failure=[])
+                success=[tx.put(_b(keys.reader(ns, job, v, self.me)), b"1", lease)],
+                failure=[],
+            )
         if not ok:
             raise errors.VersionNotFound(f"version {v} of job {ns}/{job} is not registered")
 
@@ -197,10 +235,13 @@ class Registry:
             with _etcd_errors("gc"):
                 ok, _ = await self.client.transaction(
                     compare=[tx.version(rp, range_end=prefix_range_end(rp)) == 0],
-                    success=[tx.delete(_b(keys.version(ns, job, v))),
-                             tx.delete(sp, range_end=prefix_range_end(sp)),
-                             tx.delete(hp, range_end=prefix_range_end(hp))],
-                    failure=[])
+                    success=[
+                        tx.delete(_b(keys.version(ns, job, v))),
+                        tx.delete(sp, range_end=prefix_range_end(sp)),
+                        tx.delete(hp, range_end=prefix_range_end(hp)),
+                    ],
+                    failure=[],
+                )
             if ok:
                 removed.append(v)
         return removed
@@ -225,8 +266,9 @@ class Registry:
     async def put_status(self, status: dict[str, Any]) -> None:
         lease = await self.lease_id()
         with _etcd_errors("put status"):
-            await self.client.put(_b(keys.engine(*self._k(), self.pod, self.role)),
-                                  _b(json.dumps(status)), lease)
+            await self.client.put(
+                _b(keys.engine(*self._k(), self.pod, self.role)), _b(json.dumps(status)), lease
+            )
 
     async def get_status(self, pod: str, role: str) -> dict[str, Any] | None:
         with _etcd_errors("get status"):

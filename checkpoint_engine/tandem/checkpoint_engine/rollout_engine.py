@@ -38,10 +38,10 @@ class EngineConfig:
     shm_root: Path
     job: str
     tensor_parallel: int = 1
-    dtype: str | None = None        # None: "auto" on a GPU, "float32" on CPU (bf16 picks AMX kernels
-                                    # that die with SIGILL where the kernel does not enable AMX)
+    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 picks AMX kernels
+    # that die with SIGILL where the kernel does not enable AMX)
     max_model_len: int = 1024
-    kv_cache_gib: int = 1           # VLLM_CPU_KVCACHE_SPACE on CPU
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
     gpu_memory_utilization: float = 0.5
     seed: int = 0
     enable_sleep_mode: bool = False
@@ -75,7 +75,9 @@ def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Ex
 
 
 class RolloutEngine:
-    def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout") -> None:
+    def __init__(
+        self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout"
+    ) -> None:
         self.cfg, self.registry, self.role = config, registry, role
         self.llm: Any = None
         self.phase = Phase.STOPPED
@@ -88,6 +90,7 @@ class RolloutEngine:
         self._optional: set[str] = set()
         self._lock = threading.RLock()
         self._stale_pins: set[int] = set()
+        self._sleep_level = 0
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
@@ -103,12 +106,19 @@ class RolloutEngine:
                 from vllm import LLM
 
                 t1 = time.perf_counter()
-                self.llm = LLM(model=model_dir, load_format="dummy" if dummy else "auto",
-                               tensor_parallel_size=self.cfg.tensor_parallel, dtype=self._dtype(),
-                               max_model_len=self.cfg.max_model_len, enforce_eager=True, seed=self.cfg.seed,
-                               gpu_memory_utilization=self.cfg.gpu_memory_utilization,
-                               enable_sleep_mode=self.cfg.enable_sleep_mode,
-                               worker_extension_cls=EXTENSION, **self.cfg.llm_kwargs)
+                self.llm = LLM(
+                    model=model_dir,
+                    load_format="dummy" if dummy else "auto",
+                    tensor_parallel_size=self.cfg.tensor_parallel,
+                    dtype=self._dtype(),
+                    max_model_len=self.cfg.max_model_len,
+                    enforce_eager=True,
+                    seed=self.cfg.seed,
+                    gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+                    enable_sleep_mode=self.cfg.enable_sleep_mode,
+                    worker_extension_cls=EXTENSION,
+                    **self.cfg.llm_kwargs,
+                )
                 t2 = time.perf_counter()
                 dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
                 self._expected, self._optional = expected_parameters(model_dir, dt)
@@ -117,7 +127,9 @@ class RolloutEngine:
                 self._set_phase(Phase.FAILED, error=f"start failed: {e}")
                 raise
             self.model_dir, self.dummy, self.version = model_dir, dummy, None
-            self.timings.update({"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0})
+            self.timings.update(
+                {"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0}
+            )
             self._set_phase(Phase.READY)
             return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
 
@@ -157,18 +169,20 @@ class RolloutEngine:
             pass
 
     def sleep(self, level: int = 1) -> None:
-        """Free accelerator memory but keep the process (a no-op on CPU)."""
+        """Free accelerator memory but keep the process; level 2 also drops the weights (an update
+        is needed after wake_up). vLLM's CPU worker ignores both levels."""
         with self._lock, self._op("sleep", level=level):
             self._need(Phase.READY)
             self.llm.sleep(level=level)
+            self._sleep_level = level
             self._set_phase(Phase.SLEEPING)
 
     def wake_up(self) -> None:
         with self._lock, self._op("wake_up"):
             self._need(Phase.SLEEPING)
             self.llm.wake_up()
-            if self.cfg.enable_sleep_mode:
-                self.version = None if self.dummy else self.version  # level-2 sleep drops weights
+            if self._sleep_level == 2 and self.cfg.enable_sleep_mode:
+                self.version = None  # the weights were discarded: load a version next
             self._set_phase(Phase.READY)
 
     # ---- weights --------------------------------------------------------------------------------
@@ -205,7 +219,9 @@ class RolloutEngine:
             t0 = time.perf_counter()
             return self._load(Path(path), None, t0, t0, None)
 
-    def _load(self, path: Path, v: int | None, t0: float, t1: float, digests: list[str] | None) -> UpdateReport:
+    def _load(
+        self, path: Path, v: int | None, t0: float, t1: float, digests: list[str] | None
+    ) -> UpdateReport:
         index = layout.read_index(path)
         if v is not None and index.version != v:
             raise errors.TornVersion(f"{path} holds version {index.version}, not {v}")
@@ -223,11 +239,25 @@ class RolloutEngine:
             raise errors.CheckpointEngineError(f"reload failed; engine must be restarted: {e}") from e
         t3 = time.perf_counter()
         previous, self.version, self.dummy = self.version, index.version, False
-        report = UpdateReport(version=index.version, previous=previous, bytes=index.total_bytes,
-                              tensors=len(index.tensors), resolve_s=t1 - t0, validate_s=t2 - t1,
-                              load_s=t3 - t2, total_s=t3 - t0, workers=list(workers))
-        self.timings.update({"update_resolve_s": report.resolve_s, "update_validate_s": report.validate_s,
-                             "update_load_s": report.load_s, "update_total_s": report.total_s})
+        report = UpdateReport(
+            version=index.version,
+            previous=previous,
+            bytes=index.total_bytes,
+            tensors=len(index.tensors),
+            resolve_s=t1 - t0,
+            validate_s=t2 - t1,
+            load_s=t3 - t2,
+            total_s=t3 - t0,
+            workers=list(workers),
+        )
+        self.timings.update(
+            {
+                "update_resolve_s": report.resolve_s,
+                "update_validate_s": report.validate_s,
+                "update_load_s": report.load_s,
+                "update_total_s": report.total_s,
+            }
+        )
         self._set_phase(Phase.READY)
         return report
 
@@ -240,8 +270,12 @@ class RolloutEngine:
                 return
 
     # ---- generation -----------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], options: SamplingOptions | None = None,
-                 n: int = 1) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        options: SamplingOptions | None = None,
+        n: int = 1,
+    ) -> list[list[Completion]]:
         """n completions per prompt, with token ids and the log-prob of every sampled token."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -249,11 +283,22 @@ class RolloutEngine:
         opts = options or SamplingOptions()
         with self._lock:
             self._need(Phase.READY)
-            params = SamplingParams(n=n, logprobs=0, temperature=opts.temperature, top_p=opts.top_p,
-                                    top_k=opts.top_k, max_tokens=opts.max_tokens, min_tokens=opts.min_tokens,
-                                    seed=opts.seed, stop=opts.stop or None, stop_token_ids=opts.stop_token_ids,
-                                    ignore_eos=opts.ignore_eos)
-            inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+            params = SamplingParams(
+                n=n,
+                logprobs=0,
+                temperature=opts.temperature,
+                top_p=opts.top_p,
+                top_k=opts.top_k,
+                max_tokens=opts.max_tokens,
+                min_tokens=opts.min_tokens,
+                seed=opts.seed,
+                stop=opts.stop or None,
+                stop_token_ids=opts.stop_token_ids,
+                ignore_eos=opts.ignore_eos,
+            )
+            inputs: list[Any] = [
+                p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts
+            ]
             try:
                 outs = self.llm.generate(inputs, params, use_tqdm=False)
             except Exception as e:
@@ -265,22 +310,40 @@ class RolloutEngine:
             for j, c in enumerate(out.outputs):
                 ids = list(c.token_ids)
                 lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
-                samples.append(Completion(prompt_index=i, sample_index=j, prompt_token_ids=list(out.prompt_token_ids),
-                                          token_ids=ids, logprobs=lps, text=c.text, finish_reason=c.finish_reason))
+                samples.append(
+                    Completion(
+                        prompt_index=i,
+                        sample_index=j,
+                        prompt_token_ids=list(out.prompt_token_ids),
+                        token_ids=ids,
+                        logprobs=lps,
+                        text=c.text,
+                        finish_reason=c.finish_reason,
+                    )
+                )
             result.append(samples)
         return result
 
     # ---- status -----------------------------------------------------------------------------------
     def status(self) -> EngineStatus:
-        return EngineStatus(role=self.role, phase=self.phase, version=self.version, model_dir=self.model_dir,
-                            dummy=self.dummy, error=self.error, timings=dict(self.timings), updated=time.time())
+        return EngineStatus(
+            role=self.role,
+            phase=self.phase,
+            version=self.version,
+            model_dir=self.model_dir,
+            dummy=self.dummy,
+            error=self.error,
+            timings=dict(self.timings),
+            updated=time.time(),
+        )
 
     def _need(self, phase: Phase) -> None:
         if self.phase == phase:
             return
         if self.phase in (Phase.STOPPED, Phase.FAILED) or self.llm is None:
-            raise errors.EngineNotRunning(f"the vLLM engine is {self.phase.value}" +
-                                          (f": {self.error}" if self.error else ""))
+            raise errors.EngineNotRunning(
+                f"the vLLM engine is {self.phase.value}" + (f": {self.error}" if self.error else "")
+            )
         raise errors.WrongPhase(f"needs phase {phase.value}; the engine is {self.phase.value}")
 
     def _set_phase(self, phase: Phase, error: str | None = None) -> None:

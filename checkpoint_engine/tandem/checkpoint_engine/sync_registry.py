@@ -23,8 +23,16 @@ T = TypeVar("T")
 class SyncRegistry:
     """Same operations as `Registry`, called from ordinary threads."""
 
-    def __init__(self, endpoint: str, namespace: str, job: str, pod: str, role: str,
-                 ttl: int = 10, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        namespace: str,
+        job: str,
+        pod: str,
+        role: str,
+        ttl: int = 10,
+        timeout: float = 5.0,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"etcd-{role}", daemon=True)
         self._thread.start()
@@ -34,8 +42,9 @@ class SyncRegistry:
         self.endpoint = endpoint
 
     @staticmethod
-    async def _make(endpoint: str, namespace: str, job: str, pod: str, role: str,
-                    ttl: int, timeout: float) -> Registry:
+    async def _make(
+        endpoint: str, namespace: str, job: str, pod: str, role: str, ttl: int, timeout: float
+    ) -> Registry:
         # the Registry (and its asyncio.Event) must be created on the loop that uses it
         return Registry(endpoint, namespace, job, pod, role, ttl=ttl, timeout=timeout)
 
@@ -103,11 +112,13 @@ class SyncRegistry:
 
     def wait_latest(self, newer_than: int | None, timeout: float) -> int | None:
         """Block until `latest` exceeds `newer_than` (or exists); None on timeout."""
+
         async def wait() -> int | None:
             async for v in self.reg.watch_latest():
                 if newer_than is None or v > newer_than:
                     return v
             return None
+
         try:
             return self._run(asyncio.wait_for(wait(), timeout), timeout=timeout + 5)
         except (TimeoutError, errors.RegistryUnavailable):

@@ -19,7 +19,6 @@ worker of a TP=N rollout reads and copies only its own slice; no pre-slicing is 
 
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -37,10 +36,12 @@ class ShmWeightLoader:
         t1 = time.perf_counter()
         self.reload_weights(weights_iterator=mapped.tensors())  # type: ignore[attr-defined]
         t2 = time.perf_counter()
-        del mapped
-        gc.collect()
-        return {"rank": self._tandem_rank(), "map_s": t1 - t0, "load_s": t2 - t1,
-                "bytes": index.total_bytes}
+        del mapped  # unmaps once vLLM's loader dropped its views
+        return {"rank": self._tandem_rank(), "map_s": t1 - t0, "load_s": t2 - t1, "bytes": index.total_bytes}
+
+    def tandem_ping(self) -> int:
+        """A no-op round trip (measures the RPC overhead; health check of the workers)."""
+        return self._tandem_rank()
 
     def tandem_load_dir(self, path: str) -> dict[str, Any]:
         """Reload from a HF directory (safetensors) — the slow path, kept for comparisons."""
@@ -51,8 +52,10 @@ class ShmWeightLoader:
     def tandem_param_info(self) -> dict[str, Any]:
         """vLLM-side parameter names and shapes of this rank (after TP slicing and fusing)."""
         model = self.model_runner.model  # type: ignore[attr-defined]
-        return {"rank": self._tandem_rank(),
-                "params": {n: list(p.shape) for n, p in model.named_parameters()}}
+        return {
+            "rank": self._tandem_rank(),
+            "params": {n: list(p.shape) for n, p in model.named_parameters()},
+        }
 
     def tandem_checksum_param(self, name: str) -> float:
         """Sum of one vLLM parameter (for tests that watch weights change)."""
