@@ -198,6 +198,12 @@ def test_offload_onload_is_bit_exact(model_dirs: dict[str, Path]) -> None:
     assert engine.train_step(batch, nll_loss)["loss"] == twin.train_step(batch, nll_loss)["loss"]
     for (name, a), (_, b) in zip(engine.named_parameters(), twin.named_parameters(), strict=True):
         assert torch.equal(a, b), name
+    # a second cycle reuses the host buffers: they must hold the new state, not the old one
+    state = _snapshot(engine)
+    engine.offload()
+    engine.onload()
+    for old, new in zip(state, engine._state_tensors(), strict=True):
+        assert torch.equal(old, new)
 
 
 def test_tensor_parallel_larger_than_world_is_refused(model_dirs: dict[str, Path]) -> None:

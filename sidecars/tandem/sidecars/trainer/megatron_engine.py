@@ -335,7 +335,8 @@ class MegatronEngine:
     def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named weights for vLLM rollout rank ``target_rank`` of ``target_tp``. Collective.
 
-        Every rank must exhaust the iterator; the tensors come out on global rank 0 only. They
+        Every rank must exhaust the iterator; the tensors come out on global rank 0 only, on the
+        model's device (a GPU when there is one) and in the model's dtype. They
         may alias live parameters (no copy is made where none is needed): consume or copy them
         before the next ``train_step``. When the iterator is exhausted, ``last_export_seconds``
         holds the time it took (the consumer's time included).

@@ -25,9 +25,18 @@ class OffloadError(RuntimeError):
 class HostOffloader:
     """Owns the host copies of a set of tensors' storages between ``offload`` and ``onload``."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_host_buffers: bool = True) -> None:
         self._saved: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
+        # Host buffers kept after onload and reused by the next offload of the same storages:
+        # allocating (and pinning) gigabytes each phase costs more than the copy itself.
+        self._keep = keep_host_buffers
+        self._cache: list[torch.Tensor] = []
         self.offloaded = False
+
+    def _host_buffer(self, index: int, nbytes: int, pin: bool) -> torch.Tensor:
+        if index < len(self._cache) and self._cache[index].numel() == nbytes:
+            return self._cache[index]
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
 
     @staticmethod
     def _storages(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
@@ -45,8 +54,8 @@ class HostOffloader:
         start = time.perf_counter()
         pin = torch.cuda.is_available()
         nbytes = 0
-        for storage in self._storages(tensors):
-            host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pin)
+        for index, storage in enumerate(self._storages(tensors)):
+            host = self._host_buffer(index, storage.nbytes(), pin)
             host.copy_(
                 torch.tensor([], dtype=torch.uint8, device=storage.device).set_(storage), non_blocking=pin
             )
@@ -56,6 +65,8 @@ class HostOffloader:
             torch.cuda.synchronize()
         for storage, _ in self._saved:
             storage.resize_(0)
+        if pin:  # hand the freed blocks back to the driver so that vLLM can use them
+            torch.cuda.empty_cache()
         self.offloaded = True
         seconds = time.perf_counter() - start
         return {
@@ -77,6 +88,7 @@ class HostOffloader:
             nbytes += host.numel()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        self._cache = [host for _, host in self._saved] if self._keep else []
         self._saved.clear()
         self.offloaded = False
         return {"onload_seconds": time.perf_counter() - start, "onload_bytes": float(nbytes)}
