@@ -38,7 +38,9 @@ def solve(a: int, op: str, b: int) -> int:
     raise ValueError(f"unknown operator {op!r}")
 
 
-def make_problems(seed: int, n: int, *, max_operand: int = 50, ops: Sequence[str] = ("+",)) -> list[dict[str, str]]:
+def make_problems(
+    seed: int, n: int, *, max_operand: int = 100, ops: Sequence[str] = ("+",)
+) -> list[dict[str, str]]:
     """`n` problems {prompt, answer} drawn with `random.Random(seed)` (deterministic)."""
     rng = random.Random(seed)
     rows: list[dict[str, str]] = []

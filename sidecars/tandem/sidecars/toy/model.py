@@ -12,7 +12,7 @@ decay, next-token loss on the completion tokens only (prompt masked), on freshly
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +85,11 @@ class WarmupReport:
 
 
 def warm_up(model: Any, tokenizer: Any, *, steps: int, seed: int, batch_size: int = 64, lr: float = 3e-3,
-            max_operand: int = 50) -> WarmupReport:
-    """Supervised fine-tuning on freshly drawn problems (seed+1000+step), completion tokens only."""
+            max_operand: int = 100, callback: Callable[[int, float], None] | None = None) -> WarmupReport:
+    """Supervised fine-tuning on freshly drawn problems (seed+1000+step), completion tokens only.
+
+    `callback(step, loss)` runs after each step (in eval mode it must restore `model.train()`).
+    """
     if steps <= 0:
         return WarmupReport(0, 0.0, float("nan"))
     torch.manual_seed(seed)
@@ -105,6 +108,8 @@ def warm_up(model: Any, tokenizer: Any, *, steps: int, seed: int, batch_size: in
         opt.step()
         sched.step()
         loss_value = float(loss.detach())
+        if callback is not None:
+            callback(step + 1, loss_value)
     model.eval()
     return WarmupReport(steps, time.monotonic() - t0, loss_value)
 
