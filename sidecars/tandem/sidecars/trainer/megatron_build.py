@@ -63,7 +63,10 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
         if (
             ps.get_tensor_model_parallel_world_size() != tp
             or ps.get_pipeline_model_parallel_world_size() != pp
+            or ps.get_expert_model_parallel_world_size() != ep
         ):
+            # engines of one process share the groups; megatron.core.parallel_state.
+            # destroy_model_parallel() first if the old engines are no longer used
             raise EngineError("model parallelism already initialised with other sizes")
     else:
         ps.initialize_model_parallel(

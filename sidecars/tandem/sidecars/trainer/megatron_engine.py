@@ -8,7 +8,10 @@ gradient accumulation over micro-batches and pipeline parallelism share one path
 
 Batches are packed: the algorithms' ``PackedBatch`` or a mapping with ``input_ids`` and
 ``segment_ids`` of shape ``[rows, row_len]`` (see :mod:`.packing`); attention never crosses a
-``segment_ids`` boundary. Log-probs follow the next-token (``labels``) alignment.
+``segment_ids`` boundary (a block-diagonal causal mask). Megatron's rotary embedding numbers the
+positions of the whole row, which gives the same attention scores as per-sample positions
+because RoPE scores depend only on relative positions (packed == unpacked is tested). Log-probs
+follow the next-token (``labels``) alignment.
 """
 
 from __future__ import annotations
