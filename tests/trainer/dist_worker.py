@@ -26,10 +26,10 @@ def fixed_batch() -> dict[str, torch.Tensor]:
 def nll_loss(
     logprobs: torch.Tensor, batch: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Mean negative log-likelihood of every next token inside a sample (a per-batch mean)."""
+    """Mean negative log-likelihood of every non-first token of every sample (per micro-batch)."""
     seg = batch["segment_ids"]
     mask = torch.zeros_like(logprobs)
-    mask[:, :-1] = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
+    mask[:, 1:] = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
     loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
     return loss, {"tokens": mask.sum()}
 
@@ -65,7 +65,7 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
         batch = fixed_batch()
         result["logits"] = engine.logits(batch)
         result["logprobs"] = engine.token_logprobs(batch)
-        result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1, reduction="mean")
+        result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)
         result["export_after"] = dict(engine.export_hf())
         result["local_names"] = [n for n, _ in engine.named_parameters()]
         torch.save(result, Path(out_dir) / f"tp{tp}pp{pp}ep{ep}-rank{rank}.pt")

@@ -93,10 +93,10 @@ def test_packed_logprobs_equal_one_by_one(
         alone = engines[family].token_logprobs(_one_row(seq))[0]
         with torch.no_grad():
             ref = torch.log_softmax(hf_models[family](torch.tensor([seq])).logits[0], dim=-1)
-        want = ref[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]  # next-token alignment
-        assert got[-1] == 0 and alone[-1] == 0
+        want = ref[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]  # position t scores token t
+        assert got[0] == 0 and alone[0] == 0
         assert (got - alone).abs().max().item() < 1e-5
-        assert (got[:-1] - want).abs().max().item() < 1e-5
+        assert (got[1:] - want).abs().max().item() < 1e-5
     assert packed[batch.segment_ids == 0].abs().sum() == 0  # padding
 
 
@@ -138,7 +138,7 @@ def test_gradient_accumulation_equals_one_big_micro_batch(model_dirs: dict[str, 
     results = []
     for micro in (1, 2):
         engine = MegatronEngine.from_hf(model_dirs["qwen2"], lr=1e-2, seed=0)
-        metrics = engine.train_step(batch, nll_loss, micro_batch_size=micro, reduction="mean")
+        metrics = engine.train_step(batch, nll_loss, micro_batch_size=micro)
         results.append((metrics, _grads(engine)))
     (m1, p1), (m2, p2) = results
     assert abs(m1["loss"] - m2["loss"]) < 1e-6 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5
@@ -160,11 +160,16 @@ def test_grpo_packed_batch_sums_micro_batch_losses(model_dirs: dict[str, Path]) 
     ]
     algo = GRPO(kl_coef=0.0)
     batch = algo.prepare(samples, token_budget=12)
+
+    def grpo_loss(logprobs: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        labels_layout = torch.cat([logprobs[:, 1:], torch.zeros_like(logprobs[:, :1])], dim=1)
+        return algo.loss(labels_layout, mb)
+
     assert batch.num_rows >= 3
     results = []
     for micro in (1, batch.num_rows):
         engine = MegatronEngine.from_hf(model_dirs["qwen2"], lr=1e-2, seed=0)
-        metrics = engine.train_step(batch, algo.loss, micro_batch_size=micro)
+        metrics = engine.train_step(batch, grpo_loss, micro_batch_size=micro, reduction="sum")
         results.append((metrics, _grads(engine)))
     (m1, p1), (m2, p2) = results
     assert m1["update_ok"] == 1.0 and m1["grad_norm"] > 0

@@ -56,7 +56,7 @@ def single(model_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
         engine = MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0)
         batch = dist_worker.fixed_batch()
         logits = engine.logits(batch)
-        train = engine.train_step(batch, dist_worker.nll_loss, micro_batch_size=1, reduction="mean")
+        train = engine.train_step(batch, dist_worker.nll_loss, micro_batch_size=1)
         seen[family] = {"logits": logits, "train": train, "export_after": dict(engine.export_hf())}
     return seen
 

@@ -10,8 +10,11 @@ Batches are packed: the algorithms' ``PackedBatch`` or a mapping with ``input_id
 ``segment_ids`` of shape ``[rows, row_len]`` (see :mod:`.packing`); attention never crosses a
 ``segment_ids`` boundary (a block-diagonal causal mask). Megatron's rotary embedding numbers the
 positions of the whole row, which gives the same attention scores as per-sample positions
-because RoPE scores depend only on relative positions (packed == unpacked is tested). Log-probs
-follow the next-token (``labels``) alignment.
+because RoPE scores depend only on relative positions (packed == unpacked is tested).
+
+Log-probs are aligned to the token they score: position t holds log p(token t | its sample's
+tokens before t), 0 at each sample's first token and in padding. The algorithms' ``labels``
+layout (position t scores token t + 1) is this shifted left by one.
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ class MegatronEngine:
         )
 
     def _logprobs(self, logits: torch.Tensor, mb: Any) -> torch.Tensor:
-        """Next-token log-probs from this rank's vocab shard of the logits ``[rows, len, V/tp]``."""
+        """Token-aligned log-probs from this rank's vocab shard of the logits ``[rows, len, V/tp]``."""
         from megatron.core import tensor_parallel as mtp
 
         logits = logits.float()
@@ -184,14 +187,14 @@ class MegatronEngine:
         nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
         same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
         scored = torch.where(same, -nll, torch.zeros_like(nll))
-        return torch.cat([scored, torch.zeros_like(scored[:, :1])], dim=1)
+        return torch.cat([torch.zeros_like(scored[:, :1]), scored], dim=1)
 
     def token_logprobs(self, batch: Any, micro_batch_size: int | None = None) -> torch.Tensor:
-        """Next-token log-probs ``[rows, len]`` (float32, CPU) on every rank; no gradient.
+        """Log-probs ``[rows, len]`` (float32, CPU) on every rank; no gradient.
 
-        ``out[r, t] = log p(input_ids[r, t + 1] | input_ids of its sample up to t)`` when token
-        t + 1 belongs to the same sample as t, else 0 (last token of a sample, padding): the
-        ``labels`` alignment of :mod:`tandem.sidecars.algorithms.packing`.
+        ``out[r, t] = log p(input_ids[r, t] | the tokens of its sample before t)``; 0 at the
+        first token of each sample and in padding. (``out[:, 1:]`` is the algorithms' ``labels``
+        layout without its last column.)
         """
         self.model.eval()
         mbs = self._micro_batches(batch, micro_batch_size)
@@ -251,16 +254,16 @@ class MegatronEngine:
         batch: Any,
         loss_fn: LossFn,
         micro_batch_size: int | None = None,
-        reduction: Literal["sum", "mean"] = "sum",
+        reduction: Literal["mean", "sum"] = "mean",
     ) -> dict[str, float]:
         """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
 
         ``batch`` is split by rows into micro-batches of ``micro_batch_size`` rows (default: the
         engine's), each in the batch's own type (``PackedBatch.rows``); the loss of each is
         ``loss_fn(logprobs, micro_batch)`` with ``logprobs`` as :meth:`token_logprobs` but with
-        gradient. The optimised loss is the ``reduction`` of the micro-batch losses: ``"sum"``
-        for the algorithms' losses (globally weighted, see ``algorithms.packing.PackedBatch``),
-        ``"mean"`` for per-micro-batch means. Returns (same on every rank) ``loss`` (that
+        gradient. The optimised loss is the ``reduction`` of the micro-batch losses: ``"mean"``
+        (Megatron's own), or ``"sum"`` for losses already weighted for the whole batch (the
+        algorithms' ``PackedBatch.weights``). Returns (same on every rank) ``loss`` (that
         reduction), the mean of each metric over micro-batches, ``grad_norm``, ``update_ok``
         (0 when the step was skipped, e.g. a non-finite gradient) and ``step_seconds``.
         """
