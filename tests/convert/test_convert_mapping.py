@@ -136,6 +136,10 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
         convert.family(_shape(model_type="gpt2"))
     with pytest.raises(ConversionError, match="attention_bias"):
         convert.family(_shape(attention_bias=True))
+    with pytest.raises(ConversionError, match="llama3"):
+        _shape(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0})
+    with pytest.raises(ConversionError, match="sliding"):
+        _shape(model_type="qwen2", use_sliding_window=True)
     with pytest.raises(ConversionError, match="num_key_value_heads"):
         _shape(num_key_value_heads=3)
     with pytest.raises(ConversionError, match="hidden_size"):

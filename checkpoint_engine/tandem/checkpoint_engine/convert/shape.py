@@ -78,6 +78,13 @@ class ModelShape:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConversionError(f"config.json is missing or has a bad field: {exc}") from exc
+        scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise ConversionError(
+                f"rope_type {scaling.get('rope_type', scaling.get('type'))!r} is not supported"
+            )
+        if config.get("use_sliding_window"):
+            raise ConversionError("use_sliding_window=true is not supported")
         if heads % shape.num_kv_heads:
             raise ConversionError(
                 f"num_attention_heads={heads} is not a multiple of num_key_value_heads={shape.num_kv_heads}"
