@@ -49,6 +49,9 @@ def test_rollout_api_codes(live_engine: RolloutEngine, live_publisher: Any, tiny
     assert r.json()["status"]["version"] == rep.version and r.json()["report"]["bytes"] == rep.bytes
     status = live_engine.registry.get_status("pod0", "rollout")  # type: ignore[union-attr]
     assert status is not None and status["version"] == rep.version and status["phase"] == "ready"
+    ops = live_engine.registry.ops()  # type: ignore[union-attr]
+    assert ops[-1]["op"] == "update" and ops[-1]["state"] == "done" and ops[-1]["version"] == rep.version
+    assert any(o["state"] == "failed" and o["error"].startswith("InvalidVersion") for o in ops)
 
 
 def test_stopped_engine_and_extension_router(tmp_path: Path) -> None:

@@ -276,8 +276,19 @@ class Registry:
         return None if got is None else dict(json.loads(got.value))
 
     async def put_op(self, op_id: str, record: dict[str, Any]) -> None:
+        """Record an operation on this identity's lease (its history lives as long as the engine)."""
+        lease = await self.lease_id()
         with _etcd_errors("put op"):
-            await self.client.put(_b(keys.op(*self._k(), self.pod, self.role, op_id)), _b(json.dumps(record)))
+            await self.client.put(
+                _b(keys.op(*self._k(), self.pod, self.role, op_id)), _b(json.dumps(record)), lease
+            )
+
+    async def ops(self) -> list[dict[str, Any]]:
+        """This identity's operations, oldest first (ids start with a nanosecond timestamp)."""
+        prefix = _b(keys.op(*self._k(), self.pod, self.role, ""))
+        with _etcd_errors("list ops"):
+            rng = await self.client.get_prefix(prefix)
+        return [dict(json.loads(kv.value), id=kv.key.decode().rsplit("/", 1)[-1]) for kv in rng]
 
     async def get_op(self, op_id: str) -> dict[str, Any] | None:
         with _etcd_errors("get op"):

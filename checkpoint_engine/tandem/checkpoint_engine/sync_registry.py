@@ -98,6 +98,9 @@ class SyncRegistry:
     def put_op(self, op_id: str, record: dict[str, Any]) -> None:
         self._run(self.reg.put_op(op_id, record))
 
+    def ops(self) -> list[dict[str, Any]]:
+        return self._run(self.reg.ops())
+
     def get_op(self, op_id: str) -> dict[str, Any] | None:
         return self._run(self.reg.get_op(op_id))
 
