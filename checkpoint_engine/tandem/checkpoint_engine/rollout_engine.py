@@ -45,6 +45,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     seed: int = 0
     enable_sleep_mode: bool = False
+    shutdown_timeout_s: float = 2.0  # graceful vLLM exit, then kill (vLLM's own default: 5 s)
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -155,7 +156,7 @@ class RolloutEngine:
         llm, self.llm = self.llm, None
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
+                llm.llm_engine.engine_core.shutdown(timeout=self.cfg.shutdown_timeout_s)
             except Exception as e:  # a dead engine may fail to shut down: nothing left to free
                 log.warning("vLLM shutdown: %s", e)
             del llm
