@@ -102,6 +102,22 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _host_bytes(flat: torch.Tensor) -> Any:
+    """A numpy view of a CPU uint8 tensor's bytes that leaves the tensor's storage resizable.
+
+    `Tensor.numpy()` would mark the storage non-resizable for good; the exported tensors can be
+    the trainer's live parameters, whose storages the offloader must later release.
+    """
+    import ctypes
+
+    import numpy as np
+
+    n = int(flat.numel())
+    if n == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(flat.data_ptr()))
+
+
 def _pad(n: int, align: int = ALIGN) -> int:
     return (-n) % align
 
@@ -174,7 +190,7 @@ def write_version(
             if fh is None:
                 fh = open(tmp / f"shard-{len(shards):05d}.bin", "wb")  # noqa: SIM115 - closed above
                 pos, shard_sums = 0, []
-            arr = flat.numpy()
+            arr = _host_bytes(flat)
             checksum = hashing.checksum(arr)
             tensors.append(
                 TensorRecord(

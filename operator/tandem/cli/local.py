@@ -143,7 +143,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
             shutil.rmtree(shm_root, ignore_errors=True)
     ok = result is not None and result.phase == "done"
     for c in containers:
-        if c.exit_code() not in (0, None, -signal.SIGTERM) or not ok:
+        if c.exit_code() not in (0, None, -signal.SIGTERM, 128 + signal.SIGTERM) or not ok:
             console.print(f"[dim]--- {c.label} (exit {c.exit_code()}), last lines of {c.log_path}:[/dim]")
             console.print(c.tail(15), markup=False, highlight=False)
     metrics = run_dir / "metrics.jsonl"

@@ -103,6 +103,7 @@ class TrainerContext:
             version, self.first_iteration = found
         else:
             version = self.publish(None)
+        self.engine.offload()  # the loop onloads before each train phase
         if self.is_driver:
             self.report("sync", self.first_iteration, version)
             self.last_sync = self.sync(version, initial=True)
@@ -165,7 +166,7 @@ class TrainerContext:
             if self.reference is None:
                 return {}
             packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id)
-            lp = shift_to_labels(self.reference.token_logprobs(engine_batch(packed)))
+            lp = shift_to_labels(self.reference.token_logprobs(packed))
             return {i: v.tolist() for i, v in packed.unpack(lp).items()}
 
         info: dict[str, Any] = {}
@@ -184,6 +185,7 @@ class TrainerContext:
         return info
 
     def train(self, samples: list[Sample]) -> dict[str, float]:
+        """`epochs` passes over the iteration's samples, `globalBatchSize` samples per optimizer step."""
         spec = self.job.spec
         batch = self._pack(samples)
         steps = max(1, math.ceil(len(samples) / spec.trainer.global_batch_size))
@@ -191,13 +193,25 @@ class TrainerContext:
         n = 0
         for _ in range(spec.algorithm.epochs):
             for part in batch.split(steps):
-                m = self.engine.train_step(engine_batch(part), loss_for(self.algorithm, part, self.engine, steps))
+                m = self.engine.train_step(part, self._loss(steps), reduction="sum")
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
         out = {k: v / n for k, v in sums.items()} | {f"prepare_{k}": v for k, v in batch.stats.items()}
         self.last_kl = out.get("kl")
         return out
+
+    def _loss(self, steps: int) -> Any:
+        """Per-micro-batch loss: the algorithm's, on log-probs shifted to its next-token layout.
+
+        The algorithm's micro-batch losses add up to the loss of the packed batch (weights are
+        global), hence reduction="sum"; each of the `steps` optimizer steps sees 1/steps of them.
+        """
+        def loss_fn(lp: torch.Tensor, mb: PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = self.algorithm.loss(shift_to_labels(lp), mb)
+            return loss * steps, metrics
+
+        return loss_fn
 
     # ---- reporting ---------------------------------------------------------------------------
     def report(self, phase: Phase, iteration: int, version: int, *, reward: float | None = None,
@@ -223,30 +237,6 @@ class TrainerContext:
                  info.get("kl"), info.get("sync_seconds", 0.0))
 
 
-def engine_batch(batch: PackedBatch) -> dict[str, torch.Tensor]:
-    """The Megatron engine's view of a packed batch (row index lets the loss find its rows)."""
-    return {"input_ids": batch.input_ids, "segment_ids": batch.segment_ids, "position_ids": batch.position_ids,
-            "row": torch.arange(batch.num_rows)}
-
-
 def shift_to_labels(lp: torch.Tensor) -> torch.Tensor:
     """Engine log-probs (position t scores token t) → algorithm layout (position t scores token t+1)."""
     return torch.cat([lp[:, 1:], torch.zeros_like(lp[:, :1])], dim=1)
-
-
-def loss_for(algorithm: Algorithm, part: PackedBatch, engine: MegatronEngine, steps: int) -> Any:
-    """A loss_fn for `engine.train_step` that hands each micro-batch's rows to the algorithm.
-
-    Megatron averages micro-batch losses; the algorithm's losses add up over micro-batches, so
-    each is scaled by the micro-batch count (and by `steps`: each optimizer step sees 1/steps of
-    the iteration's loss weights).
-    """
-    n_micro = math.ceil(part.num_rows / engine.micro_batch_size)
-
-    def loss_fn(lp: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        rows = mb["row"]
-        sub = part.rows(int(rows[0]), int(rows[-1]) + 1)
-        loss, metrics = algorithm.loss(shift_to_labels(lp), sub)
-        return loss * (n_micro * steps), metrics
-
-    return loss_fn

@@ -1,8 +1,8 @@
 """The RL loop of a job: one screen, top to bottom. Trainer rank 0 drives; every rank trains.
 
-Rollout → Inference (reference log-probs overlapped with rewards) → Train (onload, optimizer
-steps, offload) → Publish (HF layout in shared memory, registered in etcd) → Sync (every rollout
-loads the new version). Phase, iteration and metrics go to etcd (`Progress`) and, when
+Rollout (trainer offloaded) → Onload → Inference (reference log-probs overlapped with rewards)
+→ Train → Publish (HF layout in shared memory, registered in etcd) → Offload → Sync (every
+rollout loads the new version). Phase, iteration and metrics go to etcd (`Progress`) and, when
 TANDEM_OUTPUT_DIR is set, to metrics.jsonl. The phase work lives in `context.TrainerContext`.
 Caller: `python -m tandem.sidecars.trainer`.
 """
@@ -36,20 +36,20 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             with timer("release"):
                 ctx.release_rollouts()
             samples = ctx.broadcast(samples)
+            with timer("onload"):
+                ctx.engine.onload()
             ctx.report("inference", it, version)
             with timer("inference"):
                 info |= ctx.inference(samples)
             info |= summarize(samples)
             ctx.report("train", it, version, reward=info["reward_mean"])
-            with timer("onload"):
-                ctx.engine.onload()
             with timer("train"):
                 info |= ctx.train(samples)
-            with timer("offload"):
-                ctx.engine.offload()
             ctx.report("publish", it, version, reward=info["reward_mean"])
             with timer("publish"):
                 version = ctx.publish(version + 1)
+            with timer("offload"):
+                ctx.engine.offload()
             ctx.report("sync", it, version, reward=info["reward_mean"])
             with timer("sync"):
                 info["sync_seconds"] = ctx.sync(version)
