@@ -66,20 +66,26 @@ def run(env: PodEnv, job: RLHFJob) -> None:
 def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[Sample]:
     """groupSize completions per prompt from the rollout sidecars, as algorithm samples."""
     spec = ctx.job.spec
-    assert ctx.rollouts is not None  # noqa: S101 - the driver rank always has a client
+    if ctx.rollouts is None:
+        raise RuntimeError("only the driver rank talks to rollouts")
     prompts = ctx.dataset.batch(iteration, spec.rollout.prompts_per_iteration)
     opts = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                            max_tokens=spec.rollout.max_tokens, seed=iteration)
     t = time.perf_counter()
-    groups = ctx.rollouts.generate([p.text for p in prompts], opts, n=spec.algorithm.group_size)
+    groups, versions = ctx.rollouts.generate([p.text for p in prompts], opts, n=spec.algorithm.group_size)
     seconds = time.perf_counter() - t
+    if len(versions) != 1:
+        raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
+    probe_prompt = ctx.dataset.prompts[0].text  # the same prompt every iteration: greedy output tracks weights
+    probe, _ = ctx.rollouts.generate([probe_prompt], opts.model_copy(update={"temperature": 0.0, "seed": 0}), n=1)
     samples: list[Sample] = []
     ctx.pending = []
     for g, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
         for c in group:
             samples.append(Sample(prompt_ids=c.prompt_token_ids, completion_ids=c.token_ids or [ctx.eos_id], group=g))
             ctx.pending.append(RewardInput(prompt.text, c.text, prompt.answer))
-    info.update(completions=len(samples), generate_seconds=seconds,
+    info.update(completions=len(samples), generate_seconds=seconds, rollout_version=versions.pop(),
+                probe={"prompt": probe_prompt, "greedy": probe[0][0].text},
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
     return samples

@@ -46,18 +46,25 @@ class RolloutClient:
         with ThreadPoolExecutor(len(self.addresses)) as pool:
             return list(pool.map(lambda a: self._call(a, path, body), self.addresses))
 
-    def generate(self, prompts: Sequence[str], options: SamplingOptions, n: int) -> list[list[Completion]]:
-        """n completions per prompt; prompts are spread over the rollouts in contiguous slices."""
+    def generate(self, prompts: Sequence[str], options: SamplingOptions, n: int) -> tuple[list[list[Completion]], set[int | None]]:
+        """n completions per prompt, spread over the rollouts in contiguous slices of prompts.
+
+        Also returns the weight versions the rollouts generated with (one, when all are in sync).
+        """
         k = len(self.addresses)
         slices = [list(prompts[i * len(prompts) // k:(i + 1) * len(prompts) // k]) for i in range(k)]
         body = {"options": options.model_dump(), "n": n}
         with ThreadPoolExecutor(k) as pool:
             parts = list(pool.map(lambda a_p: self._call(a_p[0], "/v1/generate", {**body, "prompts": a_p[1]})
-                                  if a_p[1] else {"completions": []}, zip(self.addresses, slices, strict=True)))
+                                  if a_p[1] else None, zip(self.addresses, slices, strict=True)))
         out: list[list[Completion]] = []
+        versions: set[int | None] = set()
         for part in parts:
+            if part is None:
+                continue
+            versions.add(part.get("version"))
             out += [[Completion.model_validate(c) for c in group] for group in part["completions"]]
-        return out
+        return out, versions
 
     def update(self, version: int) -> float:
         """Load `version` in every rollout; returns the slowest rollout's seconds."""
