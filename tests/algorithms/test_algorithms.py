@@ -175,3 +175,17 @@ def test_dpo_split_matches_full_and_empty_batch() -> None:
         algo.loss(torch.zeros(0, 1), empty)
     with pytest.raises(AlgorithmError):
         algo.prepare([Sample([1], [2], group=0, reward=1.0), Sample([1], [3], group=0)], 8)
+
+
+def test_normalised_part_is_its_own_batch() -> None:
+    samples = [Sample([1, 2], [3] * (1 + i % 3), group=i // 2, reward=float(i % 2),
+                      ref_logprobs=[-1.0] * (1 + i % 3)) for i in range(12)]
+    grpo = GRPO(kl_coef=0.0).prepare(samples, token_budget=10)
+    part = grpo.split(2)[0].normalised()
+    assert part.weights is not None and float(part.weights.sum()) == pytest.approx(1.0)
+    dpo = DPO().prepare(samples, token_budget=10)
+    one = dpo.rows(0, 1).normalised()
+    assert one.stats["pairs"] == float(len({int(p) for p in one.seq_fields["pair"]}))
+    lp = -torch.rand(one.num_rows, one.row_length)
+    loss, metrics = DPO().loss(lp, one)
+    assert loss.item() == pytest.approx(metrics["dpo_loss"], rel=1e-5)  # mean over its own pairs

@@ -18,15 +18,15 @@ from tandem.sidecars.toy import FORMAT_PATTERN, ToyPaths, build_toy, make_proble
 from tandem.sidecars.toy.build import MANIFEST
 from tandem.sidecars.toy.dataset import read_jsonl, target_completion
 from tandem.sidecars.toy.model import accuracy, generate, random_model
+from tandem.sidecars.toy.tokenizer import SPLIT_REGEX
 from tandem.spec.models import Reward
 
 ROOTS = ("operator", "sidecars", "checkpoint_engine")
-WARMUP_STEPS = 200  # enough for a clear rise in answers, kept short for CI
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> ToyPaths:
-    return build_toy(tmp_path_factory.mktemp("toy") / "out", seed=0, warmup_steps=WARMUP_STEPS)
+    return build_toy(tmp_path_factory.mktemp("toy") / "out", seed=0)  # the demo's defaults
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,18 @@ def test_tokenizer_shape(tokenizer: Any, built: ToyPaths) -> None:
     assert tokenizer("What")["input_ids"][0] == tokenizer.bos_token_id
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (built.model_dir / name).is_file()
+
+
+def test_qwen2_class_and_plain_backend_tokenize_alike(built: ToyPaths, tokenizer: Any) -> None:
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"  # what AutoTokenizer and vLLM pick here
+    assert SPLIT_REGEX == PRETOKENIZE_REGEX
+    plain = TokenizersBackend.from_pretrained(str(built.model_dir))
+    assert len(plain) == len(tokenizer) == 384
+    for text in ["What is 17+25? Answer: <answer>42</answer>", "(Hello) world!! 123\n\nnext", "it's  x"]:
+        assert plain(text)["input_ids"] == tokenizer(text)["input_ids"]
 
 
 def test_dataset_answers_are_correct(built: ToyPaths) -> None:
@@ -82,8 +94,10 @@ def test_model_loads_and_warm_up_raises_accuracy(built: ToyPaths, tokenizer: Any
     rows = read_jsonl(built.test_path)[:128]
     before = accuracy(random_model(tokenizer, seed=0).eval(), tokenizer, rows)
     after = accuracy(model, tokenizer, rows)
-    assert after >= before + 0.03, (before, after)
+    assert after >= before + 0.05, (before, after)
     assert built.metrics["accuracy_after"] == pytest.approx(after)
+    # stopped at the target or the cap: answers right sometimes, not saturated
+    assert built.metrics["warmup_steps_run"] <= 400 and after < 0.9
     completions = generate(model, tokenizer, [r["prompt"] for r in rows[:32]])
     assert sum(format_match(c, FORMAT_PATTERN) for c in completions) >= 28  # the format is learnt
 

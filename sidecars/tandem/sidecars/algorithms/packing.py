@@ -146,6 +146,17 @@ class PackedBatch:
         bounds = [round(i * self.num_rows / n) for i in range(n + 1)]
         return [self.rows(bounds[i], bounds[i + 1]) for i in range(n)]
 
+    def normalised(self) -> PackedBatch:
+        """This part as a batch of its own: weights rescaled to sum to 1 over its rows, DPO's pair
+        count set to the pairs it holds. For a part that is its own optimizer step; parts whose
+        losses are accumulated into one step stay as `split` returns them."""
+        out = self.rows(0, self.num_rows)
+        if out.weights is not None:
+            out.weights = out.weights / out.weights.sum().clamp(min=1e-12)
+        if "pair" in out.seq_fields:
+            out.stats["pairs"] = float(torch.unique(out.seq_fields["pair"]).numel())
+        return out
+
     def rows(self, lo: int, hi: int) -> PackedBatch:
         """The micro-batch of rows [lo, hi); placements and seq_fields re-indexed."""
         keep = [i for i, p in enumerate(self.placements) if lo <= p.row < hi]

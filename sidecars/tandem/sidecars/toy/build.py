@@ -6,7 +6,11 @@ Role: `build_toy(out_dir, seed=..., warmup_steps=...)` writes
     out_dir/train.jsonl prompts for RL ({prompt, answer}) — the job's `dataset.path`
     out_dir/test.jsonl  held-out prompts for evaluation
     out_dir/toy.json    manifest: parameters, files, warm-up timing and accuracies
-and returns their paths. A directory already holding a complete build with the same parameters
+and returns their paths. The warm-up (see `toy.model.warm_up`) runs at most `warmup_steps` steps
+and stops at the first check (every `check_every` steps from `check_from`) where greedy accuracy
+on the first `eval_size` test prompts reaches `target_accuracy`: the model then answers some
+problems but far from all, so RL has signal and room (sampled accuracy is lower than greedy).
+A directory already holding a complete build with the same parameters
 (and builder version) is reused as is; anything else is rebuilt into a temporary directory and
 swapped in, so an interrupted build never looks complete. Callers: `python -m tandem.sidecars.toy`,
 `tandem run` (examples), tests/toy, benchmarks.
@@ -29,7 +33,7 @@ from tandem.sidecars.toy.dataset import corpus, make_problems, read_jsonl, write
 from tandem.sidecars.toy.model import ModelShape, accuracy, random_model, warm_up
 from tandem.sidecars.toy.tokenizer import save_hf_tokenizer, train_tokenizer
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 3
 MANIFEST = "toy.json"
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json")
@@ -38,12 +42,15 @@ MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json", "to
 @dataclass(frozen=True)
 class ToyParams:
     seed: int = 0
-    warmup_steps: int = 250
+    warmup_steps: int = 400  # the most warm-up steps; it stops earlier at target_accuracy
+    target_accuracy: float = 0.2  # greedy accuracy on the eval prompts that ends the warm-up
     vocab_size: int = 384
     max_operand: int = 100
     train_size: int = 2048
     test_size: int = 256
     eval_size: int = 128
+    check_every: int = 25
+    check_from: int = 100
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,8 @@ def _complete(root: Path, wanted: dict[str, Any]) -> dict[str, float] | None:
     return {k: float(v) for k, v in manifest.get("metrics", {}).items()}
 
 
-def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 250, threads: int | None = 1,
-              **params: int) -> ToyPaths:
+def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 400, threads: int | None = 1,
+              **params: Any) -> ToyPaths:
     """Build (or reuse) the toy task and model in `out_dir`; see the module docstring.
 
     Extra `params` override `ToyParams` fields (vocab_size, max_operand, train_size, ...).
@@ -121,14 +128,29 @@ def _build_into(out: Path, p: ToyParams, threads: int | None) -> dict[str, float
         model.eval()
         evaluation = test[:p.eval_size]
         before = accuracy(model, tokenizer, evaluation)
-        report = warm_up(model, tokenizer, steps=p.warmup_steps, seed=p.seed, max_operand=p.max_operand)
-        after = accuracy(model, tokenizer, evaluation)
+        checks: list[tuple[int, float]] = []
+
+        def reached(step: int, loss: float) -> bool:
+            if step < p.check_from or step % p.check_every:
+                return False
+            model.eval()
+            checks.append((step, accuracy(model, tokenizer, evaluation)))
+            model.train()
+            return checks[-1][1] >= p.target_accuracy
+
+        report = warm_up(model, tokenizer, steps=p.warmup_steps, seed=p.seed, max_operand=p.max_operand,
+                         callback=reached if p.target_accuracy > 0 else None)
+        last = checks[-1] if checks else None
+        after = last[1] if last and last[0] == report.steps else accuracy(model, tokenizer, evaluation)
         sampled = accuracy(model, tokenizer, evaluation, do_sample=True)
         model.save_pretrained(str(model_dir), safe_serialization=True)
-        return {"accuracy_before": before, "accuracy_after": after, "sampled_accuracy_after": sampled,
-                "warmup_seconds": report.seconds, "warmup_final_loss": report.final_loss,
-                "parameters": float(sum(t.numel() for t in model.parameters())),
-                "build_seconds": time.monotonic() - t0}
+        metrics = {"accuracy_before": before, "accuracy_after": after, "sampled_accuracy_after": sampled,
+                   "warmup_steps_run": float(report.steps), "warmup_seconds": report.seconds,
+                   "parameters": float(sum(t.numel() for t in model.parameters())),
+                   "build_seconds": time.monotonic() - t0}
+        if report.steps:
+            metrics["warmup_final_loss"] = report.final_loss
+        return metrics
     finally:
         torch.set_num_threads(prev_threads)
 

@@ -85,19 +85,21 @@ class WarmupReport:
 
 
 def warm_up(model: Any, tokenizer: Any, *, steps: int, seed: int, batch_size: int = 64, lr: float = 3e-3,
-            max_operand: int = 100, callback: Callable[[int, float], None] | None = None) -> WarmupReport:
+            max_operand: int = 100, callback: Callable[[int, float], bool] | None = None) -> WarmupReport:
     """Supervised fine-tuning on freshly drawn problems (seed+1000+step), completion tokens only.
 
-    `callback(step, loss)` runs after each step (in eval mode it must restore `model.train()`).
+    Learning rate: linear ramp over 20 steps, then constant. `callback(step, loss)` runs after each
+    step and stops the warm-up by returning True (it must leave the model in train mode).
     """
     if steps <= 0:
         return WarmupReport(0, 0.0, float("nan"))
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * (1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
     model.train()
     t0 = time.monotonic()
     loss_value = float("nan")
+    done = 0
     for step in range(steps):
         rows = make_problems(seed + 1000 + step, batch_size, max_operand=max_operand)
         ids, att, lab = _batch(tokenizer, rows)
@@ -108,10 +110,11 @@ def warm_up(model: Any, tokenizer: Any, *, steps: int, seed: int, batch_size: in
         opt.step()
         sched.step()
         loss_value = float(loss.detach())
-        if callback is not None:
-            callback(step + 1, loss_value)
+        done = step + 1
+        if callback is not None and callback(done, loss_value):
+            break
     model.eval()
-    return WarmupReport(steps, time.monotonic() - t0, loss_value)
+    return WarmupReport(done, time.monotonic() - t0, loss_value)
 
 
 @torch.no_grad()  # type: ignore[untyped-decorator]

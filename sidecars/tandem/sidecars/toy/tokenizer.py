@@ -2,11 +2,14 @@
 
 Role: the demo model's tokenizer (no downloads exist here). Callers: `toy.build`.
 
-Design: byte-level BPE (every string encodes; decoding is exact), digits split one per token
-before BPE (so numbers are digit sequences, as in Qwen2), `<answer>`/`</answer>` as single added
-tokens, specials `<pad>` (id 0), `<bos>` (1), `<eos>` (2); a post-processor prepends `<bos>` when
-special tokens are added (HF and vLLM encode prompts the same way). The vocabulary is padded with
-`<|reserved_i|>` special tokens to exactly `vocab_size` so that every id the model can emit
+Design: byte-level BPE (every string encodes; decoding is exact) with exactly Qwen2's normalizer
+(NFC) and pre-tokenizer (its split regex, one digit per token, then byte-level): transformers
+loads a tokenizer next to a `model_type: qwen2` config as `Qwen2Tokenizer`, which rebuilds that
+pipeline around our vocabulary and merges — so HF, vLLM and the trainer tokenize alike whichever
+class loads it. `<answer>`/`</answer>` are single added tokens; specials `<pad>` (id 0), `<bos>`
+(1), `<eos>` (2), `<unk>` (3, never produced by byte-level BPE; declared so Qwen2Tokenizer does
+not add its own); a post-processor prepends `<bos>` when special tokens are added. The vocabulary
+is padded with `<|reserved_i|>` special tokens to exactly `vocab_size` so that every id the model can emit
 decodes. Saved with tokenizer.json + tokenizer_config.json (class PreTrainedTokenizerFast),
 loadable by `transformers.AutoTokenizer` and by vLLM.
 """
@@ -17,22 +20,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 ANSWER_TAGS = ("<answer>", "</answer>")
+# Qwen2's pre-tokenizer split (letters with one leading non-letter, single digits, punctuation runs).
+SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int = 384) -> Tokenizer:
     """Train the byte-level BPE on `texts`; the result has exactly `vocab_size` tokens."""
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(ANSWER_TAGS), special_tokens=[PAD, BOS, EOS],
+        vocab_size=vocab_size - len(ANSWER_TAGS), special_tokens=[PAD, BOS, EOS, UNK],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     tok.add_tokens(list(ANSWER_TAGS))
@@ -51,7 +58,7 @@ def save_hf_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int) -> A
     from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                 model_max_length=model_max_length, padding_side="left",
+                                 unk_token=UNK, model_max_length=model_max_length, padding_side="left",
                                  clean_up_tokenization_spaces=False)
     hf.save_pretrained(str(out_dir))
     return hf
