@@ -189,3 +189,15 @@ def test_normalised_part_is_its_own_batch() -> None:
     lp = -torch.rand(one.num_rows, one.row_length)
     loss, metrics = DPO().loss(lp, one)
     assert loss.item() == pytest.approx(metrics["dpo_loss"], rel=1e-5)  # mean over its own pairs
+
+
+@pytest.mark.parametrize("algo", [GRPO(kl_coef=0.1), PPO(kl_coef=0.1)])
+def test_extreme_logprobs_outside_the_mask_leave_gradients_finite(algo: GRPO | PPO) -> None:
+    samples = _samples()
+    batch = algo.prepare(samples, token_budget=8)
+    lp = torch.full((batch.num_rows, batch.row_length), -1000.0)  # padding/prompt: tiny probabilities
+    lp = torch.where(batch.loss_mask > 0, batch.token_fields["old_logprobs"], lp).requires_grad_(True)
+    loss, _ = algo.loss(lp, batch)
+    loss.backward()
+    assert torch.isfinite(loss) and lp.grad is not None and torch.isfinite(lp.grad).all()
+    assert (lp.grad[batch.loss_mask == 0] == 0).all()

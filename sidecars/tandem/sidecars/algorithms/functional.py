@@ -85,10 +85,19 @@ def clipped_policy_loss(
     return loss, ratio, was_clipped
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(policy || reference): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
-    d = ref_logprobs - logprobs
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 20.0) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(d) - d - 1 with d = ref - logp (>= 0).
+
+    d is clamped to [-bound, bound] so that exp never overflows.
+    """
+    d = torch.clamp(ref_logprobs - logprobs, -bound, bound)
     return torch.exp(d) - d - 1.0
+
+
+def masked_inputs(mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor with 0 where `mask` is 0, so that values outside the loss (padding, prompts)
+    cannot make exp() overflow and poison gradients with NaN through `torch.where`."""
+    return [torch.where(mask > 0, t, torch.zeros_like(t)) for t in tensors]
 
 
 def gae(

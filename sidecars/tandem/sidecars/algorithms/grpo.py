@@ -80,12 +80,14 @@ class GRPO:
         mask = batch.loss_mask
         old = batch.token_fields.get("old_logprobs")
         old = logprobs.detach() if old is None else old
+        logprobs, old = F.masked_inputs(mask, logprobs, old)
         pg, ratio, clipped = F.clipped_policy_loss(
             logprobs, old, batch.token_fields["advantages"], self.clip, self.clip_high)
         per_tok = pg
         metrics: Metrics = {}
         if self.kl_coef > 0:
-            kl = F.kl_k3(logprobs, batch.token_fields["ref_logprobs"])
+            (ref,) = F.masked_inputs(mask, batch.token_fields["ref_logprobs"])
+            kl = F.kl_k3(logprobs, ref)
             per_tok = pg + self.kl_coef * kl
             metrics["kl"] = float(F.masked_mean(kl.detach(), mask))
         loss = torch.where(mask > 0, per_tok * batch.weights, 0.0).sum()

@@ -119,6 +119,7 @@ class PPO:
         mask = batch.loss_mask
         old = batch.token_fields.get("old_logprobs")
         old = logprobs.detach() if old is None else old
+        logprobs, old = F.masked_inputs(mask, logprobs, old)
         pg, ratio, clipped = F.clipped_policy_loss(logprobs, old, batch.token_fields["advantages"], self.clip)
         loss = torch.where(mask > 0, pg * batch.weights, 0.0).sum()
         return loss, {
@@ -135,6 +136,7 @@ class PPO:
         if batch.weights is None:
             raise AlgorithmError("batch was not prepared by PPO.prepare (no weights)")
         mask = batch.loss_mask
+        (values,) = F.masked_inputs(mask, values)
         vl, clipped = F.clipped_value_loss(
             values, batch.token_fields["old_values"], batch.token_fields["returns"], self.value_clip)
         loss = torch.where(mask > 0, vl * batch.weights, 0.0).sum()
