@@ -10,6 +10,9 @@ All values are JSON. Everything of a job lives under `job_prefix(namespace, name
     /tandem/jobs/<ns>/<job>/shards/<v:012d>/<i:06d>    shard record (holder pod, file, bytes, checksum)
     /tandem/jobs/<ns>/<job>/holders/<v:012d>/<pod>     a pod that holds version v (serves it to others)
     /tandem/jobs/<ns>/<job>/readers/<v:012d>/<pod>     a reader pinning version v (lease-bound)
+    /tandem/jobs/<ns>/<job>/receiving/<v:012d>/<pod>   a pod pulling version v (lease-bound; its
+                                                       create revision orders the broadcast chain)
+    /tandem/jobs/<ns>/<job>/transport/<pod>            where a pod's holder server listens (lease-bound)
     /tandem/jobs/<ns>/<job>/engines/<pod>/<role>       checkpoint-engine status (phase, version), lease-bound
     /tandem/jobs/<ns>/<job>/ops/<pod>/<role>/<id>      operations requested/completed on an engine
     /tandem/jobs/<ns>/<job>/endpoints/<pod>/<role>     where a sidecar's API listens, lease-bound
@@ -50,6 +53,22 @@ def shards_prefix(namespace: str, name: str, v: int) -> str:
 
 def holder(namespace: str, name: str, v: int, pod: str) -> str:
     return job_prefix(namespace, name) + f"holders/{v:012d}/{pod}"
+
+
+def holders_prefix(namespace: str, name: str, v: int) -> str:
+    return job_prefix(namespace, name) + f"holders/{v:012d}/"
+
+
+def receiving(namespace: str, name: str, v: int, pod: str) -> str:
+    return job_prefix(namespace, name) + f"receiving/{v:012d}/{pod}"
+
+
+def receiving_prefix(namespace: str, name: str, v: int) -> str:
+    return job_prefix(namespace, name) + f"receiving/{v:012d}/"
+
+
+def transport_endpoint(namespace: str, name: str, pod: str) -> str:
+    return job_prefix(namespace, name) + f"transport/{pod}"
 
 
 def reader(namespace: str, name: str, v: int, pod: str) -> str:

@@ -262,6 +262,32 @@ class Registry:
             with contextlib.suppress(Exception):
                 await watch.cancel()
 
+    # ---- holders (pods that serve a version to others; transports) ---------------------------
+    async def add_holder(self, v: int, directory: str) -> None:
+        """Announce that this pod holds version v complete (lease-bound: gone when the pod dies)."""
+        lease = await self.lease_id()
+        with _etcd_errors("add holder"):
+            await self.client.put(_b(keys.holder(*self._k(), v, self.pod)), _b(directory), lease)
+
+    async def holders(self, v: int) -> list[str]:
+        """Pods holding version v complete, in the order they announced it (publisher first)."""
+        with _etcd_errors("list holders"):
+            rng = await self.client.get_prefix(_b(keys.holders_prefix(*self._k(), v)))
+        return [kv.key.decode().rsplit("/", 1)[-1] for kv in sorted(rng, key=lambda kv: kv.create_revision)]
+
+    async def list_ordered(self, prefix: str) -> list[tuple[str, int, dict[str, Any]]]:
+        """(key, create revision, JSON value) of every record under `prefix`, oldest first."""
+        with _etcd_errors(f"list {prefix}"):
+            rng = await self.client.get_prefix(_b(prefix))
+        return sorted(
+            ((kv.key.decode(), int(kv.create_revision), dict(json.loads(kv.value))) for kv in rng),
+            key=lambda t: t[1],
+        )
+
+    async def delete(self, key: str) -> None:
+        with _etcd_errors(f"delete {key}"):
+            await self.client.delete(_b(key))
+
     # ---- engine status and operations -------------------------------------------------------
     async def put_status(self, status: dict[str, Any]) -> None:
         lease = await self.lease_id()

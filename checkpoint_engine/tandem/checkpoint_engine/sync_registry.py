@@ -113,6 +113,18 @@ class SyncRegistry:
     def list_json(self, prefix: str) -> dict[str, dict[str, Any]]:
         return self._run(self.reg.list_json(prefix))
 
+    def add_holder(self, v: int, directory: str) -> None:
+        self._run(self.reg.add_holder(v, directory))
+
+    def holders(self, v: int) -> list[str]:
+        return self._run(self.reg.holders(v))
+
+    def list_ordered(self, prefix: str) -> list[tuple[str, int, dict[str, Any]]]:
+        return self._run(self.reg.list_ordered(prefix))
+
+    def delete(self, key: str) -> None:
+        self._run(self.reg.delete(key))
+
     def wait_latest(self, newer_than: int | None, timeout: float) -> int | None:
         """Block until `latest` exceeds `newer_than` (or exists); None on timeout."""
 

@@ -1,0 +1,98 @@
+"""BroadcastNode: one pod's part in the cross-pod weight broadcast (holder server + receiver).
+
+Callers: every pod's checkpoint engine. A trainer pod starts a node so that the versions its
+publisher writes are served to others; a rollout(-only) pod starts a node, then calls
+`receive(v)` (or `receive_latest()`) before `RolloutEngine.update(v)`, which then finds the
+version in its own shm dir. `start()` publishes where the node listens under
+keys.transport_endpoint (lease-bound: a dead pod disappears from every plan).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.checkpoint_engine import keys, layout
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.transport.base import Peer, Transport
+from tandem.checkpoint_engine.transport.receiver import Receiver, ReceiveReport
+from tandem.checkpoint_engine.transport.select import make_transport
+from tandem.checkpoint_engine.transport.server import HolderServer
+from tandem.checkpoint_engine.transport.store import LocalStore
+
+
+class BroadcastNode:
+    def __init__(
+        self,
+        registry: SyncRegistry,
+        shm_root: Path,
+        transport: str | Transport = "auto",
+        bind: str = "0.0.0.0",
+        advertise: str = "127.0.0.1",
+        port: int = 0,
+        stall_timeout: float = 5.0,
+        deadline: float = 600.0,
+        max_rate: float | None = None,
+    ) -> None:
+        """`registry`: this pod's SyncRegistry (its pod name names the node); `advertise`: the
+        address other pods reach this one on (the pod IP); `stall_timeout`: seconds without a
+        byte before an upstream is given up; `max_rate`: optional per-stream cap in bytes/s."""
+        self.registry, self.shm_root = registry, Path(shm_root)
+        self.pod, self.job = registry.pod, registry.job
+        self.store = LocalStore(self.shm_root, self.job)
+        self.advertise = advertise
+        self.transport: Transport = (
+            make_transport(transport, host=advertise, metadata=registry.endpoint)
+            if isinstance(transport, str)
+            else transport
+        )
+        self.server = HolderServer(
+            self.store,
+            host=bind,
+            port=port,
+            wait_timeout=max(30.0, stall_timeout),
+            max_rate=max_rate,
+            transport=self.transport,
+        )
+        self.receiver = Receiver(
+            registry, self.store, self.transport, stall_timeout=stall_timeout, deadline=deadline
+        )
+
+    @property
+    def peer(self) -> Peer:
+        names = ("tcp",) if self.transport.name == "tcp" else (self.transport.name, "tcp")
+        return Peer(self.pod, self.advertise, int(self.server.port), names, self.transport.advertise())
+
+    def start(self) -> BroadcastNode:
+        self.server.start()
+        self.registry.put_json(
+            keys.transport_endpoint(self.registry.namespace, self.job, self.pod),
+            self.peer.record(),
+            lease=True,
+        )
+        return self
+
+    def receive(self, version: int) -> ReceiveReport:
+        """Pull `version` into this pod's shm dir (no-op if it is there) and announce it as held."""
+        return self.receiver.receive(version)
+
+    def receive_latest(self) -> ReceiveReport:
+        return self.receiver.receive(None)
+
+    def announce_local(self) -> list[int]:
+        """Announce every complete version already in this pod's shm dir that etcd still lists
+        (after a restart of the node, so it serves them again)."""
+        registered = set(self.registry.versions())
+        out = []
+        for v in layout.list_versions(self.shm_root, self.job):
+            if v in registered:
+                self.registry.add_holder(v, str(layout.version_dir(self.shm_root, self.job, v)))
+                out.append(v)
+        return out
+
+    def forget(self, version: int) -> None:
+        """Drop the in-memory state of a received version (call when its files are removed)."""
+        self.store.drop(version)
+
+    def close(self) -> None:
+        self.server.close()
+        self.transport.close()

@@ -1,0 +1,220 @@
+"""Receiver: pulls version v from other pods into this pod's shm dir, in a pipelined chain.
+
+Caller: node.py (`BroadcastNode.receive`), i.e. a rollout pod's checkpoint engine before
+`RolloutEngine.update(v)`. Steps: read v's shard records from etcd; announce `receiving/<v>/<me>`
+(lease-bound; its create revision gives my place in the chain); pick an upstream (`plan`):
+the receiver just before me in the chain, else a complete holder (the publisher first), else
+any earlier receiver; stream each shard into a layout temp dir (store.Incoming, which my own
+holder server re-serves to the receiver after me while bytes arrive); on a dead or stalled
+upstream, re-plan from etcd and resume at the same byte; verify shard digests against etcd and
+every tensor checksum; rename atomically; announce `holders/<v>/<me>`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.checkpoint_engine import errors, keys, layout
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.transport.base import NoSource, Peer, PeerFailed, Transport
+from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
+from tandem.checkpoint_engine.transport.tcp import TcpTransport
+from tandem.checkpoint_engine.transport.wire import Connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReceiveReport:
+    version: int
+    path: Path
+    bytes: int
+    seconds: float
+    verify_s: float
+    upstreams: list[str] = field(default_factory=list)  # every peer pulled from, in order
+    replans: int = 0
+    already_here: bool = False
+
+
+def plan(
+    me: str,
+    chain: list[str],
+    holders: list[str],
+    publisher: str | None,
+    bad: set[str],
+) -> list[str]:
+    """Upstream candidates for `me`, best first.
+
+    `chain`: pods receiving the version, in join order; `holders`: pods holding it complete.
+    The receiver just before me comes first (a chain sender→r1→r2…: each link carries the
+    bytes once, so N receivers cost about one transfer), then complete holders (the publisher
+    first), then the earlier receivers from nearest to farthest.
+    """
+    before = chain[: chain.index(me)] if me in chain else list(chain)
+    out: list[str] = []
+    if before:
+        out.append(before[-1])
+    ordered = sorted(holders, key=lambda p: (p != publisher,))
+    out += ordered
+    out += list(reversed(before[:-1]))
+    seen: set[str] = set()
+    result = []
+    for p in out:
+        if p != me and p not in bad and p not in seen:
+            seen.add(p)
+            result.append(p)
+    return result
+
+
+class Receiver:
+    def __init__(
+        self,
+        registry: SyncRegistry,
+        store: LocalStore,
+        transport: Transport,
+        stall_timeout: float = 5.0,
+        deadline: float = 600.0,
+    ) -> None:
+        self.reg, self.store, self.transport = registry, store, transport
+        self.pod = registry.pod
+        self.stall_timeout, self.deadline = stall_timeout, deadline
+        self._tcp = TcpTransport()
+
+    # ---- etcd views -----------------------------------------------------------------------------
+    def _peers(self) -> dict[str, Peer]:
+        prefix = keys.transport_endpoint(self.reg.namespace, self.reg.job, "")
+        return {p.pod: p for p in (Peer.from_record(r) for r in self.reg.list_json(prefix).values())}
+
+    def _candidates(self, v: int, bad: set[str], publisher: str | None) -> list[Peer]:
+        ns, job = self.reg.namespace, self.reg.job
+        chain = [k.rsplit("/", 1)[-1] for k, _, _ in self.reg.list_ordered(keys.receiving_prefix(ns, job, v))]
+        names = plan(self.pod, chain, self.reg.holders(v), publisher, bad)
+        peers = self._peers()
+        return [peers[n] for n in names if n in peers]
+
+    # ---- receive --------------------------------------------------------------------------------
+    def receive(self, v: int | None = None) -> ReceiveReport:
+        t0 = time.perf_counter()
+        if v is None:
+            v = self.reg.latest()
+            if v is None:
+                raise errors.VersionNotFound("no version is registered yet")
+        final = layout.version_dir(self.store.root, self.store.job, v)
+        records = sorted(self.reg.shard_records(v), key=lambda r: str(r.get("file")))
+        if not records:
+            raise errors.VersionNotFound(f"version {v} is not registered")
+        publisher = str(records[0].get("holder")) if records else None
+        if self.store.complete_dir(v) is not None:
+            self.reg.add_holder(v, str(final))
+            idx = layout.read_index(final)
+            return ReceiveReport(v, final, idx.total_bytes, time.perf_counter() - t0, 0.0, already_here=True)
+        layout.clean_stale_temps(self.store.root, self.store.job)
+        inc = self.store.begin(v)
+        rkey = keys.receiving(self.reg.namespace, self.reg.job, v, self.pod)
+        report = ReceiveReport(v, final, 0, 0.0, 0.0)
+        try:
+            self.reg.put_json(rkey, {"pod": self.pod, "since": time.time()}, lease=True)
+            self._pull_all(inc, v, records, publisher, report, time.monotonic() + self.deadline)
+            t1 = time.perf_counter()
+            index = inc.index
+            if index is None:  # _pull_all returns only with the index set
+                raise errors.TornVersion(f"version {v}: no index received")
+            layout.MappedVersion(inc.tmp, index).verify_checksums()
+            report.verify_s = time.perf_counter() - t1
+            inc.finish(final)
+        except BaseException:
+            inc.abandon()
+            self.store.drop(v)
+            _quiet(lambda: self.reg.delete(rkey))
+            raise
+        self.reg.add_holder(v, str(final))
+        _quiet(lambda: self.reg.delete(rkey))
+        report.bytes = index.total_bytes
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def _pull_all(
+        self,
+        inc: Incoming,
+        v: int,
+        records: list[dict[str, object]],
+        publisher: str | None,
+        report: ReceiveReport,
+        deadline: float,
+    ) -> None:
+        bad: set[str] = set()
+        shard = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise NoSource(
+                    f"version {v}: not received within {self.deadline}s (tried {report.upstreams})"
+                )
+            cands = self._candidates(v, bad, publisher)
+            if not cands:
+                if bad:  # every source failed once: they may have recovered (or new ones joined)
+                    bad.clear()
+                    time.sleep(min(1.0, self.stall_timeout / 4))
+                    report.replans += 1
+                    continue
+                raise NoSource(f"version {v}: no live pod holds or receives it")
+            peer = cands[0]
+            report.upstreams.append(peer.pod)
+            try:
+                if inc.index is None:
+                    self._fetch_index(inc, peer, v, records)
+                index = inc.index
+                if index is None:
+                    raise PeerFailed("index not set")
+                if not inc.addrs:
+                    inc.addrs = [
+                        self.transport.expose(inc.tmp / s.file, inc.view(i))
+                        for i, s in enumerate(index.shards)
+                    ]
+                transport = self.transport if self.transport.name in peer.transports else self._tcp
+                while shard < len(index.shards):
+                    s = index.shards[shard]
+                    have = inc.avail[shard]
+                    if have < s.nbytes:
+                        transport.pull(
+                            peer,
+                            self.store.job,
+                            v,
+                            shard,
+                            have,
+                            inc.view(shard),
+                            functools.partial(inc.advance, shard),
+                            self.stall_timeout,
+                        )
+                    shard += 1
+                return
+            except PeerFailed as e:
+                log.warning("%s: upstream %s failed (%s); re-planning", self.pod, peer.pod, e)
+                bad.add(peer.pod)
+                report.replans += 1
+
+    def _fetch_index(self, inc: Incoming, peer: Peer, v: int, records: list[dict[str, object]]) -> None:
+        conn = Connection(peer, timeout=self.stall_timeout)
+        try:
+            raw = conn.index(self.store.job, v, wait=self.stall_timeout)
+        finally:
+            conn.close()
+        try:
+            index = layout.VersionIndex.model_validate_json(raw)
+        except ValueError as e:
+            raise PeerFailed(f"{peer.pod} sent an unreadable index: {e}") from e
+        got = [(s.file, s.nbytes, s.digest) for s in index.shards]
+        want = [(str(r.get("file")), int(str(r.get("bytes"))), str(r.get("digest"))) for r in records]
+        if index.version != v or got != want:
+            raise PeerFailed(f"{peer.pod} serves an index of version {v} that differs from etcd's")
+        inc.set_index(raw, index)
+
+
+def _quiet(fn: object) -> None:
+    try:
+        fn()  # type: ignore[operator]
+    except errors.CheckpointEngineError as e:
+        log.warning("ignored: %s", e)

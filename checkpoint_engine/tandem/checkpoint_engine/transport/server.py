@@ -1,0 +1,195 @@
+"""Holder server: serves a pod's versions (complete or still arriving) to other pods' receivers.
+
+Callers: node.py starts one per pod (trainer pods serve what their publisher wrote, rollout pods
+re-serve what they received). One thread per connection; shard bytes leave by `os.sendfile`
+from the shm file (no copy through Python), as soon as they are present: a receiver's own
+downstream streams from it while it is still receiving (wire.py holds the protocol).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine.transport import wire
+from tandem.checkpoint_engine.transport.base import Transport
+from tandem.checkpoint_engine.transport.store import LocalStore
+
+log = logging.getLogger(__name__)
+
+SLICE = 4 << 20
+
+
+class HolderServer:
+    def __init__(
+        self,
+        store: LocalStore,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        wait_timeout: float = 30.0,
+        max_rate: float | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        """`wait_timeout`: how long a stream waits for bytes that have not arrived yet;
+        `max_rate`: optional cap in bytes/s per stream (leaves bandwidth to other traffic)."""
+        self.store, self.wait_timeout, self.max_rate = store, wait_timeout, max_rate
+        self.transport = transport  # answers `avail` with registered addresses (RDMA)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(64)
+        self.host, self.port = self.sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="holder-server", daemon=True)
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.bytes_sent = 0
+
+    def start(self) -> HolderServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            # a receiver that stops reading makes sendfile fail after this long instead of hanging
+            conn.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.wait_timeout), 0)
+            )
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="holder-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    req = wire.recv_msg(conn)
+                except (ConnectionError, OSError, ValueError):
+                    return
+                try:
+                    self._handle(conn, req)
+                except errors.CheckpointEngineError as e:
+                    wire.send_msg(conn, {"ok": False, "error": f"{e.code}: {e}"})
+        except OSError as e:
+            log.debug("connection ended: %s", e)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _check_job(self, req: dict[str, Any]) -> int:
+        if req.get("job") != self.store.job:
+            raise errors.VersionNotFound(f"this server holds job {self.store.job!r}, not {req.get('job')!r}")
+        return int(req["v"])
+
+    def _handle(self, conn: socket.socket, req: dict[str, Any]) -> None:
+        op = req.get("op")
+        if op == "ping":
+            wire.send_msg(conn, {"ok": True, "job": self.store.job})
+            return
+        v = self._check_job(req)
+        if op == "index":
+            raw = self._index(v, float(req.get("wait", self.wait_timeout)))
+            wire.send_msg(conn, {"ok": True, "length": len(raw)})
+            conn.sendall(raw)
+        elif op == "stream":
+            self._stream(conn, v, int(req["shard"]), int(req["offset"]))
+        elif op == "avail":
+            self._avail(conn, v, int(req["shard"]), int(req["at_least"]), float(req.get("wait", 0)))
+        else:
+            raise errors.UnsupportedOperation(f"unknown op {op!r}")
+
+    def _index(self, v: int, wait: float) -> bytes:
+        path = self.store.complete_dir(v)
+        if path is not None:
+            return (path / layout.INDEX).read_bytes()
+        inc = self.store.incoming(v)
+        if inc is None:
+            raise errors.VersionNotFound(f"version {v} is not here")
+        return inc.wait_index(min(wait, self.wait_timeout))
+
+    def _stream(self, conn: socket.socket, v: int, shard: int, offset: int) -> None:
+        inc = self.store.incoming(v)
+        path = self.store.complete_dir(v)
+        if inc is not None and not inc.done:
+            inc.wait_index(self.wait_timeout)
+            idx = inc.index
+            if idx is None or not 0 <= shard < len(idx.shards):
+                raise errors.VersionNotFound(f"version {v} has no shard {shard}")
+            total = idx.shards[shard].nbytes
+            wire.send_msg(conn, {"ok": True, "total": total})
+            fd, pos = inc.fds[shard], offset
+            while pos < total:
+                try:
+                    avail = inc.wait_avail(shard, pos, self.wait_timeout)
+                except errors.CheckpointEngineError as e:  # mid-stream: only closing can tell
+                    raise OSError(str(e)) from e
+                if avail <= pos:
+                    raise OSError(f"no new bytes of version {v} shard {shard} for {self.wait_timeout}s")
+                self._send(conn, fd, pos, avail - pos)
+                pos = avail
+            return
+        if path is None:
+            raise errors.VersionNotFound(f"version {v} is not here")
+        index = layout.read_index(path)
+        if not 0 <= shard < len(index.shards):
+            raise errors.VersionNotFound(f"version {v} has no shard {shard}")
+        total = index.shards[shard].nbytes
+        fd = os.open(path / index.shards[shard].file, os.O_RDONLY)
+        try:
+            wire.send_msg(conn, {"ok": True, "total": total})
+            self._send(conn, fd, offset, total - offset)
+        finally:
+            os.close(fd)
+
+    def _avail(self, conn: socket.socket, v: int, shard: int, at_least: int, wait: float) -> None:
+        inc = self.store.incoming(v)
+        if inc is not None and not inc.done:
+            inc.wait_index(min(wait, self.wait_timeout))
+            avail = inc.wait_avail(shard, at_least - 1, min(wait, self.wait_timeout))
+            total = inc.index.shards[shard].nbytes if inc.index is not None else 0
+            addr = inc.addrs[shard] if shard < len(inc.addrs) else 0
+        else:
+            f, view = self.store.complete_view(v, shard)
+            total = avail = len(view)
+            addr = self.transport.expose(f, view) if self.transport is not None else 0
+        wire.send_msg(conn, {"ok": True, "avail": avail, "total": total, "addr": addr})
+
+    def _send(self, conn: socket.socket, fd: int, pos: int, n: int) -> None:
+        """sendfile `n` bytes of `fd` from `pos` (paced when `max_rate` is set)."""
+        t0, sent = time.monotonic(), 0
+        while sent < n:
+            k = os.sendfile(conn.fileno(), fd, pos + sent, min(n - sent, SLICE))
+            if k == 0:
+                raise OSError("shard file ended early")
+            sent += k
+            self.bytes_sent += k
+            if self.max_rate:
+                ahead = sent / self.max_rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)

@@ -1,0 +1,119 @@
+"""Broadcast across "pods" on loopback: separate processes, each with its own shm dir, real etcd.
+
+Covers: version v reaches every receiver byte-exact through a pipelined chain; a receiver killed
+mid-transfer does not stop the one after it; a publisher killed mid-transfer is replaced by
+another holder; a late joiner gets the current version. Also the pure chain planner.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from broadcast_pods import Pods, same_bytes, wait_for
+
+from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.transport import plan
+
+# 48 MiB in 16 MiB shards, streams capped at 24 MiB/s: about 2 s per version, time to kill things
+SLOW = ("--mib", "48", "--max-rate", str(24 << 20))
+
+
+def test_plan_is_a_chain_then_holders() -> None:
+    chain = ["r1", "r2", "r3"]
+    assert plan("r1", chain, ["pub"], "pub", set()) == ["pub"]
+    assert plan("r3", chain, ["pub"], "pub", set()) == ["r2", "pub", "r1"]
+    assert plan("r3", chain, ["h", "pub"], "pub", {"r2"}) == ["pub", "h", "r1"]
+    assert plan("late", [], ["pub", "r1"], "pub", {"pub"}) == ["r1"]
+    assert plan("r1", chain, [], None, {"r1"}) == []
+
+
+def _receiving(reg: SyncRegistry, pods: Pods) -> list[str]:
+    return [k.rsplit("/", 1)[-1] for k, _, _ in reg.list_ordered(keys.receiving_prefix("test", pods.job, 1))]
+
+
+def _registry(pods: Pods, etcd: Any) -> SyncRegistry:
+    return SyncRegistry(etcd.endpoint, "test", pods.job, "observer", "test").connect()
+
+
+@pytest.mark.etcd
+def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etcd_server: Any) -> None:
+    pub = pods.start("publish", "pub", "--mib", "40", "--max-rate", str(64 << 20))
+    pub.event()
+    rs = [pods.start("receive", f"r{i}", "--mib", "40", "--max-rate", str(64 << 20)) for i in range(3)]
+    done = []
+    for r in rs:
+        assert r.event()["event"] == "ready"
+    for r in rs:
+        ev = r.event(40)
+        assert ev["event"] == "done", ev
+        done.append(ev)
+        same_bytes(pods.version_dir(pub), pods.version_dir(r))
+    firsts = {ev["pod"]: ev["upstreams"][0] for ev in done}
+    # pipelined chain: somebody pulled from a receiver rather than from the publisher
+    assert any(up.startswith("r") for up in firsts.values()), firsts
+    reg = _registry(pods, etcd_server)
+    try:
+        assert set(reg.holders(1)) == {"pub", "r0", "r1", "r2"}
+        assert reg.list_ordered(keys.receiving_prefix("test", pods.job, 1)) == []
+    finally:
+        reg.close()
+    late = pods.start("receive", "late", "--version", "0")
+    late.event()
+    ev = late.event(30)
+    assert ev["event"] == "done", ev
+    same_bytes(pods.version_dir(pub), pods.version_dir(late))
+
+
+@pytest.mark.etcd
+def test_receiver_killed_mid_transfer_does_not_stall_the_next(pods: Pods, etcd_server: Any) -> None:
+    pub = pods.start("publish", "pub", *SLOW)
+    pub.event()
+    reg = _registry(pods, etcd_server)
+    try:
+        r1 = pods.start("receive", "r1", "--wait-go", *SLOW)
+        r2 = pods.start("receive", "r2", "--wait-go", *SLOW)
+        r1.event(), r2.event()
+        r1.go()
+        wait_for(lambda: _receiving(reg, pods) == ["r1"], 10, "r1 receiving")
+        r2.go()
+        wait_for(lambda: _receiving(reg, pods) == ["r1", "r2"], 10, "r2 receiving")
+        time.sleep(0.5)
+        r1.kill()  # mid-transfer: r2 streams from r1 at this point
+        ev = r2.event(40)
+    finally:
+        reg.close()
+    assert ev["event"] == "done", ev
+    assert ev["upstreams"][0] == "r1" and ev["replans"] >= 1, ev
+    same_bytes(pods.version_dir(pub), pods.version_dir(r2))
+
+
+@pytest.mark.etcd
+def test_sender_killed_mid_transfer_is_replaced_by_a_holder(pods: Pods, etcd_server: Any) -> None:
+    pub = pods.start("publish", "pub", *SLOW)
+    ref = pods.version_dir(pub)
+    pub.event()
+    holder = pods.start("receive", "holder", "--mib", "48")
+    holder.event()
+    assert holder.event(30)["event"] == "done"
+    reg = _registry(pods, etcd_server)
+    try:
+        r1 = pods.start("receive", "r1", "--wait-go", *SLOW)
+        r2 = pods.start("receive", "r2", "--wait-go", *SLOW)
+        r1.event(), r2.event()
+        r1.go()
+        wait_for(lambda: _receiving(reg, pods) == ["r1"], 10, "r1 receiving")
+        r2.go()
+        wait_for(lambda: _receiving(reg, pods) == ["r1", "r2"], 10, "r2 receiving")
+        time.sleep(0.5)
+        pub.kill()
+        evs = [r1.event(40), r2.event(40)]
+    finally:
+        reg.close()
+    for ev in evs:
+        assert ev["event"] == "done", ev
+    assert any("holder" in ev["upstreams"] for ev in evs), evs
+    for r in (r1, r2, holder):
+        same_bytes(ref, pods.version_dir(r))
