@@ -152,5 +152,6 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         png = plot.plot_metrics(rows, run_dir / "progress.png", title=job.metadata.name)
         console.print(f"metrics: {metrics}  plot: {png}")
         plot.print_summary(rows, console)
-    console.print("[green]done[/green]" if ok else f"[red]job did not finish[/red] ({result.phase if result else 'no progress'})")
+    state = result.phase if result else "no progress"
+    console.print("[green]done[/green]" if ok else f"[red]job did not finish[/red] ({state})")
     return 0 if ok else 1

@@ -54,7 +54,8 @@ class Base(BaseModel):
 
 class ModelRef(Base):
     path: Annotated[str, Field(min_length=1, description="HuggingFace model directory (PVC/hostPath in a cluster).")]
-    family: Literal["auto", "llama", "qwen2"] = Field("auto", description="Weight-mapping family; auto reads config.json.")
+    family: Literal["auto", "llama", "qwen2"] = Field(
+        default="auto", description="Weight-mapping family; auto reads config.json.")
 
 
 class Algorithm(Base):
@@ -67,7 +68,7 @@ class Algorithm(Base):
     epochs: Annotated[int, Field(ge=1, le=16, description="Optimizer passes over each iteration's samples.")] = 1
     gamma: Annotated[float, Field(ge=0, le=1, description="PPO discount.")] = 1.0
     lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
-    critic: bool = Field(False, description="PPO with a learned critic (otherwise group baseline).")
+    critic: bool = Field(default=False, description="PPO with a learned critic (otherwise group baseline).")
     beta: Annotated[float, Field(gt=0, le=100, description="DPO temperature.")] = 0.1
     rules = (
         Rule("self.name == 'ppo' || !self.critic", "critic applies only to ppo", ".critic",
@@ -103,7 +104,7 @@ class Rollout(Base):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     prompts_per_iteration: Annotated[int, Field(ge=1, le=100_000)] = 64
     between_rollouts: Literal["terminate", "sleep", "keep"] = Field(
-        "terminate", description="What the rollout does with vLLM while the trainer trains: terminate frees the "
+        default="terminate", description="What the rollout does with vLLM while the trainer trains: terminate frees the "
         "accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
     resources: Resources = Field(default_factory=Resources)
 
@@ -237,8 +238,8 @@ class ObjectMeta(BaseModel):
 
 class RLHFJob(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    api_version: Literal["tandem.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
-    kind: Literal["RLHFJob"] = KIND
+    api_version: Literal["tandem.dev/v1alpha1"] = Field("tandem.dev/v1alpha1", alias="apiVersion")
+    kind: Literal["RLHFJob"] = "RLHFJob"
     metadata: ObjectMeta
     spec: JobSpec
     status: JobStatus | None = None

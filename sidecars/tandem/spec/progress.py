@@ -24,7 +24,7 @@ class Progress(BaseModel):
     reward_mean: float | None = None
     kl: float | None = None
     message: str = ""
-    updated_at: float = Field(0.0, description="Unix time of this record.")
+    updated_at: float = Field(default=0.0, description="Unix time of this record.")
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)

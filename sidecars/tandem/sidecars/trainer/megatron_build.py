@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -207,11 +208,16 @@ class _SafetensorsDir:
         return handle.get_tensor(name)
 
 
-def load_hf_weights(gpt: Any, model_dir: Path, shape: ModelShape, par: Parallelism) -> int:
-    """Copy the HF weights into this rank's parameters; returns how many tensors were loaded."""
+def load_hf_weights(gpt: Any, source: Path | Callable[[str], torch.Tensor], shape: ModelShape,
+                    par: Parallelism) -> int:
+    """Copy HF weights into this rank's parameters; returns how many tensors were loaded.
+
+    `source` is a HF directory (safetensors) or a name -> tensor loader (e.g. a published
+    shared-memory version, when a restarted trainer resumes).
+    """
     numbers, offset = layer_numbers(gpt), expert_offset(shape, par)
     params = {global_name(n, numbers, offset): p for n, p in gpt.named_parameters()}
-    reader = _SafetensorsDir(model_dir)
+    reader = _SafetensorsDir(source) if isinstance(source, Path) else source
     loaded = 0
     with torch.no_grad():
         for name, full in convert.from_hf(shape, reader, names=list(params)):

@@ -46,7 +46,8 @@ class RolloutClient:
         with ThreadPoolExecutor(len(self.addresses)) as pool:
             return list(pool.map(lambda a: self._call(a, path, body), self.addresses))
 
-    def generate(self, prompts: Sequence[str], options: SamplingOptions, n: int) -> tuple[list[list[Completion]], set[int | None]]:
+    def generate(self, prompts: Sequence[str], options: SamplingOptions,
+                 n: int) -> tuple[list[list[Completion]], set[int | None]]:
         """n completions per prompt, spread over the rollouts in contiguous slices of prompts.
 
         Also returns the weight versions the rollouts generated with (one, when all are in sync).
