@@ -1,21 +1,27 @@
-# Entry points. Both install what they need (scripts/setup.sh caches everything under ~/.cache/tandem).
+# Entry points. Each installs what it needs first (scripts/setup.sh caches under ~/.cache/tandem).
 VENV ?= $(HOME)/.cache/tandem/venv
-PY := $(VENV)/bin/python
+TOY ?= examples/toy
 
-.PHONY: setup demo test lint crd
+.PHONY: setup setup-python toy demo test lint crd bench
 setup:
 	scripts/setup.sh all
 
-demo: setup
+setup-python:
+	scripts/setup.sh python
+
+toy: setup-python
+	$(VENV)/bin/python -m tandem.sidecars.toy $(TOY) --max-operand 10 --warmup-steps 150
+
+demo: toy
 	$(VENV)/bin/tandem run examples/tiny-grpo.yaml
 
 test: setup
 	scripts/test.sh
 
-lint:
+lint: setup-python
 	$(VENV)/bin/ruff check operator sidecars checkpoint_engine tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-crd:
+crd: setup-python
 	$(VENV)/bin/tandem crd --write
