@@ -27,7 +27,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tandem.sidecars.toy.build import build_toy
 
     root = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "test-toy"
-    return build_toy(root, seed=0, warmup_steps=40).root
+    return build_toy(root, seed=0, warmup_steps=40, max_operand=10).root
 
 
 def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:

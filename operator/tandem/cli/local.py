@@ -134,7 +134,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         console.print("[yellow]interrupted: stopping sidecars[/yellow]")
     finally:
         for c in reversed(containers):
-            c.stop()
+            c.stop(grace=30.0)  # vLLM takes a while to shut down on a busy machine
         etcd.stop()
         signal.signal(signal.SIGTERM, previous)
         shm_root = Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
