@@ -51,7 +51,7 @@ class Pod:
         for line in self.proc.stderr:
             self.stderr.append(line)
 
-    def event(self, timeout: float = 30.0) -> dict[str, Any]:
+    def event(self, timeout: float = 90.0) -> dict[str, Any]:
         try:
             ev = self.events.get(timeout=timeout)
         except Empty:

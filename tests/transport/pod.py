@@ -1,7 +1,7 @@
-"""A "pod" process for the broadcast tests and bench: a publisher or a receiver with its own shm dir.
+"""A "pod" process for the broadcast tests: a publisher or a receiver with its own shm dir.
 
-Callers: tests/transport/test_*.py and bench/broadcast.py start it with subprocess (inside a
-network namespace for the netns tests). It prints one JSON line per event on stdout
+Callers: tests/transport/test_*.py start it with subprocess (inside a network namespace for the
+netns tests). It prints one JSON line per event on stdout
 ("ready", "done", "error") and keeps serving until its stdin closes or it is killed.
 
     python tests/transport/pod.py publish --etcd E --job J --pod P --root DIR --version V --mib 64
@@ -56,12 +56,12 @@ def main() -> None:
     ap.add_argument("--max-rate", type=float, default=0.0, help="bytes/s per served stream (0: none)")
     ap.add_argument("--stall", type=float, default=3.0)
     ap.add_argument("--transport", default="tcp", help="auto|rdma|tcp|mooncake-tcp")
-    ap.add_argument("--ttl", type=int, default=3)
+    ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--wait-go", action="store_true", help="receive only after a line on stdin")
     args = ap.parse_args()
 
     role = "trainer" if args.role == "publish" else "rollout"
-    reg = SyncRegistry(args.etcd, "test", args.job, args.pod, role, ttl=args.ttl).connect()
+    reg = SyncRegistry(args.etcd, "test", args.job, args.pod, role, ttl=args.ttl, timeout=15).connect()
     transport: str | Transport = args.transport
     if args.transport == "mooncake-tcp":
         transport = RdmaTransport(host=args.advertise, metadata=args.etcd, protocol="tcp")
@@ -99,6 +99,8 @@ def main() -> None:
                 upstreams=r.upstreams,
                 replans=r.replans,
                 verify_s=r.verify_s,
+                transport=node.transport.name,
+                transport_bytes=getattr(node.transport, "bytes_received", -1),
             )
         sys.stdin.read()  # serve until the test closes our stdin
     finally:

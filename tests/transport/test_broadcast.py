@@ -47,7 +47,7 @@ def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etc
     for r in rs:
         assert r.event()["event"] == "ready"
     for r in rs:
-        ev = r.event(40)
+        ev = r.event(90)
         assert ev["event"] == "done", ev
         done.append(ev)
         same_bytes(pods.version_dir(pub), pods.version_dir(r))
@@ -62,7 +62,7 @@ def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etc
         reg.close()
     late = pods.start("receive", "late", "--version", "0")
     late.event()
-    ev = late.event(30)
+    ev = late.event(90)
     assert ev["event"] == "done", ev
     same_bytes(pods.version_dir(pub), pods.version_dir(late))
 
@@ -77,12 +77,12 @@ def test_receiver_killed_mid_transfer_does_not_stall_the_next(pods: Pods, etcd_s
         r2 = pods.start("receive", "r2", "--wait-go", *SLOW)
         r1.event(), r2.event()
         r1.go()
-        wait_for(lambda: _receiving(reg, pods) == ["r1"], 10, "r1 receiving")
+        wait_for(lambda: _receiving(reg, pods) == ["r1"], 30, "r1 receiving")
         r2.go()
-        wait_for(lambda: _receiving(reg, pods) == ["r1", "r2"], 10, "r2 receiving")
+        wait_for(lambda: _receiving(reg, pods) == ["r1", "r2"], 30, "r2 receiving")
         time.sleep(0.5)
         r1.kill()  # mid-transfer: r2 streams from r1 at this point
-        ev = r2.event(40)
+        ev = r2.event(90)
     finally:
         reg.close()
     assert ev["event"] == "done", ev
@@ -97,19 +97,19 @@ def test_sender_killed_mid_transfer_is_replaced_by_a_holder(pods: Pods, etcd_ser
     pub.event()
     holder = pods.start("receive", "holder", "--mib", "48")
     holder.event()
-    assert holder.event(30)["event"] == "done"
+    assert holder.event(90)["event"] == "done"
     reg = _registry(pods, etcd_server)
     try:
         r1 = pods.start("receive", "r1", "--wait-go", *SLOW)
         r2 = pods.start("receive", "r2", "--wait-go", *SLOW)
         r1.event(), r2.event()
         r1.go()
-        wait_for(lambda: _receiving(reg, pods) == ["r1"], 10, "r1 receiving")
+        wait_for(lambda: _receiving(reg, pods) == ["r1"], 30, "r1 receiving")
         r2.go()
-        wait_for(lambda: _receiving(reg, pods) == ["r1", "r2"], 10, "r2 receiving")
+        wait_for(lambda: _receiving(reg, pods) == ["r1", "r2"], 30, "r2 receiving")
         time.sleep(0.5)
         pub.kill()
-        evs = [r1.event(40), r2.event(40)]
+        evs = [r1.event(90), r2.event(90)]
     finally:
         reg.close()
     for ev in evs:
