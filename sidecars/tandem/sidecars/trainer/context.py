@@ -82,6 +82,7 @@ class TrainerContext:
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
             ctx.publisher.recover()
+            serve_control_api(ctx.publisher, env)
             ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, spec.replicas), env.token)
         return ctx
 
@@ -235,6 +236,19 @@ class TrainerContext:
                 f.write(json.dumps(row) + "\n")
         log.info("iteration %d: reward %.3f kl %s sync %.2fs", iteration, info.get("reward_mean", 0.0),
                  info.get("kl"), info.get("sync_seconds", 0.0))
+
+
+def serve_control_api(publisher: Publisher, env: PodEnv) -> None:
+    """The trainer's checkpoint-engine API (status, gc) on TANDEM_CE_PORT, in a daemon thread."""
+    import threading
+
+    import uvicorn
+
+    from tandem.checkpoint_engine.api import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(publisher, env.token), host="0.0.0.0",  # noqa: S104
+                                           port=env.port, log_level="warning"))
+    threading.Thread(target=server.run, name="ce-api", daemon=True).start()  # no signal handlers off main
 
 
 def shift_to_labels(lp: torch.Tensor) -> torch.Tensor:

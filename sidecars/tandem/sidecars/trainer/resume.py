@@ -45,8 +45,9 @@ def latest_state(ctx: TrainerContext) -> tuple[int, int] | None:
     result: tuple[int, int] | None = None
     if latest is not None:
         raw = ctx.registry.get_json(keys.progress(ctx.env.namespace, ctx.env.job))
-        done = Progress.model_validate(raw).iteration if raw else 0
-        result = (latest, done)
+        p = Progress.model_validate(raw) if raw else Progress()
+        # stopped after publishing iteration p.iteration's weights: that iteration is done
+        result = (latest, p.iteration + (1 if latest > p.weight_version and raw else 0))
     result = ctx.broadcast(result)
     if result is not None:
         load_version(ctx, result[0])
