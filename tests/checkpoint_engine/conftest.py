@@ -48,12 +48,8 @@ def job() -> str:
 def make_registry(etcd_server: Any, job: str) -> Iterator[Any]:
     made: list[SyncRegistry] = []
 
-    def make(
-        pod: str = "pod0", role: str = "trainer", ttl: int = 5, job_name: str | None = None
-    ) -> SyncRegistry:
-        reg = SyncRegistry(
-            etcd_server.endpoint, "test", job_name or job, pod, role, ttl=ttl, timeout=2.0
-        ).connect()
+    def make(pod: str = "pod0", role: str = "trainer", ttl: int = 5, job_name: str | None = None) -> SyncRegistry:
+        reg = SyncRegistry(etcd_server.endpoint, "test", job_name or job, pod, role, ttl=ttl, timeout=2.0).connect()
         made.append(reg)
         return reg
 

@@ -97,9 +97,7 @@ def test_validate_names_shapes_dtypes(shm_root: Path) -> None:
         "unexpected tensors ['e.half']",
     ):
         assert part in msg
-    layout.validate(
-        rep.index, {**expected, "z.missing": layout.Expected((1,), "float32")}, optional={"z.missing"}
-    )
+    layout.validate(rep.index, {**expected, "z.missing": layout.Expected((1,), "float32")}, optional={"z.missing"})
 
 
 def test_existing_version_and_duplicate_names_rejected(shm_root: Path) -> None:
@@ -109,9 +107,7 @@ def test_existing_version_and_duplicate_names_rejected(shm_root: Path) -> None:
     with pytest.raises(ValueError, match="twice"):
         layout.write_version(shm_root, "j", 2, [("x", torch.zeros(1)), ("x", torch.zeros(1))])
     assert layout.list_versions(shm_root, "j") == [1]
-    assert not [p for p in (shm_root / "j").iterdir() if p.name.startswith(".tmp-")], (
-        "failed write left a temp dir"
-    )
+    assert not [p for p in (shm_root / "j").iterdir() if p.name.startswith(".tmp-")], "failed write left a temp dir"
 
 
 def test_stale_temp_dirs_removed_only_when_their_writer_is_gone(shm_root: Path) -> None:

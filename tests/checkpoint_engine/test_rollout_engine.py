@@ -39,8 +39,14 @@ def hf_greedy(model: Any, tokenizer: Any) -> list[list[int]]:
 
 
 def test_update_equals_fresh_engine_and_hf(
-    live_engine: RolloutEngine, live_publisher: Any, tiny_dir: Path, tmp_path: Path
+    live_engine: RolloutEngine,
+    live_publisher: Any,
+    tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Live TP=1 engine updated from shm == a fresh TP=2 engine loaded from the saved HF dir == HF's
+    own greedy decode; then the TP=2 engine is updated from shm too (each rank takes its slice)."""
     from transformers import AutoTokenizer
 
     model = tiny_model.random_model(seed=11)
@@ -53,21 +59,32 @@ def test_update_equals_fresh_engine_and_hf(
     assert upd.version == rep.version == live_engine.version and upd.bytes == rep.bytes
     live = greedy(live_engine)
     assert live != before, "new weights must change the greedy output of the dummy engine"
+    tokenizer = AutoTokenizer.from_pretrained(saved)
+    assert hf_greedy(model, tokenizer) == live
 
-    fresh = RolloutEngine(EngineConfig(shm_root=tmp_path, job="fresh", max_model_len=256))
+    # two CPU workers: one core each, none reserved (the live engine keeps running beside it)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    fresh = RolloutEngine(EngineConfig(shm_root=tmp_path, job="fresh", tensor_parallel=2, max_model_len=256))
     fresh.start(str(saved), dummy=False)
     try:
         assert greedy(fresh) == live
+        other = tiny_model.random_model(seed=12)
+        wrote = layout.write_version(tmp_path / "shm", "tp2", 1, other.state_dict().items())
+        report = fresh.update_from_path(wrote.path)
+        assert sorted(w["rank"] for w in report.workers) == [0, 1]
+        ranks = fresh.llm.collective_rpc("tandem_param_info")
+        qkv_bias = {r["rank"]: r["params"]["model.layers.0.self_attn.qkv_proj.bias"] for r in ranks}
+        hidden, kv = other.config.hidden_size, other.config.num_key_value_heads * 64
+        assert qkv_bias == {0: [hidden // 2 + 2 * kv], 1: [hidden // 2 + 2 * kv]}, "q split, kv replicated"
+        assert greedy(fresh) == hf_greedy(other, tokenizer) != live
     finally:
         fresh.terminate()
     assert fresh.phase == Phase.STOPPED and fresh.llm is None
-    assert hf_greedy(model, AutoTokenizer.from_pretrained(saved)) == live
 
 
 def test_generate_samples_with_logprobs(live_engine: RolloutEngine) -> None:
-    out = live_engine.generate(
-        [[5, 6, 7], "alpha"], SamplingOptions(temperature=1.0, max_tokens=6, seed=3), n=3
-    )
+    out = live_engine.generate([[5, 6, 7], "alpha"], SamplingOptions(temperature=1.0, max_tokens=6, seed=3), n=3)
     assert len(out) == 2 and all(len(samples) == 3 for samples in out)
     assert out[0][0].prompt_token_ids == [5, 6, 7]
     for c in (c for samples in out for c in samples):
@@ -105,12 +122,8 @@ def test_corrupt_or_mismatched_versions_refused_engine_keeps_previous(
 
     sd = tiny_model.random_state_dict(24)
     del sd["model.layers.1.mlp.up_proj.weight"]
-    live_publisher.publish(
-        None, {k: v.double() if k == "lm_head.weight" else v for k, v in sd.items()}.items()
-    )
-    with pytest.raises(
-        errors.InvalidVersion, match="missing tensors.*up_proj.*lm_head.weight: dtype float64"
-    ):
+    live_publisher.publish(None, {k: v.double() if k == "lm_head.weight" else v for k, v in sd.items()}.items())
+    with pytest.raises(errors.InvalidVersion, match="missing tensors.*up_proj.*lm_head.weight: dtype float64"):
         live_engine.update()
 
     with pytest.raises(errors.VersionNotFound):
@@ -119,9 +132,7 @@ def test_corrupt_or_mismatched_versions_refused_engine_keeps_previous(
     assert greedy(live_engine) == expected
 
 
-def test_etcd_restart_around_an_update(
-    live_engine: RolloutEngine, live_publisher: Any, etcd_server: Any
-) -> None:
+def test_etcd_restart_around_an_update(live_engine: RolloutEngine, live_publisher: Any, etcd_server: Any) -> None:
     rep = live_publisher.publish(None, tiny_model.random_state_dict(31).items())
     previous = live_engine.version
     etcd_server.stop()

@@ -23,10 +23,7 @@ def build_tokenizer(out: Path) -> None:
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    corpus = [
-        " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12)) + f" {i} {i * 13 % 97}"
-        for i in range(400)
-    ]
+    corpus = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12)) + f" {i} {i * 13 % 97}" for i in range(400)]
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB - 16,
         special_tokens=["<unk>", "<|endoftext|>"],
