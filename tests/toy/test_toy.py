@@ -97,7 +97,7 @@ def test_model_loads_and_warm_up_raises_accuracy(built: ToyPaths, tokenizer: Any
     assert after >= before + 0.05, (before, after)
     assert built.metrics["accuracy_after"] == pytest.approx(after)
     # stopped at the target or the cap: answers right sometimes, not saturated
-    assert built.metrics["warmup_steps_run"] <= 400 and after < 0.9
+    assert built.metrics["warmup_steps_run"] <= 300 and after < 0.9
     completions = generate(model, tokenizer, [r["prompt"] for r in rows[:32]])
     assert sum(format_match(c, FORMAT_PATTERN) for c in completions) >= 28  # the format is learnt
 

@@ -33,7 +33,7 @@ from tandem.sidecars.toy.dataset import corpus, make_problems, read_jsonl, write
 from tandem.sidecars.toy.model import ModelShape, accuracy, random_model, warm_up
 from tandem.sidecars.toy.tokenizer import save_hf_tokenizer, train_tokenizer
 
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 MANIFEST = "toy.json"
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json")
@@ -42,15 +42,15 @@ MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json", "to
 @dataclass(frozen=True)
 class ToyParams:
     seed: int = 0
-    warmup_steps: int = 400  # the most warm-up steps; it stops earlier at target_accuracy
-    target_accuracy: float = 0.2  # greedy accuracy on the eval prompts that ends the warm-up
+    warmup_steps: int = 300  # the most warm-up steps; it stops earlier at target_accuracy
+    target_accuracy: float = 0.25  # greedy accuracy on the eval prompts that ends the warm-up
     vocab_size: int = 384
-    max_operand: int = 100
+    max_operand: int = 20
     train_size: int = 2048
     test_size: int = 256
     eval_size: int = 128
     check_every: int = 25
-    check_from: int = 100
+    check_from: int = 50
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def _complete(root: Path, wanted: dict[str, Any]) -> dict[str, float] | None:
     return {k: float(v) for k, v in manifest.get("metrics", {}).items()}
 
 
-def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 400, threads: int | None = 1,
+def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 300, threads: int | None = 1,
               **params: Any) -> ToyPaths:
     """Build (or reuse) the toy task and model in `out_dir`; see the module docstring.
 

@@ -7,7 +7,9 @@ settings that go with them. Callers: `toy.build`, the demo job in examples/, tes
 A problem reads `What is 17+25? Answer:`; the expected completion is ` <answer>42</answer>`
 followed by the end-of-sequence token. `FORMAT_PATTERN` (for the spec's `format` reward, fullmatch
 semantics) accepts exactly that shape with any integer; `answerMatch` extracts the number inside
-the tags. Operands are drawn from [0, max_operand); `-` problems never go negative.
+the tags. Operands are drawn from [0, max_operand) — 20 by default: 400 distinct sums, which the
+tiny model learns gradually (accuracy rises smoothly with warm-up steps, unlike two-digit sums where
+it jumps late and unpredictably) — and `-` problems never go negative.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def solve(a: int, op: str, b: int) -> int:
 
 
 def make_problems(
-    seed: int, n: int, *, max_operand: int = 100, ops: Sequence[str] = ("+",)
+    seed: int, n: int, *, max_operand: int = 20, ops: Sequence[str] = ("+",)
 ) -> list[dict[str, str]]:
     """`n` problems {prompt, answer} drawn with `random.Random(seed)` (deterministic)."""
     rng = random.Random(seed)

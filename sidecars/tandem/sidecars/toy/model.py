@@ -85,7 +85,7 @@ class WarmupReport:
 
 
 def warm_up(model: Any, tokenizer: Any, *, steps: int, seed: int, batch_size: int = 64, lr: float = 3e-3,
-            max_operand: int = 100, callback: Callable[[int, float], bool] | None = None) -> WarmupReport:
+            max_operand: int = 20, callback: Callable[[int, float], bool] | None = None) -> WarmupReport:
     """Supervised fine-tuning on freshly drawn problems (seed+1000+step), completion tokens only.
 
     Learning rate: linear ramp over 20 steps, then constant. `callback(step, loss)` runs after each
