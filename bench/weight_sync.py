@@ -70,9 +70,7 @@ def build_model(size: str, out: Path) -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(
-        **SIZES[size], max_position_embeddings=2048, tie_word_embeddings=False, torch_dtype="float32"
-    )
+    cfg = Qwen2Config(**SIZES[size], max_position_embeddings=2048, tie_word_embeddings=False, torch_dtype="float32")
     with torch.device("meta"):
         model = Qwen2ForCausalLM(cfg)
     model = model.to_empty(device="cpu")
@@ -89,9 +87,7 @@ def build_model(size: str, out: Path) -> Any:
     )
     out.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(out)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>"
-    ).save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>").save_pretrained(out)
     return model
 
 
@@ -226,6 +222,10 @@ def main() -> None:
     try:
         memcpy = memcpy_gbps()
         print(f"single-thread memcpy: {memcpy:.2f} GB/s", flush=True)
+        from tandem.checkpoint_engine import hashing
+
+        sums = ", ".join(f"{k} {v:.2f} GB/s" for k, v in hashing.throughput().items())
+        print(f"checksums: {sums} (layout uses {hashing.ALGORITHM})", flush=True)
         for size in args.sizes.split(","):
             rows.append(run_size(size, endpoint, tmp, memcpy))
             print(rows[-1], flush=True)

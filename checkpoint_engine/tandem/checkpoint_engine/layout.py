@@ -174,9 +174,7 @@ def write_version(
             fh = None
             i = len(shards)
             shards.append(
-                ShardRecord(
-                    index=i, file=f"shard-{i:05d}.bin", nbytes=pos, digest=hashing.digest_strings(shard_sums)
-                )
+                ShardRecord(index=i, file=f"shard-{i:05d}.bin", nbytes=pos, digest=hashing.digest_strings(shard_sums))
             )
 
         for name, tensor in named_tensors:
@@ -338,9 +336,7 @@ def validate(index: VersionIndex, expected: Mapping[str, Expected], optional: It
         if numel * elem != rec.nbytes:
             problems.append(f"{name}: {rec.nbytes} bytes do not hold shape {rec.shape} of {rec.dtype}")
     if problems:
-        raise errors.InvalidVersion(
-            f"version {index.version} does not fit the engine: " + "; ".join(problems)
-        )
+        raise errors.InvalidVersion(f"version {index.version} does not fit the engine: " + "; ".join(problems))
 
 
 def list_versions(root: Path, job: str) -> list[int]:

@@ -65,9 +65,7 @@ class Publisher:
         latest = self.registry.latest()
         return 1 if latest is None else latest + 1
 
-    def publish(
-        self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]]
-    ) -> PublishReport:
+    def publish(self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PublishReport:
         """Write, register and GC one version; `version=None` takes latest + 1."""
         with self._lock:
             t0 = time.perf_counter()

@@ -292,9 +292,7 @@ class Registry:
     async def put_status(self, status: dict[str, Any]) -> None:
         lease = await self.lease_id()
         with _etcd_errors("put status"):
-            await self.client.put(
-                _b(keys.engine(*self._k(), self.pod, self.role)), _b(json.dumps(status)), lease
-            )
+            await self.client.put(_b(keys.engine(*self._k(), self.pod, self.role)), _b(json.dumps(status)), lease)
 
     async def get_status(self, pod: str, role: str) -> dict[str, Any] | None:
         with _etcd_errors("get status"):
@@ -305,9 +303,7 @@ class Registry:
         """Record an operation on this identity's lease (its history lives as long as the engine)."""
         lease = await self.lease_id()
         with _etcd_errors("put op"):
-            await self.client.put(
-                _b(keys.op(*self._k(), self.pod, self.role, op_id)), _b(json.dumps(record)), lease
-            )
+            await self.client.put(_b(keys.op(*self._k(), self.pod, self.role, op_id)), _b(json.dumps(record)), lease)
 
     async def ops(self) -> list[dict[str, Any]]:
         """This identity's operations, oldest first (ids start with a nanosecond timestamp)."""

@@ -76,9 +76,7 @@ def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Ex
 
 
 class RolloutEngine:
-    def __init__(
-        self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout"
-    ) -> None:
+    def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout") -> None:
         self.cfg, self.registry, self.role = config, registry, role
         self.llm: Any = None
         self.phase = Phase.STOPPED
@@ -128,9 +126,7 @@ class RolloutEngine:
                 self._set_phase(Phase.FAILED, error=f"start failed: {e}")
                 raise
             self.model_dir, self.dummy, self.version = model_dir, dummy, None
-            self.timings.update(
-                {"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0}
-            )
+            self.timings.update({"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0})
             self._set_phase(Phase.READY)
             return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
 
@@ -220,9 +216,7 @@ class RolloutEngine:
             t0 = time.perf_counter()
             return self._load(Path(path), None, t0, t0, None)
 
-    def _load(
-        self, path: Path, v: int | None, t0: float, t1: float, digests: list[str] | None
-    ) -> UpdateReport:
+    def _load(self, path: Path, v: int | None, t0: float, t1: float, digests: list[str] | None) -> UpdateReport:
         index = layout.read_index(path)
         if v is not None and index.version != v:
             raise errors.TornVersion(f"{path} holds version {index.version}, not {v}")
@@ -297,9 +291,7 @@ class RolloutEngine:
                 stop_token_ids=opts.stop_token_ids,
                 ignore_eos=opts.ignore_eos,
             )
-            inputs: list[Any] = [
-                p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts
-            ]
+            inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
             try:
                 outs = self.llm.generate(inputs, params, use_tqdm=False)
             except Exception as e:

@@ -42,9 +42,7 @@ class SyncRegistry:
         self.endpoint = endpoint
 
     @staticmethod
-    async def _make(
-        endpoint: str, namespace: str, job: str, pod: str, role: str, ttl: int, timeout: float
-    ) -> Registry:
+    async def _make(endpoint: str, namespace: str, job: str, pod: str, role: str, ttl: int, timeout: float) -> Registry:
         # the Registry (and its asyncio.Event) must be created on the loop that uses it
         return Registry(endpoint, namespace, job, pod, role, ttl=ttl, timeout=timeout)
 
