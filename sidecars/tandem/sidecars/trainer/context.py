@@ -54,6 +54,7 @@ class TrainerContext:
     publisher: Publisher | None = None
     rollouts: RolloutClient | None = None
     first_iteration: int = 0
+    resumed: tuple[int, int] | None = None  # (version loaded from shm, first iteration) on resume
     pending: list[RewardInput] = field(default_factory=list)
     last_sync: float | None = None
     last_kl: float | None = None
@@ -81,6 +82,8 @@ class TrainerContext:
             ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
+        ctx.resumed = resume.resume_point(ctx) if env.resume else None  # before the publisher's cleanup
+        if ctx.publisher is not None and ctx.registry is not None:
             ctx.publisher.recover()
             serve_control_api(ctx.publisher, env)
             ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, spec.replicas), env.token)
@@ -98,12 +101,11 @@ class TrainerContext:
 
     # ---- versions --------------------------------------------------------------------------
     def start_version(self) -> int:
-        """Resume from the latest published version, or publish the initial weights as the first."""
-        found = resume.latest_state(self) if self.env.resume else None
-        if found is not None:
-            version, self.first_iteration = found
-        else:
-            version = self.publish(None)
+        """Publish the starting weights (initial, or resumed from shm) as a fresh version; sync rollouts."""
+        previous = None
+        if self.resumed is not None:
+            previous, self.first_iteration = self.resumed
+        version = self.publish(None if previous is None else previous + 1)
         self.engine.offload()  # the loop onloads before each train phase
         if self.is_driver:
             self.report("sync", self.first_iteration, version)

@@ -4,6 +4,9 @@ Role: rollouts advertise themselves under `keys.endpoint(...)` (lease-bound); th
 until the expected number is there. On resume (a restarted gang or `tandem run --resume`), the
 newest complete version in etcd is read back from shared memory into the Megatron model and
 the loop continues after the iteration that produced it. Caller: `TrainerContext`.
+
+Limitation: a version lives in the pod's shared memory only; a gang restart in a cluster deletes
+the pods (and their /dev/shm), so there it restarts from the initial model at iteration 0.
 """
 
 from __future__ import annotations
@@ -37,21 +40,28 @@ def wait_for_rollouts(registry: SyncRegistry, count: int, timeout: float = 600.0
     raise ResumeError(f"only {len(found)} of {count} rollout sidecars registered in etcd within {timeout:.0f}s")
 
 
-def latest_state(ctx: TrainerContext) -> tuple[int, int] | None:
-    """(version, first iteration to run) after loading the newest published weights, or None."""
-    if ctx.registry is None:  # non-driver ranks learn the answer from the driver
-        return ctx.broadcast(None)  # type: ignore[no-any-return]
-    latest = ctx.registry.latest()
-    result: tuple[int, int] | None = None
-    if latest is not None:
-        raw = ctx.registry.get_json(keys.progress(ctx.env.namespace, ctx.env.job))
-        p = Progress.model_validate(raw) if raw else Progress()
-        # stopped after publishing iteration p.iteration's weights: that iteration is done
-        result = (latest, p.iteration + (1 if latest > p.weight_version and raw else 0))
-    result = ctx.broadcast(result)
-    if result is not None:
-        load_version(ctx, result[0])
-    return result
+def resume_point(ctx: TrainerContext) -> tuple[int, int] | None:
+    """Load the newest complete version in this pod's shm into the model: (version, first iteration).
+
+    Version records in etcd are bound to the writer's lease and vanish with it, so a restarted
+    trainer looks at its shared memory, verifies the newest version's checksums, loads it, and
+    reads the iteration it belongs to from the (lease-free) progress record. Must run before the
+    publisher's start-up cleanup, which removes versions etcd no longer lists. Collective: the
+    driver decides, every rank loads.
+    """
+    found: tuple[int, int] | None = None
+    if ctx.is_driver:
+        local = layout.list_versions(ctx.env.shm_dir, ctx.env.job)
+        if local and ctx.registry is not None:
+            raw = ctx.registry.get_json(keys.progress(ctx.env.namespace, ctx.env.job))
+            p = Progress.model_validate(raw) if raw else Progress()
+            newest = local[-1]
+            # stopped after publishing iteration p.iteration's weights: that iteration is done
+            found = (newest, p.iteration + (1 if newest > p.weight_version and raw else 0))
+    found = ctx.broadcast(found)
+    if found is not None:
+        load_version(ctx, found[0])
+    return found
 
 
 def load_version(ctx: TrainerContext, version: int) -> None:
