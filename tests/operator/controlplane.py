@@ -186,7 +186,6 @@ class ControlPlane:
     def start(self, timeout: float = 240) -> ControlPlane:
         write_pki(self.pki)
         self.etcd_port, peer, self.api_port = free_port(), free_port(), free_port()
-        cm_port, sched_port, kwok_port = free_port(), free_port(), free_port()
         pki = self.pki
         self.kubeconfig.write_text(
             yaml.safe_dump(
@@ -252,10 +251,7 @@ class ControlPlane:
                 "kube-controller-manager",
                 f"--kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={cm_port}",
+                "--secure-port=0",  # no HTTPS endpoint: nothing to race for a port
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 "--use-service-account-credentials=false",
@@ -271,10 +267,9 @@ class ControlPlane:
                 "kube-scheduler",
                 f"--kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={sched_port}",
+                "--secure-port=0",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
                 "--v=1",
             ],
         )
@@ -284,7 +279,6 @@ class ControlPlane:
                 "kwok",
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
-                f"--server-address=127.0.0.1:{kwok_port}",
                 "--cidr=10.244.0.1/16",
                 "--node-ip=10.244.0.1",
             ],

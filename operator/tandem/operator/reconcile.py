@@ -4,14 +4,15 @@ Callers: the timer handler in `tandem.operator.handlers` (every reconcile interv
 Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, the job's pods
 (from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
 progress record in etcd. Decision: `tandem.operator.plan.decide`. Actions: ensure the Service,
-ConfigMap and Secret, delete and create pods, patch the status subresource, post Events.
+ConfigMap and Secret (create-if-absent: an existing token Secret is kept, never read), delete and
+create pods, patch the status subresource, post Events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -73,19 +74,6 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-async def _ensure_objects(kube: Kube, job: RLHFJob, uid: str) -> None:
-    await asyncio.gather(
-        kube.create(builders.build_service(job, owner_uid=uid)),
-        kube.create(builders.build_spec_configmap(job, owner_uid=uid)),
-        _ensure_secret(kube, job, uid),
-    )
-
-
-async def _ensure_secret(kube: Kube, job: RLHFJob, uid: str) -> None:
-    """Create-if-absent: an existing token is kept (409), so the operator never needs to read Secrets."""
-    await kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=uid))
-
-
 async def observe_pods(
     kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None, phase: str
 ) -> list[PodState]:
@@ -108,27 +96,34 @@ async def read_progress(
 
 
 async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str) -> None:
+    """Deletes first, then every create at once: pods need not wait for the Service, ConfigMap and
+    Secret (the kubelet waits for the volumes they back), which halves the time to a started gang."""
     job = memory.job
-    if job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured)):
-        await _ensure_objects(kube, job, ref.uid)
-        memory.objects_ensured = True
     if plan.delete:
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
-    if job is not None and plan.create:
-        await asyncio.gather(
-            *(
-                kube.create(
-                    builders.build_pod(
-                        job,
-                        i,
-                        restart_generation=plan.restart_generation,
-                        owner_uid=ref.uid,
-                        default_etcd=default_etcd,
-                    )
+    creates: list[Awaitable[bool]] = []
+    if job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured)):
+        creates += [
+            kube.create(builders.build_service(job, owner_uid=ref.uid)),
+            kube.create(builders.build_spec_configmap(job, owner_uid=ref.uid)),
+            kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=ref.uid)),
+        ]
+    if job is not None:
+        creates += [
+            kube.create(
+                builders.build_pod(
+                    job,
+                    i,
+                    restart_generation=plan.restart_generation,
+                    owner_uid=ref.uid,
+                    default_etcd=default_etcd,
                 )
-                for i in plan.create
             )
-        )
+            for i in plan.create
+        ]
+    if creates:
+        await asyncio.gather(*creates)
+        memory.objects_ensured = memory.objects_ensured or job is not None
 
 
 async def run(
