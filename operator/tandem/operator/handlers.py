@@ -38,6 +38,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING  # only our own Events (kopf.event) and real problems
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
+    settings.background.instant_exit_timeout = 5.0  # let a running reconcile finish before cleanup
     memo.kube = Kube(await connect(CONFIG.max_connections))
     memo.etcd = EtcdStore(CONFIG.etcd_timeout)
 
