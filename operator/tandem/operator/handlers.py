@@ -55,7 +55,14 @@ def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str],
     return {(namespace, state.job): state} if state is not None else None
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.reconcile_interval, initial_delay=0)  # type: ignore[untyped-decorator]
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLURAL,
+    interval=CONFIG.reconcile_interval,
+    initial_delay=0,
+    backoff=max(1.0, CONFIG.reconcile_interval),
+)  # type: ignore[untyped-decorator]
 async def reconcile_job(
     body: kopf.Body,
     meta: kopf.Meta,
@@ -110,8 +117,6 @@ async def delete_job_keys(
     except EtcdUnavailable as e:
         if retry < CONFIG.finalizer_retries:
             raise kopf.TemporaryError(f"etcd unavailable, will retry: {e}", delay=5) from None
-        kopf.event(
-            body, type="Warning", reason="EtcdCleanupSkipped", message=f"gave up deleting etcd keys: {e}"
-        )
+        kopf.event(body, type="Warning", reason="EtcdCleanupSkipped", message=f"gave up deleting etcd keys: {e}")
         return
     logger.info(f"deleted {deleted} etcd keys of {namespace}/{name}")
