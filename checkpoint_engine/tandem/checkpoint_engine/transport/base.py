@@ -11,9 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem.checkpoint_engine import errors
+
+if TYPE_CHECKING:
+    from tandem.checkpoint_engine.transport.store import ShardDest
+
+if TYPE_CHECKING:
+    pass
 
 
 class TransportError(errors.CheckpointEngineError):
@@ -76,14 +82,15 @@ Progress = Callable[[int], None]
 class Transport(Protocol):
     """Moves byte ranges of a peer's shard files into local memory.
 
-    `pull` copies shard `shard` of version `v` from `peer`, bytes [offset, len(dest)), into
-    `dest` (a writable view of the local shard file's mapping, covering the whole shard), calling
+    `pull` copies shard `shard` of version `v` from `peer`, bytes [offset, dest.nbytes), into
+    `dest` (the local shard file: its fd, and a map of it on demand), calling
     `progress` as bytes land. It raises PeerFailed when the peer dies, stalls for
     `stall_timeout` seconds, or refuses; bytes already delivered stay valid (the caller resumes
     from the last progress value with another peer).
     """
 
     name: str
+    needs_memory: bool  # peers read our shard maps directly (RDMA): the receiver maps and exposes them
 
     def advertise(self) -> dict[str, Any]:
         """Extra fields for this node's endpoint record (e.g. a transfer-engine segment name)."""
@@ -103,7 +110,7 @@ class Transport(Protocol):
         v: int,
         shard: int,
         offset: int,
-        dest: memoryview,
+        dest: ShardDest,
         progress: Progress,
         stall_timeout: float,
     ) -> None: ...

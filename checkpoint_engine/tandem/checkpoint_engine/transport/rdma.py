@@ -20,7 +20,7 @@ import ctypes
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.checkpoint_engine.local_etcd import free_port
 from tandem.checkpoint_engine.registry import parse_endpoint
@@ -28,6 +28,9 @@ from tandem.checkpoint_engine.transport.base import Peer, PeerFailed, Progress, 
 from tandem.checkpoint_engine.transport.wire import Connection
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from tandem.checkpoint_engine.transport.store import ShardDest
 
 CHUNK = 16 << 20
 
@@ -50,6 +53,7 @@ def address_of(view: memoryview) -> int:
 
 class RdmaTransport:
     name = "rdma"
+    needs_memory = True
 
     def __init__(
         self, host: str, metadata: str, protocol: str = "rdma", device: str = "", chunk: int = CHUNK
@@ -101,15 +105,15 @@ class RdmaTransport:
         v: int,
         shard: int,
         offset: int,
-        dest: memoryview,
+        dest: ShardDest,
         progress: Progress,
         stall_timeout: float,
     ) -> None:
         segment = peer.extra.get("segment")
         if not isinstance(segment, str):
             raise PeerFailed(f"{peer.pod} advertises no Mooncake segment")
-        local = self.expose(Path("<dest>"), dest)
-        total = len(dest)
+        local = self.expose(Path("<dest>"), dest.view())
+        total = dest.nbytes
         conn = Connection(peer, timeout=stall_timeout + 5)
         try:
             pos = offset

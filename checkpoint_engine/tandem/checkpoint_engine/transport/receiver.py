@@ -35,6 +35,7 @@ class ReceiveReport:
     bytes: int
     seconds: float
     verify_s: float
+    transfer_s: float = 0.0  # from the first upstream chosen to the last byte received
     upstreams: list[str] = field(default_factory=list)  # every peer pulled from, in order
     replans: int = 0
     already_here: bool = False
@@ -118,8 +119,10 @@ class Receiver:
         report = ReceiveReport(v, final, 0, 0.0, 0.0)
         try:
             self.reg.put_json(rkey, {"pod": self.pod, "since": time.time()}, lease=True)
+            tp = time.perf_counter()
             self._pull_all(inc, v, records, publisher, report, time.monotonic() + self.deadline)
             t1 = time.perf_counter()
+            report.transfer_s = t1 - tp
             index = inc.index
             if index is None:  # _pull_all returns only with the index set
                 raise errors.TornVersion(f"version {v}: no index received")
@@ -171,7 +174,9 @@ class Receiver:
                     raise PeerFailed("index not set")
                 if not inc.addrs:
                     inc.addrs = [
-                        self.transport.expose(inc.tmp / s.file, inc.view(i))
+                        self.transport.expose(inc.tmp / s.file, inc.dests[i].view())
+                        if self.transport.needs_memory
+                        else 0
                         for i, s in enumerate(index.shards)
                     ]
                 transport = self.transport if self.transport.name in peer.transports else self._tcp
@@ -185,7 +190,7 @@ class Receiver:
                             v,
                             shard,
                             have,
-                            inc.view(shard),
+                            inc.dests[shard],
                             functools.partial(inc.advance, shard),
                             self.stall_timeout,
                         )

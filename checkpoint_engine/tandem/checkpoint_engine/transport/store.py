@@ -21,6 +21,31 @@ from pathlib import Path
 from tandem.checkpoint_engine import errors, layout
 
 
+class ShardDest:
+    """Where a shard being received lands: its file (TCP writes with pwrite from a small reused
+    buffer, measured 2-4x faster on tmpfs than receiving into a fresh map, which takes a page
+    fault per 4 KiB) and, only for transports that read memory directly (RDMA), a map of it."""
+
+    def __init__(self, fd: int, nbytes: int) -> None:
+        self.fd, self.nbytes = fd, nbytes
+        self._map: mmap.mmap | None = None
+
+    def view(self) -> memoryview:
+        if self.nbytes == 0:
+            return memoryview(bytearray())
+        if self._map is None:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._map = mmap.mmap(self.fd, self.nbytes, flags=flags)
+        return memoryview(self._map)
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still exported (a registration or transfer)
+                pass
+
+
 class Incoming:
     """A version being received into a temp dir of the layout."""
 
@@ -37,29 +62,25 @@ class Incoming:
         self.index_bytes = b""
         self.avail: list[int] = []
         self.fds: list[int] = []
-        self.maps: list[mmap.mmap | None] = []
+        self.dests: list[ShardDest] = []
         self.addrs: list[int] = []  # where peers read each shard (RDMA registrations), 0 for TCP
         self.failed = False
         self.done = False
 
     def set_index(self, raw: bytes, index: layout.VersionIndex) -> None:
-        """Create every shard file at full size and map it; from now on peers can stream from us."""
-        maps: list[mmap.mmap | None] = []
+        """Create every shard file at full size; from now on peers can stream from us."""
+        dests = []
         for s in index.shards:
             fd = os.open(self.tmp / s.file, os.O_CREAT | os.O_RDWR, 0o644)
             os.ftruncate(fd, s.nbytes)
             self.fds.append(fd)
-            maps.append(mmap.mmap(fd, s.nbytes, flags=mmap.MAP_SHARED) if s.nbytes else None)
+            dests.append(ShardDest(fd, s.nbytes))
         (self.tmp / layout.INDEX).write_bytes(raw)
         with self.cond:
-            self.maps = maps
+            self.dests = dests
             self.index, self.index_bytes = index, raw
             self.avail = [0] * len(index.shards)
             self.cond.notify_all()
-
-    def view(self, shard: int) -> memoryview:
-        mm = self.maps[shard]
-        return memoryview(mm) if mm is not None else memoryview(b"")
 
     def advance(self, shard: int, avail: int) -> None:
         with self.cond:
@@ -93,12 +114,8 @@ class Incoming:
             return self.avail[shard]
 
     def close_maps(self) -> None:
-        for mm in self.maps:
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:  # a view is still exported (a transfer in flight)
-                    pass
+        for d in self.dests:
+            d.close()
 
     def finish(self, final: Path) -> None:
         """Rename the complete temp dir into place (open fds keep serving the renamed files)."""
