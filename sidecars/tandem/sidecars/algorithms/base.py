@@ -12,7 +12,10 @@ Flow per iteration:
 3. `batch = algo.prepare(samples, token_budget)` packs and attaches the algorithm's fields;
 4. the engine runs its forward on `batch.split(n)` micro-batches, computes
    `logprobs = token_logprobs(logits, mb.labels)` and calls `algo.loss(logprobs, mb)`; summing
-   the micro-batch losses (no further division) gives the whole batch's loss.
+   the micro-batch losses (no further division) gives the whole batch's loss. A part that is its
+   own optimizer step should be `part.normalised()` (weights summing to 1 over the part).
+   Without `old_logprobs` the ratio is 1 (exact for one gradient step per rollout); pass them
+   when taking several steps or epochs on the same samples, so that clipping can act.
 """
 
 from __future__ import annotations
