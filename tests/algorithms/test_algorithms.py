@@ -201,3 +201,14 @@ def test_extreme_logprobs_outside_the_mask_leave_gradients_finite(algo: GRPO | P
     loss.backward()
     assert torch.isfinite(loss) and lp.grad is not None and torch.isfinite(lp.grad).all()
     assert (lp.grad[batch.loss_mask == 0] == 0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_losses_follow_the_logprobs_device() -> None:
+    samples = _samples()
+    for algo in (GRPO(kl_coef=0.1), PPO(kl_coef=0.1), DPO()):
+        batch = algo.prepare(samples, token_budget=8)  # prepared on the CPU
+        lp = -torch.rand(batch.num_rows, batch.row_length)
+        cpu, _ = algo.loss(lp, batch)
+        gpu, _ = algo.loss(lp.cuda(), batch)
+        assert gpu.device.type == "cuda" and gpu.item() == pytest.approx(cpu.item(), rel=1e-5)

@@ -89,17 +89,19 @@ class DPO:
         total_pairs = batch.stats.get("pairs", 0.0)
         if total_pairs <= 0 or not batch.placements:
             raise AlgorithmError("dpo batch holds no preference pair: skip training on it")
+        batch = batch.to(logprobs.device)
+        dev = logprobs.device
         n = len(batch.placements)
         policy = F.sequence_sums(logprobs, batch.loss_mask, batch.seq_index, n)
         pair_ids, local_pair = torch.unique(batch.seq_fields["pair"], return_inverse=True)
         sign = batch.seq_fields["sign"]
         chosen = sign > 0
         k = int(pair_ids.numel())
-        pi_c = torch.zeros(k).index_add(0, local_pair[chosen], policy[chosen])
-        pi_r = torch.zeros(k).index_add(0, local_pair[~chosen], policy[~chosen])
+        pi_c = torch.zeros(k, device=dev).index_add(0, local_pair[chosen], policy[chosen])
+        pi_r = torch.zeros(k, device=dev).index_add(0, local_pair[~chosen], policy[~chosen])
         ref = batch.seq_fields["ref_logps"]
-        ref_c = torch.zeros(k).index_add(0, local_pair[chosen], ref[chosen])
-        ref_r = torch.zeros(k).index_add(0, local_pair[~chosen], ref[~chosen])
+        ref_c = torch.zeros(k, device=dev).index_add(0, local_pair[chosen], ref[chosen])
+        ref_r = torch.zeros(k, device=dev).index_add(0, local_pair[~chosen], ref[~chosen])
         per_pair, margin = F.dpo_loss(pi_c, pi_r, ref_c, ref_r, self.beta)
         loss = per_pair.sum() / total_pairs
         return loss, {

@@ -62,7 +62,8 @@ def loss_weights(mask: torch.Tensor, seq_index: torch.Tensor, reduction: Reducti
         return mask / mask.sum().clamp(min=1.0)
     ids = torch.where(mask > 0, seq_index, -1)
     n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
-    counts = torch.zeros(max(n, 1)).index_add_(0, ids[ids >= 0], torch.ones(int((ids >= 0).sum())))
+    sel = ids[ids >= 0]
+    counts = torch.zeros(max(n, 1), device=mask.device).index_add_(0, sel, torch.ones(sel.numel(), device=mask.device))
     n_seqs = int((counts > 0).sum())
     per_token = torch.where(ids >= 0, 1.0 / counts[ids.clamp(min=0)].clamp(min=1.0), 0.0)
     return per_token / max(n_seqs, 1)
@@ -110,8 +111,8 @@ def gae(
     where `mask` is 0.
     """
     adv = torch.zeros_like(rewards, dtype=torch.float32)
-    next_value = torch.zeros(rewards.shape[0])
-    running = torch.zeros(rewards.shape[0])
+    next_value = torch.zeros(rewards.shape[0], device=rewards.device)
+    running = torch.zeros(rewards.shape[0], device=rewards.device)
     for t in reversed(range(rewards.shape[1])):
         m = mask[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]
@@ -140,7 +141,8 @@ def sequence_sums(
 ) -> torch.Tensor:
     """Sum of `per_token * mask` within each sequence (`seq_index` in [0, n)) -> `[n]`."""
     sel = (mask > 0) & (seq_index >= 0)
-    return torch.zeros(n, dtype=per_token.dtype).index_add(0, seq_index[sel], per_token[sel])
+    out = torch.zeros(n, dtype=per_token.dtype, device=per_token.device)
+    return out.index_add(0, seq_index[sel], per_token[sel])
 
 
 def dpo_loss(

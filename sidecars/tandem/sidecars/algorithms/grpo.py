@@ -77,6 +77,7 @@ class GRPO:
     def loss(self, logprobs: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, Metrics]:
         if batch.weights is None:
             raise AlgorithmError("batch was not prepared by GRPO.prepare (no weights)")
+        batch = batch.to(logprobs.device)
         mask = batch.loss_mask
         old = batch.token_fields.get("old_logprobs")
         old = logprobs.detach() if old is None else old

@@ -146,6 +146,21 @@ class PackedBatch:
         bounds = [round(i * self.num_rows / n) for i in range(n + 1)]
         return [self.rows(bounds[i], bounds[i + 1]) for i in range(n)]
 
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The same batch with every tensor on `device` (itself when already there)."""
+        dev = torch.device(device)
+        if self.input_ids.device == dev:
+            return self
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(dev, non_blocking=True)
+
+        return PackedBatch(
+            move(self.input_ids), move(self.position_ids), move(self.segment_ids), move(self.labels),
+            move(self.loss_mask), move(self.seq_index), list(self.placements),
+            {k: move(v) for k, v in self.token_fields.items()}, {k: move(v) for k, v in self.seq_fields.items()},
+            None if self.weights is None else move(self.weights), dict(self.stats))
+
     def normalised(self) -> PackedBatch:
         """This part as a batch of its own: weights rescaled to sum to 1 over its rows, DPO's pair
         count set to the pairs it holds. For a part that is its own optimizer step; parts whose

@@ -116,6 +116,7 @@ class PPO:
     def loss(self, logprobs: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, Metrics]:
         if batch.weights is None:
             raise AlgorithmError("batch was not prepared by PPO.prepare (no weights)")
+        batch = batch.to(logprobs.device)
         mask = batch.loss_mask
         old = batch.token_fields.get("old_logprobs")
         old = logprobs.detach() if old is None else old
@@ -135,6 +136,7 @@ class PPO:
         """Clipped value loss of the critic's `[R, L]` values (aligned like log-probs)."""
         if batch.weights is None:
             raise AlgorithmError("batch was not prepared by PPO.prepare (no weights)")
+        batch = batch.to(values.device)
         mask = batch.loss_mask
         (values,) = F.masked_inputs(mask, values)
         vl, clipped = F.clipped_value_loss(
