@@ -7,6 +7,7 @@ machine through `tandem.cli.local`.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -43,7 +44,7 @@ def crd(write: bool = typer.Option(False, "--write", help="Write manifests/crd a
     """Print the RLHFJob CRD generated from the spec models (or write both committed copies)."""
     text = crd_gen.render()
     if not write:
-        out.print(text, end="", markup=False, highlight=False)
+        sys.stdout.write(text)  # plain: rich would wrap long lines
         return
     for target in CRD_TARGETS:
         path = root / target

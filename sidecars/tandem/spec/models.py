@@ -104,8 +104,8 @@ class Rollout(Base):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     prompts_per_iteration: Annotated[int, Field(ge=1, le=100_000)] = 64
     between_rollouts: Literal["terminate", "sleep", "keep"] = Field(
-        default="terminate", description="What the rollout does with vLLM while the trainer trains: terminate frees the "
-        "accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
+        default="terminate", description="What the rollout does with vLLM while the trainer trains: terminate "
+        "frees the accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
     resources: Resources = Field(default_factory=Resources)
 
 

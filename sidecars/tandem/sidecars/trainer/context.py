@@ -54,6 +54,7 @@ class TrainerContext:
     publisher: Publisher | None = None
     rollouts: RolloutClient | None = None
     first_iteration: int = 0
+    version: int = -1  # the weight version every rollout has loaded
     resumed: tuple[int, int] | None = None  # (version loaded from shm, first iteration) on resume
     pending: list[RewardInput] = field(default_factory=list)
     last_sync: float | None = None
@@ -133,6 +134,7 @@ class TrainerContext:
         elif mode == "sleep" and not initial:
             self.rollouts.wake_up()
         self.rollouts.update(version)
+        self.version = version
         self.last_sync = time.perf_counter() - t
         return self.last_sync
 

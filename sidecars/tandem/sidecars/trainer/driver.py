@@ -16,6 +16,7 @@ from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput
+from tandem.sidecars.trainer import resume
 from tandem.sidecars.trainer.context import TrainerContext
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
@@ -71,6 +72,7 @@ def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[S
     prompts = ctx.dataset.batch(iteration, spec.rollout.prompts_per_iteration)
     opts = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                            max_tokens=spec.rollout.max_tokens, seed=iteration)
+    joined = ctx.rollouts.join(resume.rollout_addresses(ctx.registry), ctx.version) if ctx.registry else []
     t = time.perf_counter()
     groups, versions = ctx.rollouts.generate([p.text for p in prompts], opts, n=spec.algorithm.group_size)
     seconds = time.perf_counter() - t
@@ -85,6 +87,7 @@ def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[S
             samples.append(Sample(prompt_ids=c.prompt_token_ids, completion_ids=c.token_ids or [ctx.eos_id], group=g))
             ctx.pending.append(RewardInput(prompt.text, c.text, prompt.answer))
     info.update(completions=len(samples), generate_seconds=seconds, rollout_version=versions.pop(),
+                rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
                 probe={"prompt": probe_prompt, "greedy": probe[0][0].text},
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))

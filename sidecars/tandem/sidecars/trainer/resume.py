@@ -26,16 +26,22 @@ class ResumeError(RuntimeError):
     pass
 
 
-def wait_for_rollouts(registry: SyncRegistry, count: int, timeout: float = 600.0) -> list[str]:
-    """Addresses of `count` rollout sidecars (their own pods' first), waiting for them to register."""
+def rollout_addresses(registry: SyncRegistry) -> list[str]:
+    """Addresses of the rollout sidecars that are up now (hybrid and rollout-only pods), sorted."""
     prefix = keys.endpoints_prefix(registry.namespace, registry.job)
+    found = {k: str(v["address"]) for k, v in registry.list_json(prefix).items()
+             if k.endswith("/rollout") and v.get("ready")}
+    return [found[k] for k in sorted(found)]
+
+
+def wait_for_rollouts(registry: SyncRegistry, count: int, timeout: float = 600.0) -> list[str]:
+    """Addresses of at least `count` rollout sidecars, waiting for them to register."""
     deadline = time.monotonic() + timeout
-    found: dict[str, str] = {}
+    found: list[str] = []
     while time.monotonic() < deadline:
-        found = {k: str(v["address"]) for k, v in registry.list_json(prefix).items()
-                 if k.endswith("/rollout") and v.get("ready")}
+        found = rollout_addresses(registry)
         if len(found) >= count:
-            return [found[k] for k in sorted(found)]
+            return found
         time.sleep(0.5)
     raise ResumeError(f"only {len(found)} of {count} rollout sidecars registered in etcd within {timeout:.0f}s")
 

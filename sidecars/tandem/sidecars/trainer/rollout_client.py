@@ -28,6 +28,16 @@ class RolloutClient:
         self.addresses = list(addresses)
         self._http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
 
+    def join(self, addresses: Sequence[str], version: int) -> list[str]:
+        """Adopt the rollouts now registered: newcomers (e.g. rollout-only pods scaled up) first load
+        `version`; vanished ones (their etcd lease expired) are dropped. Returns the newcomers."""
+        new = [a for a in addresses if a not in self.addresses]
+        for a in new:
+            self._call(a, "/update", {"version": version})
+        if addresses:
+            self.addresses = list(addresses)
+        return new
+
     def close(self) -> None:
         self._http.close()
 
