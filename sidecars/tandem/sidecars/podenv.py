@@ -7,6 +7,7 @@ and `python -m tandem.sidecars.rollout`.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Mapping
@@ -71,3 +72,18 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+def start_sidecar(log: logging.Logger) -> tuple[PodEnv, RLHFJob] | None:
+    """Common start of both sidecar entry points: logging, SIGTERM handling, env and job.
+
+    Returns None (after logging why) when the environment or the job file is bad.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    exit_on_sigterm()
+    try:
+        env = PodEnv.from_environ()
+        return env, env.load_job()
+    except (PodEnvError, ValueError) as e:
+        log.error("%s", e)
+        return None

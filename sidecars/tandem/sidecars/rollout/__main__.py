@@ -17,7 +17,7 @@ from pathlib import Path
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.sidecars.podenv import PodEnv, PodEnvError, exit_on_sigterm
+from tandem.sidecars.podenv import start_sidecar
 
 log = logging.getLogger("tandem.rollout")
 
@@ -29,14 +29,10 @@ def max_model_len(model_dir: str, max_tokens: int) -> int:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    exit_on_sigterm()
-    try:
-        env = PodEnv.from_environ()
-        job = env.load_job()
-    except (PodEnvError, ValueError) as e:
-        log.error("%s", e)
+    started = start_sidecar(log)
+    if started is None:
         return 2
+    env, job = started
     import uvicorn
 
     from tandem.sidecars.rollout.server import build_app

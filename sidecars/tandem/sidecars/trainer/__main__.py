@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from tandem.sidecars.podenv import PodEnv, PodEnvError, exit_on_sigterm
+from tandem.sidecars.podenv import PodEnv, start_sidecar
 
 log = logging.getLogger("tandem.trainer")
 
@@ -33,14 +33,10 @@ def _rank_main(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    exit_on_sigterm()
-    try:
-        env = PodEnv.from_environ()
-        job = env.load_job()
-    except (PodEnvError, ValueError) as e:
-        log.error("%s", e)
+    started = start_sidecar(log)
+    if started is None:
         return 2
+    env, job = started
     ranks = job.spec.trainer_ranks_per_pod()
     if ranks == 1:
         _rank_main(0, env, 1)
