@@ -75,7 +75,6 @@ class HolderServer:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             # a receiver that stops reading makes sendfile fail after this long instead of hanging
             conn.setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.wait_timeout), 0)

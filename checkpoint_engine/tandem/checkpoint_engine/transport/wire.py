@@ -61,7 +61,6 @@ class Connection:
         except OSError as e:
             raise PeerFailed(f"cannot connect to {peer.pod} at {peer.host}:{peer.port}: {e}") from e
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         try:
