@@ -25,3 +25,4 @@ lint: setup-python
 
 crd: setup-python
 	$(VENV)/bin/tandem crd --write
+	$(VENV)/bin/python tests/operator/render_manifests.py
