@@ -28,9 +28,7 @@ class Pod:
     def __init__(self, name: str, root: Path, argv: list[str]) -> None:
         self.name, self.root = name, root
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            str(REPO / p) for p in ("checkpoint_engine", "sidecars", "operator")
-        )
+        env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("checkpoint_engine", "sidecars", "operator"))
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )
@@ -93,8 +91,20 @@ class Pods:
 
     def start(self, role: str, name: str, *extra: str) -> Pod:
         root = self.base / name
-        argv = [sys.executable, str(POD_SCRIPT), role, "--etcd", self.etcd, "--job", self.job, "--pod", name,
-                "--root", str(root), *extra]
+        argv = [
+            sys.executable,
+            str(POD_SCRIPT),
+            role,
+            "--etcd",
+            self.etcd,
+            "--job",
+            self.job,
+            "--pod",
+            name,
+            "--root",
+            str(root),
+            *extra,
+        ]
         if name in self.netns:
             ns, addr = self.netns[name]
             argv = ["ip", "netns", "exec", ns, *argv, "--advertise", addr, "--bind", addr]
@@ -126,5 +136,3 @@ def wait_for(cond: Any, timeout: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-

@@ -2,12 +2,15 @@
 
 Covers: version v reaches every receiver byte-exact through a pipelined chain; a receiver killed
 mid-transfer does not stop the one after it; a publisher killed mid-transfer is replaced by
-another holder; a late joiner gets the current version. Also the pure chain planner.
+another holder; a late joiner gets the current version. Also the pure chain planner, the
+transport choice and RDMA discovery ("no device" is an answer, never a crash; on machines with
+an RDMA device the no-device case is skipped, saying why).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +18,11 @@ from broadcast_pods import Pods, same_bytes, wait_for
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.checkpoint_engine.transport import plan
+from tandem.checkpoint_engine.transport import RdmaUnavailable, make_transport, plan
+from tandem.checkpoint_engine.transport.select import rdma_devices
+from tandem.checkpoint_engine.transport.tcp import TcpTransport
+
+HAS_RDMA = bool(rdma_devices())
 
 # 48 MiB in 16 MiB shards, streams capped at 24 MiB/s: about 2 s per version, time to kill things
 SLOW = ("--mib", "48", "--max-rate", str(24 << 20))
@@ -28,6 +35,28 @@ def test_plan_is_a_chain_then_holders() -> None:
     assert plan("r3", chain, ["h", "pub"], "pub", {"r2"}) == ["pub", "h", "r1"]
     assert plan("late", [], ["pub", "r1"], "pub", {"pub"}) == ["r1"]
     assert plan("r1", chain, [], None, {"r1"}) == []
+
+
+def test_discovery_without_sysfs_or_with_an_empty_one(tmp_path: Path) -> None:
+    assert rdma_devices(tmp_path / "absent") == []
+    (tmp_path / "empty").mkdir()
+    assert rdma_devices(tmp_path / "empty") == []
+
+
+def test_tcp_is_always_available() -> None:
+    assert isinstance(make_transport("tcp", host="127.0.0.1", metadata="127.0.0.1:2379"), TcpTransport)
+
+
+@pytest.mark.skipif(HAS_RDMA, reason="this machine has an RDMA device")
+def test_auto_falls_back_to_tcp_and_rdma_refuses_without_a_device() -> None:
+    assert make_transport("auto", host="127.0.0.1", metadata="127.0.0.1:2379").name == "tcp"
+    with pytest.raises(RdmaUnavailable, match="no RDMA device"):
+        make_transport("rdma", host="127.0.0.1", metadata="127.0.0.1:2379")
+
+
+def test_unknown_transport_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown transport"):
+        make_transport("udp", host="127.0.0.1", metadata="127.0.0.1:2379")
 
 
 def _receiving(reg: SyncRegistry, pods: Pods) -> list[str]:

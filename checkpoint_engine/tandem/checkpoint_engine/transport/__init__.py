@@ -1,8 +1,8 @@
 """Cross-pod weight broadcast: holder servers, pipelined receivers, TCP and RDMA transports.
 
 Callers: every pod's checkpoint engine (`BroadcastNode`), bench/broadcast.py. Modules: base
-(interface, errors), select (auto|rdma|tcp → transport), tcp, rdma (Mooncake), discovery (RDMA
-devices), wire (protocol), store (local versions), server (holder server), receiver (plan,
+(interface, errors), select (auto|rdma|tcp → transport, RDMA device
+discovery), tcp, rdma (Mooncake), wire (protocol), store (local versions), server (holder server), receiver (plan,
 pull, verify, rename), node (both, for one pod).
 """
 

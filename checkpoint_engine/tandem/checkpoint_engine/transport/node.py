@@ -53,9 +53,7 @@ class BroadcastNode:
             max_rate=max_rate,
             transport=self.transport,
         )
-        self.receiver = Receiver(
-            registry, self.store, self.transport, stall_timeout=stall_timeout, deadline=deadline
-        )
+        self.receiver = Receiver(registry, self.store, self.transport, stall_timeout=stall_timeout, deadline=deadline)
 
     @property
     def peer(self) -> Peer:

@@ -9,7 +9,7 @@ the bytes move by `transfer_sync_read` into our registered destination map, chun
 Mooncake traps handled here: every buffer is registered (RDMA needs it, TCP does not check);
 the segment name is fresh per process (host:<free port>), since a restarted engine under an old
 name would be served stale buffer addresses; asking for "rdma" without a device silently uses
-TCP, so select.py only asks for it when discovery.py found a device; its etcd keys carry no
+TCP, so select.py only asks for it when it found a device; its etcd keys carry no
 lease: `close()` unregisters them, and a crashed process leaves one stale `mooncake/*/<name>`
 entry that no plan refers to (names are never reused).
 """
@@ -55,9 +55,7 @@ class RdmaTransport:
     name = "rdma"
     needs_memory = True
 
-    def __init__(
-        self, host: str, metadata: str, protocol: str = "rdma", device: str = "", chunk: int = CHUNK
-    ) -> None:
+    def __init__(self, host: str, metadata: str, protocol: str = "rdma", device: str = "", chunk: int = CHUNK) -> None:
         if not mooncake_available():
             raise RdmaUnavailable(
                 "the Mooncake transfer engine is not importable "
@@ -131,9 +129,7 @@ class RdmaTransport:
                 )
                 avail, remote = int(reply.get("avail", 0)), int(reply.get("addr", 0))
                 if int(reply.get("total", -1)) != total:
-                    raise PeerFailed(
-                        f"{peer.pod}: shard {shard} size differs ({reply.get('total')} != {total})"
-                    )
+                    raise PeerFailed(f"{peer.pod}: shard {shard} size differs ({reply.get('total')} != {total})")
                 if avail <= pos or remote == 0:
                     raise PeerFailed(f"{peer.pod} stalled for {stall_timeout}s in shard {shard}")
                 n = min(avail, want) - pos

@@ -153,9 +153,7 @@ class Receiver:
         shard = 0
         while True:
             if time.monotonic() > deadline:
-                raise NoSource(
-                    f"version {v}: not received within {self.deadline}s (tried {report.upstreams})"
-                )
+                raise NoSource(f"version {v}: not received within {self.deadline}s (tried {report.upstreams})")
             cands = self._candidates(v, bad, publisher)
             if not cands:
                 if bad:  # every source failed once: they may have recovered (or new ones joined)

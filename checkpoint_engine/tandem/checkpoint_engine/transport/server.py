@@ -76,9 +76,7 @@ class HolderServer:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # a receiver that stops reading makes sendfile fail after this long instead of hanging
-            conn.setsockopt(
-                socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.wait_timeout), 0)
-            )
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.wait_timeout), 0))
             with self._lock:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="holder-conn", daemon=True).start()
