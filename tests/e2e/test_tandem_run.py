@@ -1,7 +1,7 @@
 """End to end: `tandem run` on a tiny toy model with real etcd, vLLM (CPU) and megatron-core.
 
 Runs the CLI as a user would (a subprocess), then checks what it left behind: the loop ran every
-iteration, each iteration published a new weight version that the rollout then generated with
+iteration with a hybrid pod and a rollout-only pod (which pulls each version over TCP), each iteration published a new weight version that the rollout then generated with
 (versions advance, on-policy), the live vLLM's greedy output changed as the weights did, the
 metrics and the plot were written, and nothing was left running or in shared memory.
 """
@@ -37,6 +37,7 @@ def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:
     job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
     job["spec"]["algorithm"].update(iterations=ITERATIONS, lr=3e-3)
     job["spec"]["rollout"]["promptsPerIteration"] = 8
+    job["spec"]["rolloutOnlyReplicas"] = 1  # a second pod that only generates: gets weights over TCP
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(job))
     runs = tmp_path / "runs"
@@ -53,7 +54,12 @@ def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:
     assert rows[0]["rollout_version"] == published[0] - 1
     probes = [r["probe"]["greedy"] for r in rows]
     assert len(set(probes)) > 1, f"greedy output never changed across versions: {probes}"
+    # the rollout-only pod (its own shm dir) pulled every version from the trainer's pod
+    pulled = (runs / "e2e-grpo" / "logs" / "e2e-grpo-1-rollout.log").read_text()
+    for v in [published[0] - 1, *published[:-1]]:
+        assert f"pulled version {v} " in pulled, f"rollout-only pod never pulled version {v}"
     for r in rows:
+        assert r["rollouts"] == 2
         assert r["completions"] == 8 * job["spec"]["algorithm"]["groupSize"]
         assert 0.0 <= r["reward_mean"] <= 1.1
         assert set(r["seconds"]) >= {"rollout", "inference", "train", "publish", "sync", "onload", "offload"}

@@ -1,7 +1,9 @@
 """`python -m tandem.sidecars.rollout`: the rollout container's entry point.
 
-Starts vLLM with dummy weights through the checkpoint engine (`RolloutEngine`), loads the newest
-published version if there is one (a late joiner or a restarted pod), advertises its address
+Starts vLLM with dummy weights through the checkpoint engine (`PodRolloutEngine`: versions not
+in this pod's shm are pulled from other pods first), starts this pod's broadcast node (serves the
+versions it holds), loads the newest published version if there is one (a late joiner or a
+restarted pod), advertises its address
 under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes with the process), and
 serves the control + generation API on TANDEM_CE_PORT. Caller: the pod built by
 `tandem.operator.builders`, or `tandem run`.
@@ -15,9 +17,11 @@ import sys
 from pathlib import Path
 
 from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars.podenv import start_sidecar
+from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 
 log = logging.getLogger("tandem.rollout")
 
@@ -39,9 +43,14 @@ def main() -> int:
 
     spec = job.spec
     registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "rollout").connect()
-    engine = RolloutEngine(EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
-                                        max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens),
-                                        enable_sleep_mode=spec.rollout.between_rollouts == "sleep"), registry)
+    node = BroadcastNode(registry, env.shm_dir, transport=spec.checkpoint_engine.transport,
+                         advertise=env.pod_ip).start()
+    node.announce_local()
+    engine = PodRolloutEngine(EngineConfig(shm_root=env.shm_dir, job=env.job,
+                                           tensor_parallel=spec.rollout.tensor_parallel,
+                                           max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens),
+                                           enable_sleep_mode=spec.rollout.between_rollouts == "sleep"),
+                              registry, node)
     try:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:
@@ -51,6 +60,7 @@ def main() -> int:
         uvicorn.run(build_app(engine, env.token), host="0.0.0.0", port=env.port, log_level="warning")  # noqa: S104
     finally:
         engine.terminate()
+        node.close()
         registry.close()
     return 0
 

@@ -87,7 +87,8 @@ class TrainerContext:
         if ctx.publisher is not None and ctx.registry is not None:
             ctx.publisher.recover()
             serve_control_api(ctx.publisher, env)
-            ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, spec.replicas), env.token)
+            expected = spec.replicas + spec.rollout_only_replicas  # more may join later (scaled up)
+            ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, expected), env.token)
         return ctx
 
     @property
