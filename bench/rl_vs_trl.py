@@ -1,0 +1,257 @@
+"""RL-loop benchmark: Tandem's `tandem run` against TRL's GRPOTrainer, side by side in one run.
+
+Both learn the toy task (single-digit addition, `tandem.sidecars.toy`) from a fresh copy of the
+same model, with the same prompts (the toy train.jsonl), the same rewards (Tandem's `RewardSet`
+wrapped as one TRL reward function: answerMatch x1 + format x0.1), group size 8, completion
+length, prompts per iteration, learning rate (constant, Adam, no weight decay, grad clip 1),
+KL coefficient 0.001, clip 0.2, token-mean loss (TRL loss_type "dapo") and number of iterations.
+Tandem runs as a subprocess (`tandem run` on a generated job YAML; its metrics.jsonl is parsed);
+TRL runs in this process (its train loop timed by a callback). Reported: completions/s for each
+(Tandem without process start-up, i.e. the sum of per-iteration seconds, and with it), reward
+mean over the last iterations (same number of completions on both sides), their ratios, and
+Tandem's phase-switch share of an iteration (offload/onload/publish/sync/release; target <= 15%).
+
+Sizes: `tiny` is the demo's model (fixed per-iteration costs dominate; report only); `100m` is a
+~100M-parameter random Qwen2 with the toy tokenizer and 64-token completions (reward meaningless,
+throughput only). Not a test; needs TRL in the venv (see `TRL_HINT`). Run:
+    /root/.cache/tandem/venv/bin/python bench/rl_vs_trl.py --size tiny [--iterations 20] [--out DIR]
+It prints a table and writes DIR/rl_vs_trl-<size>.json (default DIR: /tmp/tandem-bench/rl_vs_trl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOTS = ("operator", "sidecars", "checkpoint_engine")
+sys.path[:0] = [str(ROOT / r) for r in ROOTS]
+
+TRL_HINT = ('TRL is not installed. Install it beside the venv\'s torch/transformers without upgrading them:\n'
+            '  /root/.cache/tandem/venv/bin/pip install trl --no-deps\n'
+            '  /root/.cache/tandem/venv/bin/pip install accelerate datasets --no-deps\n'
+            '  /root/.cache/tandem/venv/bin/pip install "pyarrow>=24" pandas "multiprocess<0.70.20"')
+REWARDS = [{"type": "answerMatch", "weight": 1.0}, {"type": "format", "pattern": "<answer>-?[0-9]+</answer>",
+                                                     "weight": 0.1}]
+
+
+@dataclass(frozen=True)
+class Size:
+    max_tokens: int  # completion length
+    prompts: int  # prompts per iteration
+    iterations: int
+    global_batch: int  # completions per optimizer step
+    micro_batch: int
+    group: int = 8
+    lr: float = 2e-4
+    kl: float = 0.001
+    clip: float = 0.2
+
+
+SIZES = {"tiny": Size(max_tokens=12, prompts=32, iterations=20, global_batch=128, micro_batch=16),
+         "100m": Size(max_tokens=64, prompts=4, iterations=3, global_batch=32, micro_batch=8)}
+# ~105M parameters: 14 layers x (attention 1.6M + MLP 5.9M) + embeddings; head_dim 64
+SHAPE_100M = {"hidden_size": 768, "intermediate_size": 2560, "num_hidden_layers": 14, "num_attention_heads": 12,
+              "num_key_value_heads": 4}
+
+
+def prepare(size: str, out: Path) -> tuple[Path, Path, int]:
+    """(model dir, train.jsonl, parameters): the toy build (cached), or a random ~100M Qwen2 on its tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tandem.sidecars.toy.build import build_toy
+
+    toy = build_toy(out / "toy", seed=0, warmup_steps=150, max_operand=10)
+    if size == "tiny":
+        src = toy.model_dir
+    else:
+        src = out / "model-100m"
+        if not (src / "model.safetensors").is_file():
+            config = AutoConfig.from_pretrained(toy.model_dir)
+            for k, v in SHAPE_100M.items():
+                setattr(config, k, v)
+            config.layer_types = ["full_attention"] * config.num_hidden_layers
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(config).save_pretrained(src, safe_serialization=True)
+            for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+                shutil.copy(toy.model_dir / f, src / f)
+    params = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(src).parameters())
+    return src, toy.train_path, int(params)
+
+
+def fresh_copy(src: Path, dst: Path) -> Path:
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path) -> Path:
+    import yaml
+
+    spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "bench-rl-vs-trl"},
+            "spec": {"model": {"path": str(model)}, "dataset": {"path": str(train)},
+                     "algorithm": {"name": "grpo", "groupSize": s.group, "klCoef": s.kl, "clip": s.clip, "lr": s.lr,
+                                   "iterations": iterations},
+                     "replicas": 1, "gpusPerPod": 0,
+                     "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
+                                 "microBatchSize": s.micro_batch, "offload": True},
+                     "rollout": {"tensorParallel": 1, "maxTokens": s.max_tokens, "temperature": 1.0,
+                                 "promptsPerIteration": s.prompts, "betweenRollouts": "keep"},
+                     "rewards": REWARDS,
+                     "checkpointEngine": {"shmSize": "4Gi", "transport": "tcp", "shardSizeMiB": 64},
+                     "failurePolicy": {"maxRestarts": 0}}}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    log = workdir / "tandem-run.log"
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
+    with open(log, "w") as f:  # the sidecars run from the same tree as this script
+        rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
+                            cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.perf_counter() - t0
+    metrics = workdir / "bench-rl-vs-trl" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+    if rc != 0 or not rows:
+        raise SystemExit(f"tandem run failed (rc={rc}, {len(rows)} iterations); see {log}")
+    phases: dict[str, float] = {}
+    for r in rows:
+        for k, v in r["seconds"].items():
+            phases[k] = phases.get(k, 0.0) + v / len(rows)
+    return {"rewards": [r["reward_mean"] for r in rows], "completions": sum(r["completions"] for r in rows),
+            "loop_seconds": sum(r["total_seconds"] for r in rows), "wall_seconds": wall,
+            "generate_seconds": sum(r["generate_seconds"] for r in rows),
+            "switch_share": sum(r["switch_share"] for r in rows) / len(rows), "phase_seconds_mean": phases}
+
+
+def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path) -> dict[str, Any]:
+    warnings.filterwarnings("ignore")
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+
+    from tandem.sidecars.rewards import RewardInput, RewardSet
+    from tandem.spec.models import Reward
+
+    reward_set = RewardSet([Reward.model_validate(r) for r in REWARDS])
+    per_call: list[tuple[int, float]] = []
+
+    def tandem_rewards(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        totals, _parts = reward_set.score([RewardInput(p, c, a) for p, c, a in zip(prompts, completions, answer,
+                                                                                    strict=True)])
+        per_call.append((len(totals), sum(totals) / len(totals)))
+        return totals
+
+    class Clock(TrainerCallback):  # type: ignore[misc]
+        begin = end = 0.0
+
+        def on_train_begin(self, *a: Any, **k: Any) -> None:
+            Clock.begin = time.perf_counter()
+
+        def on_train_end(self, *a: Any, **k: Any) -> None:
+            Clock.end = time.perf_counter()
+
+    rows = [json.loads(x) for x in train.read_text().splitlines() if x.strip()]
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows])
+    completions = s.prompts * s.group
+    config = GRPOConfig(
+        output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, seed=0, learning_rate=s.lr, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip, loss_type="dapo",
+        scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
+        per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
+        steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[tandem_rewards], args=config, train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
+    setup = time.perf_counter() - t0
+    trainer.train()
+    return {"rewards": [m for _, m in per_call], "completions": sum(n for n, _ in per_call),
+            "loop_seconds": Clock.end - Clock.begin, "wall_seconds": time.perf_counter() - t0,
+            "setup_seconds": setup}
+
+
+def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str, Any], trl: dict[str, Any],
+              out: Path) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.table import Table
+
+    k = max(1, min(5, iterations // 4))
+    for r in (tandem, trl):
+        r["completions_per_s"] = r["completions"] / r["loop_seconds"]
+        r["completions_per_s_with_startup"] = r["completions"] / r["wall_seconds"]
+        r["reward_first"] = sum(r["rewards"][:k]) / len(r["rewards"][:k])
+        r["reward_last"] = sum(r["rewards"][-k:]) / len(r["rewards"][-k:])
+    result = {"size": size, "parameters": params, "iterations": iterations, "last_k": k, "settings": asdict(s),
+              "tandem": tandem, "trl": trl,
+              "ratio_completions_per_s": tandem["completions_per_s"] / trl["completions_per_s"],
+              "ratio_completions_per_s_with_startup":
+                  tandem["completions_per_s_with_startup"] / trl["completions_per_s_with_startup"],
+              "reward_last_difference": tandem["reward_last"] - trl["reward_last"]}
+    t = Table(title=f"Tandem vs TRL GRPOTrainer — {size} ({params / 1e6:.2f}M params), {iterations} iterations x "
+                    f"{s.prompts} prompts x {s.group}, {s.max_tokens} tokens", header_style="bold")
+    for col in ("", "Tandem", "TRL", "Tandem / TRL"):
+        t.add_column(col, justify="right")
+    t.add_row("completions", str(tandem["completions"]), str(trl["completions"]), "")
+    t.add_row("loop seconds", f"{tandem['loop_seconds']:.1f}", f"{trl['loop_seconds']:.1f}", "")
+    t.add_row("wall seconds (with start-up)", f"{tandem['wall_seconds']:.1f}", f"{trl['wall_seconds']:.1f}", "")
+    t.add_row("completions/s (loop)", f"{tandem['completions_per_s']:.1f}", f"{trl['completions_per_s']:.1f}",
+              f"{result['ratio_completions_per_s']:.2f}x")
+    t.add_row("completions/s (with start-up)", f"{tandem['completions_per_s_with_startup']:.1f}",
+              f"{trl['completions_per_s_with_startup']:.1f}", f"{result['ratio_completions_per_s_with_startup']:.2f}x")
+    t.add_row(f"reward, first {k} iterations", f"{tandem['reward_first']:.3f}", f"{trl['reward_first']:.3f}", "")
+    t.add_row(f"reward, last {k} iterations", f"{tandem['reward_last']:.3f}", f"{trl['reward_last']:.3f}",
+              f"{result['reward_last_difference']:+.3f}")
+    t.add_row("phase-switch share (target <= 15%)", f"{tandem['switch_share']:.1%}", "-", "")
+    t.caption = "Tandem phases, mean s/iteration: " + ", ".join(
+        f"{p} {v:.2f}" for p, v in tandem["phase_seconds_mean"].items())
+    Console().print(t)
+    path = out / f"rl_vs_trl-{size}.json"
+    path.write_text(json.dumps(result, indent=2))
+    Console().print(f"result: {path}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--iterations", type=int, default=None, help="default: 20 (tiny), 3 (100m)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per iteration (default: 32 tiny, 4 100m)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
+    args = ap.parse_args(argv)
+    if importlib.util.find_spec("trl") is None:
+        print(TRL_HINT, file=sys.stderr)
+        return 2
+    s = SIZES[args.size]
+    if args.prompts is not None:
+        completions = args.prompts * s.group
+        s = Size(s.max_tokens, args.prompts, s.iterations, min(s.global_batch, completions),
+                 min(s.micro_batch, completions))
+    iterations = args.iterations or s.iterations
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    src, train, params = prepare(args.size, out)
+    job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml")
+    tandem = run_tandem(job, out / "tandem-runs")
+    trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out)
+    summarize(args.size, s, iterations, params, tandem, trl, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
