@@ -18,7 +18,8 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
-from tandem.checkpoint_engine import layout
+from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 POD_SCRIPT = Path(__file__).with_name("pod.py")
 REPO = POD_SCRIPT.parents[2]
@@ -136,3 +137,20 @@ def wait_for(cond: Any, timeout: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_etcd_ready(endpoint: str, timeout: float = 60.0) -> None:
+    """A just-started etcd accepts TCP before it serves gRPC: wait until a lease can be granted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            probe = SyncRegistry(endpoint, "test", "probe", "probe", "probe", timeout=5).connect()
+            try:
+                probe.put_json("/tandem/test-probe", {}, lease=True)
+                return
+            finally:
+                probe.close()
+        except errors.RegistryUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

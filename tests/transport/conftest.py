@@ -1,4 +1,4 @@
-"""Fixtures of the broadcast tests: a private /dev/shm base dir, and a `Pods` harness on loopback.
+"""Fixtures of the broadcast tests: etcd once it serves, a private /dev/shm dir, a `Pods` harness.
 
 Callers: test_broadcast.py, test_netns.py (which builds its own namespaced `Pods`).
 """
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from broadcast_pods import Pods  # noqa: E402
+from broadcast_pods import Pods, wait_etcd_ready  # noqa: E402
 
 
 @pytest.fixture
@@ -27,7 +27,14 @@ def shm_base() -> Iterator[Path]:
 
 
 @pytest.fixture
-def pods(etcd_server: Any, shm_base: Path) -> Iterator[Pods]:
-    p = Pods(etcd_server.endpoint, shm_base)
+def etcd(etcd_server: Any) -> Any:
+    """The session's etcd, once it serves requests."""
+    wait_etcd_ready(etcd_server.endpoint)
+    return etcd_server
+
+
+@pytest.fixture
+def pods(etcd: Any, shm_base: Path) -> Iterator[Pods]:
+    p = Pods(etcd.endpoint, shm_base)
     yield p
     p.close()

@@ -68,7 +68,7 @@ def _registry(pods: Pods, etcd: Any) -> SyncRegistry:
 
 
 @pytest.mark.etcd
-def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etcd_server: Any) -> None:
+def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etcd: Any) -> None:
     pub = pods.start("publish", "pub", "--mib", "40", "--max-rate", str(64 << 20))
     pub.event()
     rs = [pods.start("receive", f"r{i}", "--mib", "40", "--max-rate", str(64 << 20)) for i in range(3)]
@@ -83,7 +83,7 @@ def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etc
     firsts = {ev["pod"]: ev["upstreams"][0] for ev in done}
     # pipelined chain: somebody pulled from a receiver rather than from the publisher
     assert any(up.startswith("r") for up in firsts.values()), firsts
-    reg = _registry(pods, etcd_server)
+    reg = _registry(pods, etcd)
     try:
         assert set(reg.holders(1)) == {"pub", "r0", "r1", "r2"}
         assert reg.list_ordered(keys.receiving_prefix("test", pods.job, 1)) == []
@@ -97,10 +97,10 @@ def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etc
 
 
 @pytest.mark.etcd
-def test_receiver_killed_mid_transfer_does_not_stall_the_next(pods: Pods, etcd_server: Any) -> None:
+def test_receiver_killed_mid_transfer_does_not_stall_the_next(pods: Pods, etcd: Any) -> None:
     pub = pods.start("publish", "pub", *SLOW)
     pub.event()
-    reg = _registry(pods, etcd_server)
+    reg = _registry(pods, etcd)
     try:
         r1 = pods.start("receive", "r1", "--wait-go", *SLOW)
         r2 = pods.start("receive", "r2", "--wait-go", *SLOW)
@@ -120,14 +120,14 @@ def test_receiver_killed_mid_transfer_does_not_stall_the_next(pods: Pods, etcd_s
 
 
 @pytest.mark.etcd
-def test_sender_killed_mid_transfer_is_replaced_by_a_holder(pods: Pods, etcd_server: Any) -> None:
+def test_sender_killed_mid_transfer_is_replaced_by_a_holder(pods: Pods, etcd: Any) -> None:
     pub = pods.start("publish", "pub", *SLOW)
     ref = pods.version_dir(pub)
     pub.event()
     holder = pods.start("receive", "holder", "--mib", "48")
     holder.event()
     assert holder.event(90)["event"] == "done"
-    reg = _registry(pods, etcd_server)
+    reg = _registry(pods, etcd)
     try:
         r1 = pods.start("receive", "r1", "--wait-go", *SLOW)
         r2 = pods.start("receive", "r2", "--wait-go", *SLOW)
@@ -146,3 +146,36 @@ def test_sender_killed_mid_transfer_is_replaced_by_a_holder(pods: Pods, etcd_ser
     assert any("holder" in ev["upstreams"] for ev in evs), evs
     for r in (r1, r2, holder):
         same_bytes(ref, pods.version_dir(r))
+
+
+@pytest.mark.etcd
+def test_in_process_nodes_receive_then_prune_unregistered_versions(etcd: Any, shm_base: Path) -> None:
+    """Two nodes in one process (the API as a pod's engine calls it): receive, then prune what
+    the publisher's GC unregistered."""
+    import torch
+
+    from tandem.checkpoint_engine import layout
+    from tandem.checkpoint_engine.publisher import Publisher
+    from tandem.checkpoint_engine.transport import BroadcastNode
+
+    job = "prune"
+    a = SyncRegistry(etcd.endpoint, "test", job, "pub", "trainer", timeout=15).connect()
+    b = SyncRegistry(etcd.endpoint, "test", job, "rx", "rollout", timeout=15).connect()
+    na = BroadcastNode(a, shm_base / "pub", transport="tcp").start()
+    nb = BroadcastNode(b, shm_base / "rx", transport="tcp").start()
+    try:
+        pub = Publisher(shm_base / "pub", job, a, keep=1, shard_bytes=1 << 20)
+        for v in (1, 2):
+            pub.publish(v, [(f"w{i}", torch.full((300_000 + i,), v + i, dtype=torch.uint8)) for i in range(5)])
+            rep = nb.receive_latest()
+            assert rep.version == v and rep.upstreams == ["pub"]
+            same_bytes(layout.version_dir(shm_base / "pub", job, v), rep.path)
+        assert nb.receive(2).already_here
+        assert a.versions() == [2]  # keep=1: version 1 was unregistered once nobody pinned it
+        assert nb.prune(keep=1) == [1]
+        assert layout.list_versions(shm_base / "rx", job) == [2]
+    finally:
+        na.close()
+        nb.close()
+        a.close()
+        b.close()

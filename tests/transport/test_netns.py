@@ -12,13 +12,13 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from broadcast_pods import Pods, same_bytes, wait_for
 
+from conftest import wait_etcd_ready
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
@@ -85,19 +85,7 @@ def bridge_etcd(net: Net) -> Iterator[LocalEtcd]:
     etcd.host, etcd.endpoint = net.gw, f"http://{net.gw}:{etcd.port}"
     try:
         etcd.start()
-        deadline = time.monotonic() + 60
-        while True:  # a just-started etcd accepts TCP before it serves gRPC
-            try:
-                probe = SyncRegistry(etcd.endpoint, "test", "probe", "probe", "probe", timeout=5).connect()
-                try:
-                    probe.latest()
-                finally:
-                    probe.close()
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        wait_etcd_ready(etcd.endpoint)
         yield etcd
     finally:
         etcd.stop()

@@ -87,9 +87,20 @@ class BroadcastNode:
                 out.append(v)
         return out
 
-    def forget(self, version: int) -> None:
-        """Drop the in-memory state of a received version (call when its files are removed)."""
-        self.store.drop(version)
+    def prune(self, keep: int = 1) -> list[int]:
+        """Delete local versions that etcd no longer registers (the publisher's GC unregistered
+        them: nobody pins them), keeping at least the newest `keep` local ones; returns them."""
+        registered = set(self.registry.versions())
+        local = layout.list_versions(self.shm_root, self.job)
+        newest = set(local[-keep:]) if keep > 0 else set()
+        removed = []
+        for v in local:
+            if v not in registered and v not in newest:
+                self.store.drop(v)
+                layout.remove_version(self.shm_root, self.job, v)
+                removed.append(v)
+        layout.clean_stale_temps(self.shm_root, self.job)
+        return removed
 
     def close(self) -> None:
         self.server.close()
