@@ -1,10 +1,10 @@
 """End to end: `tandem run` on a tiny toy model with real etcd, vLLM (CPU) and megatron-core.
 
 Runs the CLI as a user would (a subprocess), then checks what it left behind: the loop ran every
-iteration with a hybrid pod and a rollout-only pod (which pulls each version over TCP), each iteration published a new weight version that the rollout then generated with
-(versions advance, on-policy), the live vLLM's greedy output changed as the weights did, the
-metrics and the plot were written, and nothing was left running or in shared memory.
-"""
+iteration with a hybrid pod and a rollout-only pod (which pulls each version over TCP); each
+iteration published a new weight version that the rollouts then generated with (versions
+advance, on-policy); the live vLLM's greedy output changed as the weights did; the metrics and
+the plot were written; and nothing was left running or in shared memory."""
 
 from __future__ import annotations
 

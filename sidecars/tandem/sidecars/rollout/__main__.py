@@ -22,6 +22,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars.podenv import start_sidecar
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
+from tandem.sidecars.serve import start_server, wait_until_stopped
 
 log = logging.getLogger("tandem.rollout")
 
@@ -37,8 +38,6 @@ def main() -> int:
     if started is None:
         return 2
     env, job = started
-    import uvicorn
-
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec
@@ -55,9 +54,10 @@ def main() -> int:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:
             engine.update(None)
+        server, thread = start_server(build_app(engine, env.token), env.port, "rollout-api")
         endpoint = keys.endpoint(env.namespace, env.job, env.pod, "rollout")
         registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod}, lease=True)
-        uvicorn.run(build_app(engine, env.token), host="0.0.0.0", port=env.port, log_level="warning")  # noqa: S104
+        wait_until_stopped(server, thread)
     finally:
         engine.terminate()
         node.close()

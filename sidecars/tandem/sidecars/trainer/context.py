@@ -245,15 +245,10 @@ class TrainerContext:
 
 def serve_control_api(publisher: Publisher, env: PodEnv) -> None:
     """The trainer's checkpoint-engine API (status, gc) on TANDEM_CE_PORT, in a daemon thread."""
-    import threading
-
-    import uvicorn
-
     from tandem.checkpoint_engine.api import create_app
+    from tandem.sidecars.serve import start_server
 
-    server = uvicorn.Server(uvicorn.Config(create_app(publisher, env.token), host="0.0.0.0",  # noqa: S104
-                                           port=env.port, log_level="warning"))
-    threading.Thread(target=server.run, name="ce-api", daemon=True).start()  # no signal handlers off main
+    start_server(create_app(publisher, env.token), env.port, "trainer-api")
 
 
 def shift_to_labels(lp: torch.Tensor) -> torch.Tensor:

@@ -163,6 +163,9 @@ def apply() -> bool:
         "memory_allocated": lambda *args, **kwargs: 0,
         "max_memory_allocated": lambda *args, **kwargs: 0,
         "memory_reserved": lambda *args, **kwargs: 0,
+        # device_count is 1 above; with PYTORCH_NVML_BASED_CUDA_CHECK=1 (vLLM sets it) torch's
+        # is_available() would then say True and optimizers would query a CUDA stream.
+        "is_available": lambda: False,
     }
     for name in ("set_device", "synchronize", "empty_cache", "_lazy_init"):
         patches[name] = _noop()
