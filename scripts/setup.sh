@@ -17,6 +17,7 @@ debian() {
   local need=()
   command -v etcd >/dev/null || need+=(etcd-server etcd-client)
   command -v ip >/dev/null || need+=(iproute2)
+  [[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ]] || need+=(libibverbs1)  # Mooncake's RDMA/TCP engine
   if ((${#need[@]})); then
     log "apt-get install ${need[*]}"
     apt-get update -qq >/dev/null

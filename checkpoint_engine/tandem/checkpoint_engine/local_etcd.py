@@ -7,10 +7,12 @@ tests/conftest.py (the session's etcd). In a cluster the chart's etcd is used in
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -40,7 +42,7 @@ class LocalEtcd:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> LocalEtcd:
-        """(Re)start on the same port and data dir; returns once it accepts connections."""
+        """(Re)start on the same port and data dir; returns once it answers requests."""
         self.stop()
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         peer = free_port()
@@ -56,11 +58,18 @@ class LocalEtcd:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
-            with socket.socket() as s:
-                if s.connect_ex((self.host, self.port)) == 0:
-                    return self
+            if self._healthy():
+                return self
             time.sleep(0.05)
         raise RuntimeError(f"etcd did not listen on {self.endpoint} within {timeout}s; see {self.log_path}")
+
+    def _healthy(self) -> bool:
+        """etcd answers requests (not just accepts connections): its /health endpoint says so."""
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as r:  # noqa: S310 - loopback
+                return bool(json.loads(r.read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
