@@ -141,6 +141,8 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
 
 def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
+    t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
+    import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
@@ -171,19 +173,18 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path) -> di
     completions = s.prompts * s.group
     config = GRPOConfig(
         output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, seed=0, learning_rate=s.lr, lr_scheduler_type="constant",
+        logging_strategy="no", disable_tqdm=True, seed=0, learning_rate=s.lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip, loss_type="dapo",
         scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
         per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
         steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
-    t0 = time.perf_counter()
     trainer = GRPOTrainer(model=str(model), reward_funcs=[tandem_rewards], args=config, train_dataset=data,
                           processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
     setup = time.perf_counter() - t0
     trainer.train()
     return {"rewards": [m for _, m in per_call], "completions": sum(n for n, _ in per_call),
             "loop_seconds": Clock.end - Clock.begin, "wall_seconds": time.perf_counter() - t0,
-            "setup_seconds": setup}
+            "setup_seconds": setup, "torch_threads": torch.get_num_threads()}
 
 
 def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str, Any], trl: dict[str, Any],
@@ -218,12 +219,13 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
     t.add_row(f"reward, last {k} iterations", f"{tandem['reward_last']:.3f}", f"{trl['reward_last']:.3f}",
               f"{result['reward_last_difference']:+.3f}")
     t.add_row("phase-switch share (target <= 15%)", f"{tandem['switch_share']:.1%}", "-", "")
-    t.caption = "Tandem phases, mean s/iteration: " + ", ".join(
-        f"{p} {v:.2f}" for p, v in tandem["phase_seconds_mean"].items())
-    Console().print(t)
+    console = Console(width=120)
+    console.print(t)
+    console.print("Tandem phases, mean s/iteration: " + ", ".join(
+        f"{p} {v:.2f}" for p, v in tandem["phase_seconds_mean"].items()))
     path = out / f"rl_vs_trl-{size}.json"
     path.write_text(json.dumps(result, indent=2))
-    Console().print(f"result: {path}")
+    console.print(f"result: {path}")
     return result
 
 
