@@ -18,6 +18,8 @@ debian() {
   command -v etcd >/dev/null || need+=(etcd-server etcd-client)
   command -v ip >/dev/null || need+=(iproute2)
   [[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ]] || need+=(libibverbs1)  # Mooncake's RDMA/TCP engine
+  [[ -x /usr/bin/python3 ]] || need+=(python3)           # the code sandbox's interpreter (runs as nobody)
+  command -v unshare >/dev/null || need+=(util-linux)    # the code sandbox's namespaces
   if ((${#need[@]})); then
     log "apt-get install ${need[*]}"
     apt-get update -qq >/dev/null
