@@ -71,7 +71,10 @@ def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) -> None:
-    """Ctrl-C mid-run leaves no process behind; `--resume` continues from the last published version."""
+    """Ctrl-C mid-run leaves no process behind; `--resume` continues from the last published version.
+
+    The trainer runs at TP=2 (two gloo ranks in the pod): rank 0 drives, both export and resume.
+    """
     import signal
     import time
 
@@ -81,6 +84,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
     job["spec"]["algorithm"]["iterations"] = 5
     job["spec"]["rollout"]["promptsPerIteration"] = 4
+    job["spec"]["trainer"]["tensorParallel"] = 2  # two gloo trainer ranks: collective export, resume on both
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(job))
     runs = tmp_path / "runs"

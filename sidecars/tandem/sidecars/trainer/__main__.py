@@ -9,27 +9,12 @@ Caller: the pod built by `tandem.operator.builders` (in a cluster) or `tandem ru
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from tandem.sidecars.podenv import PodEnv, start_sidecar
+from tandem.sidecars.podenv import start_sidecar
+from tandem.sidecars.trainer.driver import run_rank
 
 log = logging.getLogger("tandem.trainer")
-
-
-def _rank_main(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
-    import torch
-
-    from tandem.sidecars.trainer import cpu_compat, driver
-
-    if not torch.cuda.is_available():
-        cpu_compat.apply()
-    else:
-        torch.cuda.set_device(local_rank)
-    world = env.replicas * ranks_per_pod
-    os.environ.update(RANK=str(env.pod_index * ranks_per_pod + local_rank), LOCAL_RANK=str(local_rank),
-                      WORLD_SIZE=str(world), MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port))
-    driver.run(env, env.load_job())
 
 
 def main() -> int:
@@ -39,11 +24,11 @@ def main() -> int:
     env, job = started
     ranks = job.spec.trainer_ranks_per_pod()
     if ranks == 1:
-        _rank_main(0, env, 1)
+        run_rank(0, env, 1)
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(_rank_main, args=(env, ranks), nprocs=ranks, join=True)
+        mp.spawn(run_rank, args=(env, ranks), nprocs=ranks, join=True)  # importable target, not __main__
     return 0
 
 

@@ -233,6 +233,8 @@ class TrainerContext:
         self.registry.put_json(keys.progress(self.env.namespace, self.env.job), json.loads(p.to_json()))
 
     def record(self, iteration: int, version: int, info: dict[str, Any], timer: PhaseTimer) -> None:
+        if not self.is_driver:
+            return
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release"))}

@@ -22,6 +22,24 @@ from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 
 
+def run_rank(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
+    """One trainer rank: device, CPU compatibility layer, global rank from the pod index, the loop."""
+    import os
+
+    import torch
+
+    from tandem.sidecars.trainer import cpu_compat
+
+    if not torch.cuda.is_available():
+        cpu_compat.apply()
+    else:
+        torch.cuda.set_device(local_rank)
+    os.environ.update(RANK=str(env.pod_index * ranks_per_pod + local_rank), LOCAL_RANK=str(local_rank),
+                      WORLD_SIZE=str(env.replicas * ranks_per_pod), MASTER_ADDR=env.master_addr,
+                      MASTER_PORT=str(env.master_port))
+    run(env, env.load_job())
+
+
 def run(env: PodEnv, job: RLHFJob) -> None:
     ctx = TrainerContext.create(env, job)
     iterations = job.spec.algorithm.iterations
