@@ -139,11 +139,14 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
             "switch_share": sum(r["switch_share"] for r in rows) / len(rows), "phase_seconds_mean": phases}
 
 
-def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path) -> dict[str, Any]:
+def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
     import torch
     from datasets import Dataset
+
+    if threads:
+        torch.set_num_threads(threads)
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--iterations", type=int, default=None, help="default: 20 (tiny), 3 (100m)")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per iteration (default: 32 tiny, 4 100m)")
+    ap.add_argument("--trl-threads", type=int, default=None,
+                    help="torch threads for TRL (default: torch's; Tandem's local runner gives each sidecar 1)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
     args = ap.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     src, train, params = prepare(args.size, out)
     job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml")
     tandem = run_tandem(job, out / "tandem-runs")
-    trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out)
+    trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads)
     summarize(args.size, s, iterations, params, tandem, trl, out)
     return 0
 
