@@ -22,6 +22,19 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.ma
 ITERATIONS = 4
 
 
+def processes_of(runs: Path) -> list[int]:
+    """Live processes started for this run (their TANDEM_OUTPUT_DIR lies under `runs`)."""
+    mark = f"TANDEM_OUTPUT_DIR={runs.resolve()}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tandem.sidecars.toy.build import build_toy
@@ -66,8 +79,7 @@ def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:
         assert r["kl"] is not None
     assert (runs / "e2e-grpo" / "progress.png").stat().st_size > 10_000
     assert not Path("/dev/shm/tandem-default-e2e-grpo").exists(), "shared memory left behind"
-    leftovers = subprocess.run(["pgrep", "-f", str(spec_file.parent)], capture_output=True, text=True).stdout
-    assert not leftovers.strip(), f"processes left running: {leftovers}"
+    assert not processes_of(runs), "processes left running"
 
 
 def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) -> None:
@@ -100,8 +112,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     proc.send_signal(signal.SIGINT)
     assert proc.wait(120) != 0  # interrupted: not done
     time.sleep(1)
-    left = subprocess.run(["pgrep", "-f", "tandem.sidecars.(trainer|rollout)"], capture_output=True, text=True)
-    assert not left.stdout.strip(), f"sidecars left running after Ctrl-C: {left.stdout}"
+    assert not processes_of(runs), "sidecars left running after Ctrl-C"
     done_before = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
     assert done_before[:2] == [0, 1]
 
