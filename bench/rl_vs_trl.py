@@ -16,6 +16,12 @@ Sizes: `tiny` is the demo's model (fixed per-iteration costs dominate; report on
 throughput only). Not a test; needs TRL in the venv (see `TRL_HINT`). Run:
     /root/.cache/tandem/venv/bin/python bench/rl_vs_trl.py --size tiny [--iterations 20] [--out DIR]
 It prints a table and writes DIR/rl_vs_trl-<size>.json (default DIR: /tmp/tandem-bench/rl_vs_trl).
+
+Measured here (2 cores shared with other work, TRL 1.16.0): tiny, 20 iterations x 256 completions:
+Tandem 220 completions/s in the loop (83 with start-up) vs TRL 27.5 (26.7): 8.0x (3.1x); reward over
+the last 5 iterations 0.350 (Tandem) vs 0.435 (TRL), switch share 6.0%. 100m (105M params), 3 x 32
+completions of ~60 tokens: Tandem 0.64 completions/s vs TRL 0.74 (2 threads): 0.87x, 0.84x against
+TRL on 1 thread; Tandem's train phase (26-34 s of ~50-60 s per iteration) dominates; switch share 3-4%.
 """
 
 from __future__ import annotations
