@@ -10,7 +10,7 @@ setup-python:
 	scripts/setup.sh python
 
 toy: setup-python
-	$(VENV)/bin/python -m tandem.sidecars.toy $(TOY) --max-operand 10 --warmup-steps 150
+	$(VENV)/bin/python -m tandem.sidecars.toy $(TOY) --max-operand 10 --warmup-steps 150 --target-accuracy 0.5
 
 demo: toy
 	$(VENV)/bin/tandem run examples/tiny-grpo.yaml
