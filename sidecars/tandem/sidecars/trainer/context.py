@@ -75,6 +75,9 @@ class TrainerContext:
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
         algorithm = make_algorithm(spec.algorithm, pad_id=pad)
+        if algorithm.needs_values:
+            raise NotImplementedError("algorithm.critic: a learned critic is not wired into the trainer yet; "
+                                      "use critic: false (PPO with the group-mean baseline)")
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
@@ -168,32 +171,41 @@ class TrainerContext:
         """Reference log-probs (collective) overlapped with rewards (driver); fills the samples."""
         from tandem.sidecars.algorithms.base import pack_samples
 
-        def model_work() -> dict[int, list[float]]:
-            if self.reference is None:
-                return {}
-            packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id)
-            lp = shift_to_labels(self.reference.token_logprobs(packed))
-            return {i: v.tolist() for i, v in packed.unpack(lp).items()}
+        packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id)
+        need_old = self.algorithm.needs_old_logprobs or self.job.spec.algorithm.epochs > 1
+
+        def per_sample(lp: torch.Tensor) -> dict[int, list[float]]:
+            return {i: v.tolist() for i, v in packed.unpack(shift_to_labels(lp)).items()}
+
+        def model_work() -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+            """(reference, old-policy) log-probs per sample; collective forwards on every rank."""
+            ref = per_sample(self.reference.token_logprobs(packed)) if self.reference is not None else {}
+            old = per_sample(self.engine.token_logprobs(packed)) if need_old else {}
+            return ref, old
 
         info: dict[str, Any] = {}
         if self.is_driver:
             result = overlapped(self.rewards, self.pending, model_work)
-            ref, rewards = result.model_result, result.rewards
+            (ref, old), rewards = result.model_result, result.rewards
             info["overlap_fraction"] = result.timings.overlap_fraction
             info["reward_components"] = {k: sum(v) / len(v) for k, v in result.components.items()}
         else:
-            ref, rewards = model_work(), []
+            (ref, old), rewards = model_work(), []
         rewards = self.broadcast(rewards)
         for i, s in enumerate(samples):
             s.reward = float(rewards[i])
             if i in ref:
                 s.ref_logprobs = ref[i]
+            if i in old:
+                s.old_logprobs = old[i]
         return info
 
     def train(self, samples: list[Sample]) -> dict[str, float]:
         """`epochs` passes over the iteration's samples, `globalBatchSize` samples per optimizer step."""
         spec = self.job.spec
         batch = self._pack(samples)
+        if batch.num_rows == 0:  # e.g. DPO when every group's rewards tie: nothing to learn from
+            return {"skipped_train": 1.0}
         steps = max(1, math.ceil(len(samples) / spec.trainer.global_batch_size))
         sums: dict[str, float] = {}
         n = 0
