@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -35,6 +36,27 @@ def processes_of(runs: Path) -> list[int]:
     return found
 
 
+def demo_job(toy: Path, name: str) -> dict[str, Any]:
+    """The README's demo job, renamed and pointed at the test's toy model and prompts."""
+    job: dict[str, Any] = yaml.safe_load((Path(__file__).parents[2] / "examples" / "tiny-grpo.yaml").read_text())
+    job["metadata"]["name"] = name
+    job["spec"]["model"]["path"] = str(toy / "model")
+    job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
+    return job
+
+
+def run_cmd(job: dict[str, Any], tmp_path: Path) -> list[str]:
+    """Write the job file; the `tandem run` command line for it, with runs under tmp_path/runs."""
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(job))
+    return [sys.executable, "-m", "tandem.cli.main", "run", str(spec_file), "--workdir", str(tmp_path / "runs")]
+
+
+def run_ok(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tandem.sidecars.toy.build import build_toy
@@ -44,19 +66,12 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:
-    job = yaml.safe_load((Path(__file__).parents[2] / "examples" / "tiny-grpo.yaml").read_text())
-    job["metadata"]["name"] = "e2e-grpo"
-    job["spec"]["model"]["path"] = str(toy / "model")
-    job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
+    job = demo_job(toy, "e2e-grpo")
     job["spec"]["algorithm"].update(iterations=ITERATIONS, lr=3e-3)
     job["spec"]["rollout"]["promptsPerIteration"] = 8
     job["spec"]["rolloutOnlyReplicas"] = 1  # a second pod that only generates: gets weights over TCP
-    spec_file = tmp_path / "job.yaml"
-    spec_file.write_text(yaml.safe_dump(job))
+    run_ok(run_cmd(job, tmp_path))
     runs = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(spec_file), "--workdir", str(runs)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     rows = [json.loads(line) for line in (runs / "e2e-grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS))
@@ -90,18 +105,13 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     import signal
     import time
 
-    job = yaml.safe_load((Path(__file__).parents[2] / "examples" / "tiny-grpo.yaml").read_text())
-    job["metadata"]["name"] = "e2e-resume"
-    job["spec"]["model"]["path"] = str(toy / "model")
-    job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
+    job = demo_job(toy, "e2e-resume")
     job["spec"]["algorithm"]["iterations"] = 5
     job["spec"]["rollout"]["promptsPerIteration"] = 4
     job["spec"]["trainer"]["tensorParallel"] = 2  # two gloo trainer ranks: collective export, resume on both
-    spec_file = tmp_path / "job.yaml"
-    spec_file.write_text(yaml.safe_dump(job))
     runs = tmp_path / "runs"
     metrics = runs / "e2e-resume" / "metrics.jsonl"
-    cmd = [sys.executable, "-m", "tandem.cli.main", "run", str(spec_file), "--workdir", str(runs), "--keep-etcd"]
+    cmd = run_cmd(job, tmp_path) + ["--keep-etcd"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -116,8 +126,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     done_before = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
     assert done_before[:2] == [0, 1]
 
-    resumed = subprocess.run(cmd[:-1] + ["--resume"], capture_output=True, text=True, timeout=900)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    run_ok(cmd[:-1] + ["--resume"])
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     its = [r["iteration"] for r in rows]
     # Each iteration runs at most once: an iteration interrupted between publishing its weights and
@@ -136,18 +145,11 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
 def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: str) -> None:
     """PPO (old-policy log-probs from the trainer, ratio clipping over 2 epochs) and DPO (pairs from
     each prompt's best and worst completions) through the same loop."""
-    job = yaml.safe_load((Path(__file__).parents[2] / "examples" / "tiny-grpo.yaml").read_text())
-    job["metadata"]["name"] = f"e2e-{algorithm}"
-    job["spec"]["model"]["path"] = str(toy / "model")
-    job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
+    job = demo_job(toy, f"e2e-{algorithm}")
     job["spec"]["algorithm"].update(name=algorithm, iterations=2, epochs=2, lr=1e-3)
     job["spec"]["rollout"]["promptsPerIteration"] = 8
-    spec_file = tmp_path / "job.yaml"
-    spec_file.write_text(yaml.safe_dump(job))
+    run_ok(run_cmd(job, tmp_path))
     runs = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(spec_file), "--workdir", str(runs)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (runs / f"e2e-{algorithm}" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]
     if algorithm == "ppo":
