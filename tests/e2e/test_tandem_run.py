@@ -157,3 +157,46 @@ def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: s
         assert any(abs(r["ratio_mean"] - 1.0) > 1e-6 for r in rows), rows
     else:
         assert all(r.get("pairs", 0) > 0 or r.get("skipped_train") for r in rows), rows
+
+
+def test_durable_checkpoint_outlives_shared_memory(toy: Path, tmp_path: Path) -> None:
+    """With checkpointEngine.persist, a run whose shared memory and etcd are gone (what a gang
+    restart in a cluster leaves: new pods, empty /dev/shm) resumes from the durable copy.
+
+    The volume is a hostPath (tandem run rewrites /ckpt/... to it, as a bind mount would)."""
+    import torch
+
+    from tandem.checkpoint_engine import layout
+    from tandem.checkpoint_engine.durable import DurableStore
+
+    job = demo_job(toy, "e2e-durable")
+    job["spec"]["algorithm"].update(iterations=3, lr=3e-3)
+    job["spec"]["rollout"]["promptsPerIteration"] = 4
+    job["spec"]["volumes"] = [{"name": "ckpt", "mountPath": "/ckpt", "hostPath": str(tmp_path / "pvc")}]
+    job["spec"]["checkpointEngine"]["persist"] = {"path": "/ckpt/tandem", "every": 2, "keep": 2}
+    runs = tmp_path / "runs"
+    cmd = run_cmd(job, tmp_path)
+    run_ok(cmd)  # no --keep-etcd: etcd data and shared memory are removed at the end
+    assert not Path("/dev/shm/tandem-default-e2e-durable").exists() and not (runs / "e2e-durable" / "etcd").exists()
+    uid = (runs / "e2e-durable" / "job-uid").read_text().strip()
+    store = DurableStore(tmp_path / "pvc" / "tandem", "default", "e2e-durable", uid, keep=2)
+    rows = [json.loads(line) for line in (runs / "e2e-durable" / "metrics.jsonl").read_text().splitlines()]
+    # copies after 2 iterations (every: 2) and after the last one, of the versions those iterations published
+    assert [store.read(v).iteration for v in store.versions()] == [2, 3]
+    assert store.versions() == [rows[1]["weight_version"], rows[2]["weight_version"]]
+    newest = store.latest()
+    assert newest is not None
+    trained = dict(layout.MappedVersion(newest.path).tensors())
+    from safetensors.torch import load_file
+
+    initial = load_file(str(next((toy / "model").glob("*.safetensors"))))
+    assert any(not torch.equal(trained[k], initial[k].to(trained[k].dtype)) for k in initial if k in trained)
+
+    run_ok(cmd + ["--resume", "--iterations", "5"])
+    rows = [json.loads(line) for line in (runs / "e2e-durable" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4]  # continued after the durable copy's iteration
+    # the resumed trainer re-published the durable weights as the next version and generated with it
+    assert rows[3]["rollout_version"] == newest.version + 1
+    log = (runs / "e2e-durable" / "logs" / "e2e-durable-0-trainer.log").read_text()
+    assert f"resuming from version {newest.version} ({newest.path}) at iteration 3" in log
+    assert [store.read(v).iteration for v in store.versions()] == [4, 5]

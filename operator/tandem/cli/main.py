@@ -57,15 +57,16 @@ def crd(write: bool = typer.Option(False, "--write", help="Write manifests/crd a
 def run(
     job_file: Path = typer.Argument(..., help="RLHFJob YAML file."),
     workdir: Path = typer.Option(Path("runs"), help="Where metrics, plots, logs and etcd data go."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the last published weight version."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint: the shared memory "
+                                "of an earlier --keep-etcd run, or checkpointEngine.persist's durable copies."),
     iterations: int | None = typer.Option(None, help="Override spec.algorithm.iterations."),
     keep_etcd: bool = typer.Option(False, "--keep-etcd", help="Keep etcd data after the run (needed for --resume)."),
 ) -> None:
     """Run the job on this machine: etcd, trainer and rollout sidecars as local processes."""
-    from tandem.cli import local
+    from tandem.cli import local, volumes
 
     try:
-        job = load.load_job(job_file)
+        job = volumes.localize(load.load_job(job_file), str(job_file))
     except load.SpecError as e:
         err.print(f"[red]✗[/red] {e}", highlight=False)
         raise typer.Exit(2) from None

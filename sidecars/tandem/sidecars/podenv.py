@@ -42,6 +42,7 @@ class PodEnv(BaseModel):
     restart_generation: int = Field(0, alias="TANDEM_RESTART_GENERATION")
     output_dir: Path | None = Field(None, alias="TANDEM_OUTPUT_DIR")
     resume: bool = Field(False, alias="TANDEM_RESUME")
+    job_uid: str = Field("local", alias="TANDEM_JOB_UID")
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> PodEnv:

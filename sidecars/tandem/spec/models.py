@@ -25,6 +25,9 @@ PLURAL = "rlhfjobs"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$"
 ENDPOINT = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]+)?$"
 IMAGE = r"^[a-z0-9][a-z0-9._\-/:@]*$"
+ABS_PATH = r"^(/[A-Za-z0-9_][A-Za-z0-9._\-]*)+$"  # absolute, no trailing slash, no '..' or hidden parts
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 @dataclass(frozen=True)
@@ -149,12 +152,56 @@ class Etcd(Base):
         default_factory=list, description="Empty: the chart's etcd (tandem-etcd in the operator's namespace).")
 
 
+class Persist(Base):
+    path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024, description="Directory on a writable volume "
+                               "(volumes[].mountPath) that keeps durable copies of published versions.")]
+    every: Annotated[int, Field(ge=1, le=1_000_000, description="Iterations between durable copies; the last "
+                                "iteration is always copied.")] = 10
+    keep: Annotated[int, Field(ge=1, le=100, description="Durable copies kept (newest first).")] = 2
+
+
 class CheckpointEngine(Base):
     shm_size: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
     transport: Literal["auto", "rdma", "tcp"] = "auto"
     shard_size_mi_b: Annotated[int, Field(ge=1, le=65_536, alias="shardSizeMiB")] = 512
     port: Annotated[int, Field(ge=1024, le=65_535)] = 8700
     etcd: Etcd = Field(default_factory=Etcd)
+    persist: Persist | None = Field(default=None, description="Durable copies of published versions: a gang "
+                                    "restart (which loses the pods' shared memory) resumes from the newest.")
+
+
+class Volume(Base):
+    """A PersistentVolumeClaim or a hostPath directory, mounted at mountPath in every container of the job."""
+
+    name: Annotated[str, Field(pattern=DNS_LABEL, max_length=59,
+                               description="Pods name the volume vol-<name> (a DNS label of at most 63).")]
+    mount_path: Annotated[str, Field(pattern=ABS_PATH, max_length=256)]
+    claim_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253,
+                                            description="PersistentVolumeClaim in the job's namespace.")] = None
+    host_path: Annotated[str | None, Field(pattern=ABS_PATH, max_length=256,
+                                           description="Directory on the node (tandem run: on this machine).")] = None
+    read_only: bool = False
+    rules = (
+        Rule("has(self.claimName) != has(self.hostPath)", "exactly one of claimName and hostPath must be set",
+             ".claimName", lambda v: (v.claim_name is None) != (v.host_path is None)),
+        Rule("!['/dev/shm', '/etc/tandem'].exists(p, self.mountPath == p || self.mountPath.startsWith(p + '/'))",
+             "must not be /dev/shm or /etc/tandem (the pod's own mounts)", ".mountPath",
+             lambda v: not any(under(v.mount_path, p) for p in ("/dev/shm", "/etc/tandem"))),
+    )
+
+
+def under(path: str, directory: str) -> bool:
+    """`path` is `directory` or lies below it (both normalised absolute paths)."""
+    return path == directory or path.startswith(directory + "/")
+
+
+def _unique(values: list[str]) -> bool:
+    return len(values) == len(set(values))
+
+
+def _persist_on_volume(s: JobSpec) -> bool:
+    p = s.checkpoint_engine.persist
+    return p is None or any(not v.read_only and under(p.path, v.mount_path) for v in s.volumes)
 
 
 class FailurePolicy(Base):
@@ -174,6 +221,8 @@ class JobSpec(Base):
     reference: Reference = Field(default_factory=Reference)
     dataset: Dataset
     checkpoint_engine: CheckpointEngine = Field(default_factory=CheckpointEngine)
+    volumes: Annotated[list[Volume], Field(max_length=16, description="Volumes mounted in every container "
+                                           "(models, datasets, durable checkpoints).")] = Field(default_factory=list)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     suspend: bool = False
     rules = (
@@ -192,6 +241,15 @@ class JobSpec(Base):
         Rule("self.algorithm.name != 'dpo' || self.algorithm.groupSize >= 2",
              "dpo needs groupSize >= 2 to form pairs", ".algorithm.groupSize",
              lambda s: s.algorithm.name != "dpo" or s.algorithm.group_size >= 2),
+        Rule("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+             "names must be unique", ".volumes", lambda s: _unique([v.name for v in s.volumes])),
+        Rule("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
+             "mountPaths must be unique", ".volumes", lambda s: _unique([v.mount_path for v in s.volumes])),
+        Rule("!has(self.checkpointEngine.persist) || has(self.volumes) && self.volumes.exists(v, !v.readOnly && "
+             "(self.checkpointEngine.persist.path == v.mountPath || "
+             "self.checkpointEngine.persist.path.startsWith(v.mountPath + '/')))",
+             "must lie on a writable volume (under one of volumes[].mountPath)", ".checkpointEngine.persist.path",
+             _persist_on_volume),
     )
 
     def trainer_ranks_per_pod(self) -> int:
@@ -204,7 +262,7 @@ class JobSpec(Base):
 # Fields that cannot change once the job exists (the CRD carries `self == oldSelf` on each).
 IMMUTABLE_FIELDS: tuple[str, ...] = (
     "model", "algorithm", "replicas", "gpusPerPod", "trainer", "rollout", "rewards", "reference",
-    "dataset", "checkpointEngine",
+    "dataset", "checkpointEngine", "volumes",
 )
 
 

@@ -14,12 +14,14 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.durable import DurableStore
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Algorithm, Sample, make_algorithm
@@ -29,6 +31,7 @@ from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.trainer import resume
 from tandem.sidecars.trainer.dataset import PromptDataset
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.persist import Persister
 from tandem.sidecars.trainer.reference import ReferenceWeights
 from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
@@ -55,7 +58,9 @@ class TrainerContext:
     rollouts: RolloutClient | None = None
     first_iteration: int = 0
     version: int = -1  # the weight version every rollout has loaded
-    resumed: tuple[int, int] | None = None  # (version loaded from shm, first iteration) on resume
+    resumed: tuple[int, int] | None = None  # (version loaded, first iteration) on resume
+    durable: DurableStore | None = None  # checkpointEngine.persist's store (driver rank)
+    persister: Persister | None = None
     pending: list[RewardInput] = field(default_factory=list)
     last_sync: float | None = None
     last_kl: float | None = None
@@ -86,6 +91,11 @@ class TrainerContext:
             ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
+            persist = spec.checkpoint_engine.persist
+            if persist is not None:
+                ctx.durable = DurableStore(Path(persist.path), env.namespace, env.job, env.job_uid, keep=persist.keep)
+                ctx.persister = Persister(ctx.durable, ctx.registry, env.shm_dir, env.job, every=persist.every,
+                                          iterations=spec.algorithm.iterations)
         ctx.resumed = resume.resume_point(ctx) if env.resume else None  # before the publisher's cleanup
         if ctx.publisher is not None and ctx.registry is not None:
             ctx.publisher.recover()
@@ -99,6 +109,8 @@ class TrainerContext:
         return not dist.is_initialized() or dist.get_rank() == 0
 
     def close(self) -> None:
+        if self.persister is not None:
+            self.persister.close()
         if self.rollouts is not None:
             self.rollouts.close()
         if self.registry is not None:
@@ -110,7 +122,10 @@ class TrainerContext:
         previous = None
         if self.resumed is not None:
             previous, self.first_iteration = self.resumed
-        version = self.publish(None if previous is None else previous + 1)
+        wanted = None if previous is None else previous + 1
+        if wanted is not None and self.publisher is not None:  # the old lease may still hold newer records
+            wanted = max(wanted, self.publisher.next_version())
+        version = self.publish(wanted)
         self.engine.offload()  # the loop onloads before each train phase
         if self.is_driver:
             self.report("sync", self.first_iteration, version)

@@ -5,13 +5,16 @@ until the expected number is there. On resume (a restarted gang or `tandem run -
 newest complete version in etcd is read back from shared memory into the Megatron model and
 the loop continues after the iteration that produced it. Caller: `TrainerContext`.
 
-Limitation: a version lives in the pod's shared memory only; a gang restart in a cluster deletes
-the pods (and their /dev/shm), so there it restarts from the initial model at iteration 0.
+Where versions are found on resume: the pod's shared memory, and the durable store when the
+job sets `checkpointEngine.persist` (the only place that survives a gang restart in a cluster,
+which deletes the pods and their /dev/shm).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tandem.checkpoint_engine import keys, layout
@@ -20,6 +23,9 @@ from tandem.spec.progress import Progress
 
 if TYPE_CHECKING:
     from tandem.sidecars.trainer.context import TrainerContext
+
+
+log = logging.getLogger(__name__)
 
 
 class ResumeError(RuntimeError):
@@ -47,34 +53,61 @@ def wait_for_rollouts(registry: SyncRegistry, count: int, timeout: float = 600.0
 
 
 def resume_point(ctx: TrainerContext) -> tuple[int, int] | None:
-    """Load the newest complete version in this pod's shm into the model: (version, first iteration).
+    """Load the newest verified version into the model: (version, first iteration), or None.
 
-    Version records in etcd are bound to the writer's lease and vanish with it, so a restarted
-    trainer looks at its shared memory, verifies the newest version's checksums, loads it, and
-    reads the iteration it belongs to from the (lease-free) progress record. Must run before the
-    publisher's start-up cleanup, which removes versions etcd no longer lists. Collective: the
-    driver decides, every rank loads.
+    Two places may hold one: this pod's shared memory (a trainer restarted in its pod, or
+    `tandem run --resume`) and the durable store (`checkpointEngine.persist`: survives the pods).
+    Version records in etcd are bound to the writer's lease and vanish with it, so neither is
+    looked up there. For shm the iteration comes from the (lease-free) progress record; a durable
+    copy carries its own. The newer iteration wins; must run before the publisher's start-up
+    cleanup, which removes shm versions etcd no longer lists. Collective: the driver decides,
+    every rank loads.
     """
-    found: tuple[int, int] | None = None
+    found: tuple[int, int, str] | None = None
     if ctx.is_driver:
-        local = layout.list_versions(ctx.env.shm_dir, ctx.env.job)
-        if local and ctx.registry is not None:
-            raw = ctx.registry.get_json(keys.progress(ctx.env.namespace, ctx.env.job))
-            p = Progress.model_validate(raw) if raw else Progress()
-            newest = local[-1]
-            # stopped after publishing iteration p.iteration's weights: that iteration is done
-            found = (newest, p.iteration + (1 if newest > p.weight_version and raw else 0))
+        candidates = [c for c in (_from_shm(ctx), _from_durable(ctx)) if c is not None]
+        if candidates:
+            found = max(candidates, key=lambda c: c[1])  # stable: shm first on a tie (already verified there)
+            log.info("resuming from version %d (%s) at iteration %d", found[0], found[2], found[1])
     found = ctx.broadcast(found)
-    if found is not None:
-        load_version(ctx, found[0])
-    return found
+    if found is None:
+        return None
+    version, iteration, path = found
+    load_version(ctx, version, Path(path))
+    return version, iteration
 
 
-def load_version(ctx: TrainerContext, version: int) -> None:
-    """Copy version `version` (HF names, in this pod's shm) into the Megatron model."""
+def _from_shm(ctx: TrainerContext) -> tuple[int, int, str] | None:
+    local = layout.list_versions(ctx.env.shm_dir, ctx.env.job)
+    if not local or ctx.registry is None:
+        return None
+    raw = ctx.registry.get_json(keys.progress(ctx.env.namespace, ctx.env.job))
+    p = Progress.model_validate(raw) if raw else Progress()
+    newest = local[-1]
+    # stopped after publishing iteration p.iteration's weights: that iteration is done
+    iteration = p.iteration + (1 if newest > p.weight_version and raw else 0)
+    return newest, iteration, str(layout.version_dir(ctx.env.shm_dir, ctx.env.job, newest))
+
+
+def _from_durable(ctx: TrainerContext) -> tuple[int, int, str] | None:
+    got = ctx.durable.latest() if ctx.durable is not None else None
+    return None if got is None else (got.version, got.iteration, str(got.path))
+
+
+def load_version(ctx: TrainerContext, version: int, path: Path) -> None:
+    """Copy version `version` (HF names, at `path`: shm or durable) into the Megatron model.
+
+    A rank in another pod than the driver's may not see `path` (another pod's shm, a volume
+    mounted per node); it reads the same version from its own pod's shm, where that pod's
+    rollout sidecar pulled it, and says so clearly when neither is there.
+    """
     from tandem.sidecars.trainer import megatron_build
 
-    mapped = layout.MappedVersion(layout.version_dir(ctx.env.shm_dir, ctx.env.job, version))
+    if not (path / layout.INDEX).exists():
+        path = layout.version_dir(ctx.env.shm_dir, ctx.env.job, version)
+        if not (path / layout.INDEX).exists():
+            raise ResumeError(f"version {version} to resume from is neither at {path} nor in this pod's shm")
+    mapped = layout.MappedVersion(path)
     mapped.verify_checksums()
     tensors = dict(mapped.tensors())
     megatron_build.load_hf_weights(ctx.engine.gpt, tensors.__getitem__, ctx.engine.shape, ctx.engine.par)

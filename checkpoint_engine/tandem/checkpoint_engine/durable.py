@@ -1,0 +1,152 @@
+"""Durable copies of published versions, for resuming after the pods (and their /dev/shm) are gone.
+
+Role: a published version lives in its pod's shared memory, which a gang restart deletes with the
+pod. `DurableStore` keeps copies on a volume (a PersistentVolumeClaim or hostPath mounted by the
+operator's pod builders; a local directory under `tandem run`):
+
+    <root>/<namespace>/<job>/<uid>/v<v:012d>/        index.json, shard-*.bin (as in shm),
+                                                    checkpoint.json (iteration, job uid, time)
+    <root>/<namespace>/<job>/<uid>/.tmp-v…-<uuid>/   a copy in progress (`.lock` flock'ed)
+
+`<uid>` is the RLHFJob's metadata.uid, so a job deleted and created again under the same name
+never resumes from its predecessor's weights (its directory is left for the user to remove).
+A copy appears by one rename of a complete, fsync'ed temp directory, and `latest()` verifies
+every checksum before a copy is trusted, so a resume loads a whole version or nothing.
+Callers: the trainer's persister (`tandem.sidecars.trainer.persist`) saves, the driver's
+resume (`tandem.sidecars.trainer.resume`) reads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.checkpoint_engine import errors, layout
+
+log = logging.getLogger(__name__)
+
+META = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class DurableVersion:
+    version: int
+    iteration: int  # iterations completed when this version was published (the next one to run)
+    path: Path
+
+
+class DurableStore:
+    def __init__(self, root: Path, namespace: str, job: str, uid: str, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.base = Path(root) / namespace / job  # layout's "root"; the uid is layout's "job"
+        self.uid, self.keep = uid, keep
+
+    @property
+    def directory(self) -> Path:
+        return layout.job_dir(self.base, self.uid)
+
+    def versions(self) -> list[int]:
+        return layout.list_versions(self.base, self.uid)
+
+    def save(self, source: Path, version: int, iteration: int) -> DurableVersion:
+        """Copy the complete version directory `source` (index + shards) and make it durable."""
+        index = layout.read_index(source)
+        if index.version != version:
+            raise errors.InvalidVersion(f"{source} holds version {index.version}, not {version}")
+        final = layout.version_dir(self.base, self.uid, version)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".tmp-v{version:012d}-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+        lock_fd = os.open(tmp / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            for shard in index.shards:
+                _copy_synced(source / shard.file, tmp / shard.file)
+            _copy_synced(source / layout.INDEX, tmp / layout.INDEX)
+            meta = {"version": version, "iteration": iteration, "uid": self.uid, "saved": time.time()}
+            _write_synced(tmp / META, json.dumps(meta).encode())
+            os.unlink(tmp / ".lock")
+            if final.exists():  # an earlier attempt of the same version: replace it
+                layout.remove_version(self.base, self.uid, version)
+            os.rename(tmp, final)
+            _fsync_dir(self.directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            os.close(lock_fd)
+        self.gc()
+        return DurableVersion(version, iteration, final)
+
+    def gc(self) -> list[int]:
+        """Remove copies beyond the newest `keep`, and temp dirs of dead writers."""
+        removed = self.versions()[: -self.keep]
+        for v in removed:
+            layout.remove_version(self.base, self.uid, v)
+        layout.clean_stale_temps(self.base, self.uid)
+        return removed
+
+    def read(self, version: int) -> DurableVersion:
+        """Check one copy completely (metadata, index, every checksum); raise if it is not usable."""
+        path = layout.version_dir(self.base, self.uid, version)
+        try:
+            meta = json.loads((path / META).read_text())
+        except (OSError, ValueError) as e:
+            raise errors.TornVersion(f"{path}: no readable {META}: {e}") from e
+        if meta.get("uid") != self.uid or meta.get("version") != version or not isinstance(meta.get("iteration"), int):
+            raise errors.InvalidVersion(f"{path / META} does not describe version {version} of job uid {self.uid}")
+        layout.MappedVersion(path).verify_checksums()
+        return DurableVersion(version, int(meta["iteration"]), path)
+
+    def latest(self) -> DurableVersion | None:
+        """The newest copy that verifies; damaged newer copies are logged and skipped."""
+        for v in reversed(self.versions()):
+            try:
+                return self.read(v)
+            except (errors.CheckpointEngineError, OSError) as e:
+                log.warning("durable version %d skipped: %s", v, e)
+        return None
+
+
+def _copy_synced(src: Path, dst: Path) -> None:
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        sent = 0
+        while sent < size:  # in-kernel copy; falls back to userspace where the filesystem refuses
+            try:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), size - sent)
+            except OSError:
+                fin.seek(sent)
+                fout.seek(sent)
+                shutil.copyfileobj(fin, fout, 16 << 20)
+                break
+            if n == 0:
+                break
+            sent += n
+        fout.flush()
+        os.fsync(fout.fileno())
+    if dst.stat().st_size != src.stat().st_size:
+        raise errors.TornVersion(f"copy of {src} to {dst} is short")
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
