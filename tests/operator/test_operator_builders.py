@@ -217,3 +217,85 @@ def test_builders_are_pure() -> None:
     before = job.model_dump()
     assert builders.build_pods(job, owner_uid="u") == builders.build_pods(job, owner_uid="u")
     assert job.model_dump() == before
+
+
+def volume_job(rollout_only: int = 1) -> Any:
+    return (
+        JobWrapper()
+        .replicas(2)
+        .rollout_only(rollout_only)
+        .volume("models", "/models", claimName="models-pvc", readOnly=True)
+        .volume("ckpt", "/ckpt", hostPath="/var/lib/tandem")
+        .volume("shm", "/scratch", hostPath="/tmp/scratch")  # a user name that equals the pod's own
+        .persist("/ckpt/durable")
+        .job()
+    )
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])  # hybrid, hybrid, rollout-only
+def test_user_volumes_are_prefixed_and_sourced(index: int) -> None:
+    vols = {v["name"]: v for v in builders.build_pods(volume_job())[index]["spec"]["volumes"]}
+    assert list(vols) == ["shm", "job-spec", "vol-models", "vol-ckpt", "vol-shm"]
+    assert vols["vol-models"] == {
+        "name": "vol-models",
+        "persistentVolumeClaim": {"claimName": "models-pvc", "readOnly": True},
+    }
+    host = {"path": "/var/lib/tandem", "type": "DirectoryOrCreate"}
+    assert vols["vol-ckpt"] == {"name": "vol-ckpt", "hostPath": host}
+    assert vols["vol-shm"]["hostPath"]["path"] == "/tmp/scratch"
+    assert vols["shm"]["emptyDir"]["medium"] == "Memory"  # the pod's own shm is untouched
+
+
+@pytest.mark.parametrize(
+    ("index", "container"), [(0, "trainer"), (0, "rollout"), (1, "trainer"), (1, "rollout"), (2, "rollout")]
+)
+def test_every_container_mounts_every_volume(index: int, container: str) -> None:
+    pod = builders.build_pods(volume_job())[index]
+    mounts = {m["mountPath"]: m for m in containers(pod)[container]["volumeMounts"]}
+    assert mounts["/models"] == {"name": "vol-models", "mountPath": "/models", "readOnly": True}
+    assert mounts["/ckpt"] == {"name": "vol-ckpt", "mountPath": "/ckpt", "readOnly": False}
+    assert mounts["/scratch"]["name"] == "vol-shm"
+    assert mounts["/dev/shm"]["name"] == "shm" and mounts["/etc/tandem"]["name"] == "job-spec"
+    pod_volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert {m["name"] for m in mounts.values()} == pod_volumes
+
+
+def test_no_volumes_means_only_the_pods_own() -> None:
+    pod = builders.build_pods(JobWrapper().job())[0]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["shm", "job-spec"]
+    for c in containers(pod).values():
+        assert [m["name"] for m in c["volumeMounts"]] == ["shm", "job-spec"]
+
+
+def test_longest_volume_name_gives_a_valid_pod_volume_name() -> None:
+    job = JobWrapper().volume("v" * 59, "/data", claimName="c").job()
+    names = [v["name"] for v in builders.build_pods(job)[0]["spec"]["volumes"]]
+    assert all(DNS_LABEL.match(n) for n in names) and len(names[-1]) == 63
+
+
+@pytest.mark.parametrize(("index", "container"), [(0, "rollout"), (1, "rollout")])
+def test_rollout_has_startup_and_readiness_probes_on_its_port(index: int, container: str) -> None:
+    job = JobWrapper().rollout_only(1).set("checkpointEngine.port", 9300).job()
+    rollout = containers(builders.build_pods(job)[index])[container]
+    for probe in ("startupProbe", "readinessProbe"):
+        assert rollout[probe]["httpGet"] == {"path": "/health", "port": 9301, "scheme": "HTTP"}
+    startup = rollout["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60  # vLLM import + model load
+    assert rollout["readinessProbe"]["failureThreshold"] < startup["failureThreshold"]
+    assert "livenessProbe" not in rollout
+
+
+def test_trainer_has_no_probes() -> None:
+    trainer = containers(builders.build_pods(JobWrapper().replicas(2).job())[1])["trainer"]
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(trainer)
+
+
+@pytest.mark.parametrize(("owner_uid", "expected"), [(None, None), ("5e0c-uid", "5e0c-uid")])
+def test_resume_and_job_uid_env(owner_uid: str | None, expected: str | None) -> None:
+    for pod in builders.build_pods(JobWrapper().replicas(2).rollout_only(1).job(), owner_uid=owner_uid):
+        for c in containers(pod).values():
+            env = env_of(c)
+            assert env["TANDEM_RESUME"] == "1"
+            assert env.get("TANDEM_JOB_UID") == expected
+            names = [e["name"] for e in c["env"]]
+            assert len(names) == len(set(names))

@@ -102,9 +102,89 @@ REJECTED: list[Case] = [
         lambda: W().set("failurePolicy.maxRestarts", -1),
         "spec.failurePolicy.maxRestarts",
     ),
+    (
+        "volume-claim-and-host-path",
+        lambda: W().volume("data", "/data", claimName="data", hostPath="/srv/data"),
+        "spec.volumes[0].claimName",
+    ),
+    ("volume-without-source", lambda: W().volume("data", "/data"), "spec.volumes[0].claimName"),
+    (
+        "volume-names-duplicate",
+        lambda: W().volume("data", "/data", claimName="a").volume("data", "/more", claimName="b"),
+        "spec.volumes",
+    ),
+    (
+        "volume-mount-paths-duplicate",
+        lambda: W().volume("a", "/data", claimName="a").volume("b", "/data", hostPath="/srv"),
+        "spec.volumes",
+    ),
+    ("volume-on-dev-shm", lambda: W().volume("a", "/dev/shm", claimName="a"), "spec.volumes[0].mountPath"),
+    (
+        "volume-under-job-file-dir",
+        lambda: W().volume("a", "/etc/tandem/extra", hostPath="/srv"),
+        "spec.volumes[0].mountPath",
+    ),
+    ("volume-mount-path-relative", lambda: W().volume("a", "data", claimName="a"), "spec.volumes[0].mountPath"),
+    (
+        "volume-host-path-dot-dot",
+        lambda: W().volume("a", "/data", hostPath="/srv/../etc"),
+        "spec.volumes[0].hostPath",
+    ),
+    ("volume-name-uppercase", lambda: W().volume("Data", "/data", claimName="a"), "spec.volumes[0].name"),
+    ("volume-name-too-long", lambda: W().volume("v" * 60, "/data", claimName="a"), "spec.volumes[0].name"),
+    ("volume-claim-name-bad", lambda: W().volume("a", "/data", claimName="My_Claim"), "spec.volumes[0].claimName"),
+    (
+        "volumes-too-many",
+        lambda: _many_volumes(17),
+        "spec.volumes",
+    ),
+    ("persist-without-volumes", lambda: W().persist("/ckpt"), "spec.checkpointEngine.persist.path"),
+    (
+        "persist-not-under-a-volume",
+        lambda: W().volume("a", "/data", claimName="a").persist("/ckpt"),
+        "spec.checkpointEngine.persist.path",
+    ),
+    (
+        "persist-on-a-prefix-sibling",
+        lambda: W().volume("a", "/data", claimName="a").persist("/data2/ckpt"),
+        "spec.checkpointEngine.persist.path",
+    ),
+    (
+        "persist-on-read-only-volume",
+        lambda: W().volume("a", "/data", claimName="a", readOnly=True).persist("/data/ckpt"),
+        "spec.checkpointEngine.persist.path",
+    ),
+    (
+        "persist-path-relative",
+        lambda: W().volume("a", "/data", claimName="a").persist("data/ckpt"),
+        "spec.checkpointEngine.persist.path",
+    ),
+    (
+        "persist-path-dot-dot",
+        lambda: W().volume("a", "/data", claimName="a").persist("/data/../etc"),
+        "spec.checkpointEngine.persist.path",
+    ),
+    (
+        "persist-path-trailing-slash",
+        lambda: W().volume("a", "/data", claimName="a").persist("/data/ckpt/"),
+        "spec.checkpointEngine.persist.path",
+    ),
+    (
+        "persist-keep-zero",
+        lambda: W().volume("a", "/data", claimName="a").persist("/data/ckpt", keep=0),
+        "spec.checkpointEngine.persist.keep",
+    ),
     ("suspend-not-bool", lambda: W().suspend("maybe"), "spec.suspend"),  # type: ignore[arg-type]
     ("unknown-field", lambda: W().set("learningRate", 0.1), "spec.learningRate"),
 ]
+
+
+def _many_volumes(n: int) -> JobWrapper:
+    w = W()
+    for i in range(n):
+        w.volume(f"v{i}", f"/mnt/v{i}", hostPath=f"/srv/v{i}")
+    return w
+
 
 # Accepted by the API server (its schema cannot express these); the operator marks them InvalidSpec.
 OPERATOR_ONLY: list[Case] = [

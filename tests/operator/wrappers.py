@@ -84,6 +84,15 @@ class JobWrapper:
     def etcd(self, *endpoints: str) -> JobWrapper:
         return self.set("checkpointEngine.etcd", {"endpoints": list(endpoints)})
 
+    def volume(self, name: str, mount_path: str, **source: Any) -> JobWrapper:
+        """Append a spec.volumes entry; source: claimName=..., hostPath=..., readOnly=... (camelCase keys)."""
+        self.doc["spec"].setdefault("volumes", []).append({"name": name, "mountPath": mount_path, **source})
+        return self
+
+    def persist(self, path: str, **extra: Any) -> JobWrapper:
+        """checkpointEngine.persist with `path` (and every=..., keep=...)."""
+        return self.set("checkpointEngine.persist", {"path": path, **extra})
+
     def failure_policy(self, max_restarts: int, backoff_seconds: int = 0) -> JobWrapper:
         return self.set("failurePolicy", {"maxRestarts": max_restarts, "backoffSeconds": backoff_seconds})
 

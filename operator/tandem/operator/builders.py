@@ -37,6 +37,19 @@ Environment of both containers:
   MASTER_ADDR                `<job>-0.<job>.<ns>.svc`
   MASTER_PORT                29500
   TANDEM_RESTART_GENERATION  gang restart generation (0 on first start)
+  TANDEM_RESUME              1: a gang-restarted or recreated pod's driver continues from the newest
+                             checkpoint of this job (its pod shm or the durable store of
+                             checkpointEngine.persist); a first start finds none and begins at 0
+  TANDEM_JOB_UID             the RLHFJob's metadata.uid (set only when the builders get owner_uid):
+                             durable copies live under `<persist.path>/<ns>/<job>/<uid>/`, so a new
+                             job of the same name never resumes from an old one's copies
+Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap). Each
+spec.volumes entry `<name>` becomes pod volume `vol-<name>` (the prefix keeps user names apart from
+the pod's own), a `persistentVolumeClaim` (claimName, readOnly) or a `hostPath` (type
+DirectoryOrCreate), mounted at its mountPath (readOnly as given) in every container of every pod.
+Probes: the rollout container (native sidecar or rollout-only) has a startupProbe and a readinessProbe,
+GET /health on its checkpoint-engine port (unauthenticated; served once vLLM has loaded the model).
+The trainer has none (see `trainer_container`).
 The rollout container also gets NVIDIA_VISIBLE_DEVICES=all when the pod has GPUs: the trainer
 requests `nvidia.com/gpu: gpusPerPod` once and both containers see every GPU of the pod.
 """
@@ -66,6 +79,9 @@ JOB_FILE_KEY = "job.yaml"
 JOB_FILE = f"{JOB_FILE_DIR}/{JOB_FILE_KEY}"
 SHM_MOUNT = "/dev/shm"
 SHM_DIR = f"{SHM_MOUNT}/tandem"
+VOLUME_PREFIX = "vol-"
+HEALTH_PATH = "/health"
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180  # 30 minutes for the rollout to import vLLM and load the model
 MASTER_PORT = 29500
 TOKEN_KEY = "token"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -196,7 +212,9 @@ def build_token_secret(job: RLHFJob, token: str, *, owner_uid: str | None = None
     }
 
 
-def _env(job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, etcd: str) -> list[Manifest]:
+def _env(
+    job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, etcd: str, owner_uid: str | None
+) -> list[Manifest]:
     name, ns = job.metadata.name, job.metadata.namespace
     plain = {
         "TANDEM_JOB": name,
@@ -213,7 +231,10 @@ def _env(job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, 
         "MASTER_ADDR": f"{pod_name(name, 0)}.{service_name(name)}.{ns}.svc",
         "MASTER_PORT": str(MASTER_PORT),
         "TANDEM_RESTART_GENERATION": str(generation),
+        "TANDEM_RESUME": "1",
     }
+    if owner_uid is not None:
+        plain["TANDEM_JOB_UID"] = owner_uid
     env: list[Manifest] = [{"name": k, "value": v} for k, v in plain.items()]
     env.append(
         {
@@ -225,11 +246,39 @@ def _env(job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, 
     return env
 
 
-def _mounts() -> list[Manifest]:
-    return [
+def volume_name(name: str) -> str:
+    """Pod volume name of spec.volumes entry `name` (at most 59 chars, so at most 63 with the prefix)."""
+    return f"{VOLUME_PREFIX}{name}"
+
+
+def _mounts(job: RLHFJob) -> list[Manifest]:
+    own: list[Manifest] = [
         {"name": "shm", "mountPath": SHM_MOUNT},
         {"name": "job-spec", "mountPath": JOB_FILE_DIR, "readOnly": True},
     ]
+    return own + [{"name": volume_name(v.name), "mountPath": v.mount_path, "readOnly": v.read_only}
+                  for v in job.spec.volumes]
+
+
+def _pod_volumes(job: RLHFJob) -> list[Manifest]:
+    name = job.metadata.name
+    items = [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]
+    out: list[Manifest] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.checkpoint_engine.shm_size}},
+        {"name": "job-spec", "configMap": {"name": spec_configmap_name(name), "items": items}},
+    ]
+    for v in job.spec.volumes:
+        if v.claim_name is not None:
+            source: Manifest = {"persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only}}
+        else:  # the spec guarantees exactly one of claimName and hostPath
+            source = {"hostPath": {"path": v.host_path, "type": "DirectoryOrCreate"}}
+        out.append({"name": volume_name(v.name), **source})
+    return out
+
+
+def _health_probe(port: int, *, period: int, failures: int) -> Manifest:
+    get = {"path": HEALTH_PATH, "port": port, "scheme": "HTTP"}
+    return {"httpGet": get, "periodSeconds": period, "timeoutSeconds": 5, "failureThreshold": failures}
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> Manifest:
@@ -239,28 +288,41 @@ def _resources(cpu: str, memory: str, gpus: int) -> Manifest:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def trainer_container(job: RLHFJob, index: int, generation: int, etcd: str) -> Manifest:
+def trainer_container(
+    job: RLHFJob, index: int, generation: int, etcd: str, owner_uid: str | None = None
+) -> Manifest:
+    """The trainer. No probes: only pod 0's trainer (the driver) serves the checkpoint-engine API,
+    the others run Megatron ranks with no HTTP server, and a failing trainer exits (the pod fails
+    and the operator gang-restarts) rather than hanging in a state a probe could detect."""
     port, _ = ce_ports(job)
     res = job.spec.trainer.resources
     return {
         "name": "trainer",
         "image": job.spec.trainer.image,
         "command": list(TRAINER_COMMAND),
-        "env": _env(job, role="trainer", index=index, generation=generation, ce_port=port, etcd=etcd),
+        "env": _env(
+            job, role="trainer", index=index, generation=generation, ce_port=port, etcd=etcd, owner_uid=owner_uid
+        ),
         "ports": [
             {"name": "ce-trainer", "containerPort": port, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod),
-        "volumeMounts": _mounts(),
+        "volumeMounts": _mounts(job),
     }
 
 
-def rollout_container(job: RLHFJob, index: int, generation: int, etcd: str, *, owns_gpus: bool) -> Manifest:
-    """The rollout; it requests the GPUs only when no trainer shares its pod (`owns_gpus`)."""
+def rollout_container(
+    job: RLHFJob, index: int, generation: int, etcd: str, *, owns_gpus: bool, owner_uid: str | None = None
+) -> Manifest:
+    """The rollout; it requests the GPUs only when no trainer shares its pod (`owns_gpus`). Its
+    startupProbe allows 30 minutes for importing vLLM and loading the model; in a hybrid pod (native
+    sidecar) the kubelet starts the trainer only once it passes, as the trainer waits for rollouts anyway."""
     _, port = ce_ports(job)
     res = job.spec.rollout.resources
-    env = _env(job, role="rollout", index=index, generation=generation, ce_port=port, etcd=etcd)
+    env = _env(
+        job, role="rollout", index=index, generation=generation, ce_port=port, etcd=etcd, owner_uid=owner_uid
+    )
     if job.spec.gpus_per_pod and not owns_gpus:
         env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
     return {
@@ -270,7 +332,9 @@ def rollout_container(job: RLHFJob, index: int, generation: int, etcd: str, *, o
         "env": env,
         "ports": [{"name": "ce-rollout", "containerPort": port, "protocol": "TCP"}],
         "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod if owns_gpus else 0),
-        "volumeMounts": _mounts(),
+        "volumeMounts": _mounts(job),
+        "startupProbe": _health_probe(port, period=STARTUP_PERIOD_S, failures=STARTUP_FAILURES),
+        "readinessProbe": _health_probe(port, period=10, failures=3),
     }
 
 
@@ -286,31 +350,23 @@ def build_pod(
     etcd = etcd_endpoints(job, default_etcd)
     hybrid = index < job.spec.replicas
     role = ROLE_HYBRID if hybrid else ROLE_ROLLOUT
-    shm = {"medium": "Memory", "sizeLimit": job.spec.checkpoint_engine.shm_size}
     pod_spec: Manifest = {
         "hostname": pod_name(name, index),
         "subdomain": service_name(name),
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
-        "volumes": [
-            {"name": "shm", "emptyDir": shm},
-            {
-                "name": "job-spec",
-                "configMap": {
-                    "name": spec_configmap_name(name),
-                    "items": [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}],
-                },
-            },
-        ],
+        "volumes": _pod_volumes(job),
     }
     if hybrid:
-        sidecar = rollout_container(job, index, restart_generation, etcd, owns_gpus=False)
+        sidecar = rollout_container(job, index, restart_generation, etcd, owns_gpus=False, owner_uid=owner_uid)
         sidecar["restartPolicy"] = "Always"  # native sidecar: starts first, stops after the trainer
         pod_spec["initContainers"] = [sidecar]
-        pod_spec["containers"] = [trainer_container(job, index, restart_generation, etcd)]
+        pod_spec["containers"] = [trainer_container(job, index, restart_generation, etcd, owner_uid)]
     else:
-        pod_spec["containers"] = [rollout_container(job, index, restart_generation, etcd, owns_gpus=True)]
+        pod_spec["containers"] = [
+            rollout_container(job, index, restart_generation, etcd, owns_gpus=True, owner_uid=owner_uid)
+        ]
     if job.spec.gpus_per_pod:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     return {

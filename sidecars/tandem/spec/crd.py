@@ -53,7 +53,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, list[d
         props = node.get("properties", {})
         out["properties"] = {k: _convert(v, defs, rules) for k, v in props.items()}
         for k, v in out["properties"].items():  # let the API server default nested objects too
-            if v.get("type") == "object" and k not in node.get("required", ()) and "default" not in v:
+            if (v.get("type") == "object" and k not in node.get("required", ()) and "default" not in v
+                    and not v.get("nullable")):  # an Optional object stays absent unless given
                 v["default"] = {}
         if node.get("required"):
             out["required"] = list(node["required"])
