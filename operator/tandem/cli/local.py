@@ -21,6 +21,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import aetcd
 import yaml
@@ -53,30 +54,45 @@ def _job_uid(run_dir: Path, resume: bool) -> str:
     return uid
 
 
-def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
+def shm_root_of(job: RLHFJob) -> Path:
+    return Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
+
+
+def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_endpoint: str, *, token: str,
+                  shm_root: Path, extra: dict[str, str] | None = None) -> list[LocalContainer]:
+    """The containers of `pods` (manifests from the builders or the API server) as local processes.
+
+    What a kubelet would provide becomes local: the job file (the ConfigMap) under `run_dir`, the
+    token (the Secret), a shm directory per pod (the emptyDir), free ports, 127.0.0.1 for pod
+    addresses. Everything else comes from the manifests' env, plus `extra`.
+    """
     job_file = run_dir / "job.yaml"
-    uid = _job_uid(run_dir, resume)
     job_file.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True),
                                        sort_keys=False))
-    token = secrets.token_hex(16)
-    shm_root = Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
     master_port = free_port()
     ports: dict[tuple[str, str], int] = {}
 
     def overrides(pod: str, container: str) -> dict[str, str]:
         port = ports.setdefault((pod, container), free_port())
         return {
-            "TANDEM_JOB_FILE": str(job_file), "TANDEM_ETCD_ENDPOINTS": etcd.endpoint,
+            "TANDEM_JOB_FILE": str(job_file), "TANDEM_ETCD_ENDPOINTS": etcd_endpoint,
             "TANDEM_SHM_DIR": str(shm_root / pod), "TANDEM_CE_PORT": str(port), "TANDEM_POD_IP": "127.0.0.1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "TANDEM_TOKEN": token,
-            "TANDEM_OUTPUT_DIR": str(run_dir), "TANDEM_RESUME": "1" if resume else "0", "TANDEM_JOB_UID": uid,
+            "TANDEM_OUTPUT_DIR": str(run_dir),
             "OMP_NUM_THREADS": "1",  # measured: 1.07 s/iteration vs 2.12 s without (sidecars share 2 cores)
+            **(extra or {}),
         }
 
     out: list[LocalContainer] = []
-    for pod in builders.build_pods(job):
+    for pod in pods:
         out += containers_of(pod, overrides=overrides, secrets={"token": token}, logs=run_dir / "logs")
-    return out
+    return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
+
+
+def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
+    extra = {"TANDEM_RESUME": "1" if resume else "0", "TANDEM_JOB_UID": _job_uid(run_dir, resume)}
+    return processes_for(builders.build_pods(job), job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
+                         shm_root=shm_root_of(job), extra=extra)
 
 
 def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[LocalContainer]) -> Table:
@@ -140,7 +156,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         containers = _prepare(job, run_dir, etcd, resume)
         console.print(f"[bold]tandem run[/bold] {job.metadata.name}: {len(containers)} processes, etcd "
                       f"{etcd.endpoint}, logs in {run_dir / 'logs'}")
-        for c in sorted(containers, key=lambda c: c.name != "rollout"):
+        for c in containers:
             c.start()
         result = asyncio.run(_follow(job, etcd, containers))
     except KeyboardInterrupt:
@@ -150,10 +166,9 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
             c.stop(grace=30.0)  # vLLM takes a while to shut down on a busy machine
         etcd.stop()
         signal.signal(signal.SIGTERM, previous)
-        shm_root = Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
         if not keep_etcd:
             shutil.rmtree(etcd_dir, ignore_errors=True)
-            shutil.rmtree(shm_root, ignore_errors=True)
+            shutil.rmtree(shm_root_of(job), ignore_errors=True)
     ok = result is not None and result.phase == "done"
     for c in containers:
         if c.exit_code() not in (0, None, -signal.SIGTERM, 128 + signal.SIGTERM) or not ok:

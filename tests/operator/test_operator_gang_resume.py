@@ -1,0 +1,142 @@
+"""A gang restart resumes training from the durable copy: real operator, real API server, real sidecars.
+
+The simulated kwok nodes run no containers, so the test plays the kubelet for one job: it reads the
+pods the operator created (and the job's ConfigMap and Secret) from the API server and starts their
+containers as local processes with `tandem.cli.local.processes_for` (what `tandem run` uses), each
+pod with its own shared-memory directory (the emptyDir) and the hostPath volume honoured as a bind
+mount would. Then a pod fails: the test kills generation 0's processes, deletes their shared memory
+(a deleted pod's emptyDir goes with it) and marks the pod Failed; the operator restarts the gang
+(generation 1), whose driver must resume from the durable copy on the volume — the iteration and the
+weights after it — and the job finishes Succeeded with one restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import ControlPlane
+from harness import OperatorProcess, get_json, wait_for
+from test_operator_cluster import create, fail_pod, phase_is, running
+from wrappers import JobWrapper
+
+from tandem.checkpoint_engine.durable import DurableStore
+from tandem.cli.local import processes_for
+from tandem.cli.procs import LocalContainer
+from tandem.cli.volumes import localize
+from tandem.spec.load import parse_job
+
+pytestmark = [pytest.mark.k8s, pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.mark.etcd]
+
+ITERATIONS = 5
+
+
+@pytest.fixture(scope="module")
+def toy() -> Path:
+    from tandem.sidecars.toy.build import build_toy
+
+    root = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "test-toy"
+    return build_toy(root, seed=0, warmup_steps=40, max_operand=10).root
+
+
+def job_doc(name: str, ns: str, toy: Path, volume: Path) -> dict[str, Any]:
+    return (
+        JobWrapper(name, ns).small()
+        .set("model", {"path": str(toy / "model")})
+        .set("dataset", {"path": str(toy / "train.jsonl")})
+        .set("algorithm", {"name": "grpo", "groupSize": 8, "lr": 3.0e-3, "iterations": ITERATIONS})
+        .set("trainer.globalBatchSize", 128).set("trainer.microBatchSize", 16)
+        .set("rollout.maxTokens", 12).set("rollout.promptsPerIteration", 4).set("rollout.betweenRollouts", "keep")
+        .set("rewards", [{"type": "answerMatch"}, {"type": "format", "pattern": "<answer>-?[0-9]+</answer>",
+                                                  "weight": 0.1}])
+        .set("checkpointEngine.transport", "tcp").set("checkpointEngine.shardSizeMiB", 64)
+        .set("volumes", [{"name": "ckpt", "mountPath": "/ckpt", "hostPath": str(volume)}])
+        .set("checkpointEngine.persist", {"path": "/ckpt/tandem", "every": 1, "keep": 2})
+        .set("failurePolicy", {"maxRestarts": 1, "backoffSeconds": 1})
+        .doc
+    )
+
+
+class Kubelet:
+    """Runs one generation of a job's pods, as the API server holds them, as local processes."""
+
+    def __init__(self, cp: ControlPlane, ns: str, name: str, etcd: str, workdir: Path) -> None:
+        self.cp, self.ns, self.name, self.etcd, self.workdir = cp, ns, name, etcd, workdir
+        self.shm = Path("/dev/shm") / f"tandem-kubelet-{uuid.uuid4().hex[:8]}"
+        self.running: list[LocalContainer] = []
+
+    def start(self, generation: int, pods: list[dict[str, Any]]) -> Path:
+        text = get_json(self.cp, "configmap", f"{self.name}-spec", "-n", self.ns)["data"]["job.yaml"]
+        secret = get_json(self.cp, "secret", f"{self.name}-token", "-n", self.ns)["data"]["token"]
+        job = localize(parse_job(yaml.safe_load(text)))
+        run_dir = self.workdir / f"gen{generation}"
+        run_dir.mkdir(parents=True)
+        self.running = processes_for(pods, job, run_dir, self.etcd, token=base64.b64decode(secret).decode(),
+                                     shm_root=self.shm / f"gen{generation}")
+        for c in self.running:
+            c.start()
+        return run_dir
+
+    def kill(self) -> None:
+        for c in self.running:
+            c.stop(grace=0.0)
+        shutil.rmtree(self.shm, ignore_errors=True)  # the pods' emptyDirs go with the pods
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {c.label} (exit {c.exit_code()})\n{c.tail(25)}" for c in self.running)
+
+
+def rows_of(run_dir: Path) -> list[dict[str, Any]]:
+    metrics = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+def test_gang_restart_resumes_from_the_durable_copy(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str, etcd_server: Any, toy: Path, tmp_path: Path
+) -> None:
+    name, volume = "resume", tmp_path / "volume"
+    uid = create(k8s, ns, job_doc(name, ns, toy, volume))["metadata"]["uid"]
+    kubelet = Kubelet(k8s, ns, name, etcd_server.endpoint, tmp_path / "kubelet")
+    store = DurableStore(volume / "tandem", ns, name, uid, keep=2)  # the pods got the job's uid from the operator
+    try:
+        pods = wait_for("generation 0 pod", lambda: running(k8s, ns, name, 1), 60)
+        env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+        assert env["TANDEM_RESUME"] == "1" and env["TANDEM_JOB_UID"] == uid
+        gen0 = kubelet.start(0, pods)
+        wait_for("two durable copies", lambda: len(store.versions()) == 2 or None, 600, every=1.0)
+        before = rows_of(gen0)
+        saved = store.latest()
+        assert saved is not None and saved.iteration >= 2
+
+        kubelet.kill()  # the trainer dies with its pod: processes and shared memory gone
+        fail_pod(k8s, ns, f"{name}-0")
+        wait_for("gang restart", lambda: phase_is(k8s, ns, name, "Restarting", restarts=1)
+                 or phase_is(k8s, ns, name, "Pending", restarts=1), 60)
+        pods = wait_for("generation 1 pod", lambda: running(k8s, ns, name, 1, generation=1), 60)
+        saved = store.latest()  # a copy may have landed between the check above and the kill
+        assert saved is not None
+        gen1 = kubelet.start(1, pods)
+        wait_for("Succeeded", lambda: phase_is(k8s, ns, name, "Succeeded", restarts=1), 900, every=1.0)
+    except BaseException:
+        print(kubelet.tails())
+        raise
+    finally:
+        kubelet.kill()
+
+    after = rows_of(gen1)
+    assert [r["iteration"] for r in after] == list(range(saved.iteration, ITERATIONS)), (before, after)
+    assert len(before) >= saved.iteration - 1  # generation 0 really did those iterations
+    # the restarted driver loaded the durable version, re-published it as the next version, and the
+    # rollouts generated the first resumed iteration with it
+    log = (gen1 / "logs" / f"{name}-0-trainer.log").read_text()
+    assert f"resuming from version {saved.version} ({saved.path}) at iteration {saved.iteration}" in log
+    assert after[0]["rollout_version"] == saved.version + 1
+    st = get_json(k8s, "rlhfjob", name, "-n", ns)["status"]
+    assert st["iteration"] == ITERATIONS and st["restarts"] == 1
