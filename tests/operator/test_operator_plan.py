@@ -97,8 +97,20 @@ def test_a_failed_pod_restarts_the_whole_gang(pod_list: list[PodState], phase_be
     assert plan.status.phase == "Restarting" and plan.status.restarts == 1
     assert plan.delete == sorted(p.name for p in pod_list if not p.deleting) and plan.create == []
     assert why in plan.status.message and "gang restart 1/3" in plan.status.message
+    assert "starts over from the initial model" in plan.status.message  # no durable copies configured
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Restarting")]
     assert status.restart_began(plan.status) == T0
+
+
+def test_a_restart_says_it_resumes_when_durable_copies_are_kept() -> None:
+    job = (JobWrapper().replicas(2).failure_policy(3, 10)
+           .set("volumes", [{"name": "ckpt", "mountPath": "/ckpt", "claimName": "ckpt"}])
+           .set("checkpointEngine.persist", {"path": "/ckpt/t"}))
+    failed = [PodWrapper("demo", 0).failed().state(), PodWrapper("demo", 1).running().state()]
+    plan = decide(observe(job, StatusWrapper().phase("Running").get(), failed))
+    assert plan.status.phase == "Restarting"
+    assert "resuming from the newest durable copy" in plan.status.message
+    assert plan.status.message in plan.events[0].message  # the Warning event carries it too
 
 
 def test_pod_missing_while_pending_is_recreated_not_a_failure() -> None:

@@ -65,6 +65,13 @@ def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
     return plan
 
 
+def _resumes(job: RLHFJob) -> str:
+    """Where a restarted gang's driver continues from (the pods' shared memory goes with them)."""
+    if job.spec.checkpoint_engine.persist is None:
+        return "no checkpointEngine.persist, so training starts over from the initial model"
+    return "resuming from the newest durable copy in checkpointEngine.persist.path"
+
+
 def decide(obs: Observation) -> Plan:
     new = obs.status.model_copy(deep=True)
     before = obs.status.phase if obs.status.conditions else "New"  # never reconciled yet: announce it
@@ -133,7 +140,8 @@ def decide(obs: Observation) -> Plan:
         limit = spec.failure_policy.max_restarts
         if restart_policy.on_failure(new.restarts, limit) == "restart":
             new.restarts += 1
-            status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}", now)
+            status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}; {_resumes(obs.job)}",
+                             now)
             plan.requeue_after = max(float(spec.failure_policy.backoff_seconds), 0.5)
         else:
             status.set_phase(new, "Failed", f"{what}; maxRestarts ({limit}) reached", now)
