@@ -64,6 +64,7 @@ import yaml
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 
 Manifest = dict[str, Any]
+SAFE_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster, same documents
 
 LABEL_JOB = "tandem.dev/job"
 LABEL_ROLE = "tandem.dev/role"
@@ -189,7 +190,7 @@ def job_document(job: RLHFJob) -> Manifest:
 
 
 def build_spec_configmap(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
-    text = yaml.safe_dump(job_document(job), sort_keys=False)
+    text = yaml.dump(job_document(job), Dumper=SAFE_DUMPER, sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

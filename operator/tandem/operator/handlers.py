@@ -20,6 +20,7 @@ from tandem.operator import reconcile
 from tandem.operator.builders import LABEL_JOB
 from tandem.operator.config import OperatorConfig
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
+from tandem.operator.kopf_storage import LeanDiffBaseStorage
 from tandem.operator.kube import Kube, connect
 from tandem.operator.observe import pod_state
 from tandem.spec.load import SpecError, parse_spec
@@ -33,7 +34,7 @@ FINALIZER = "tandem.dev/cleanup"
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tandem.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="tandem.dev")
+    settings.persistence.diffbase_storage = LeanDiffBaseStorage(prefix="tandem.dev")
     settings.posting.reporting_component = "tandem-operator"
     settings.posting.level = logging.WARNING  # only our own Events (kopf.event) and real problems
     settings.watching.server_timeout = 300
@@ -50,7 +51,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[untyped-decorator]
-def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str], Any] | None:
+async def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str], Any] | None:
+    # async: kopf runs a plain `def` handler in its thread pool, a hop per pod event
     state = pod_state(body)
     return {(namespace, state.job): state} if state is not None else None
 
