@@ -1,4 +1,4 @@
-"""Worker processes for the multi-rank trainer tests (TP=2, PP=2 over gloo on CPU).
+"""Worker processes for the multi-rank trainer tests (TP=2, PP=2, EP=2, DP=2 over gloo on CPU).
 
 Started by tests/trainer/test_megatron_parallel.py with torch.multiprocessing (spawn); each rank
 builds a MegatronEngine, runs the same fixed script, and saves what it saw to ``out/rank{r}.pt``
@@ -34,7 +34,27 @@ def nll_loss(
     return loss, {"tokens": mask.sum()}
 
 
-def _copy(tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+DP_SCRIPT = ((3, "mean"), (1, "sum"), (5, "sum"))  # (rows, reduction): uneven shares, an empty rank
+
+
+def rows_batch(rows: int) -> dict[str, torch.Tensor]:
+    """`rows` packed rows of two samples each (deterministic)."""
+    gen = torch.Generator().manual_seed(100 + rows)
+    ids = torch.randint(1, 128, (rows, 10), generator=gen)
+    seg = torch.tensor([[1] * 4 + [2] * 6] * rows)
+    return {"input_ids": ids, "segment_ids": seg}
+
+
+def dp_script(engine: Any) -> list[dict[str, Any]]:
+    """Further train steps whose global batches split unevenly over two data-parallel ranks."""
+    out = []
+    for rows, reduction in DP_SCRIPT:
+        metrics = engine.train_step(rows_batch(rows), nll_loss, micro_batch_size=1, reduction=reduction)
+        out.append({"metrics": metrics, "rows": engine.last_step_rows})
+    return out
+
+
+def copy_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in tensors}  # exports may alias live parameters
 
 
@@ -57,16 +77,20 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
             model_dir, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep, lr=1e-2, seed=0
         )
         result: dict[str, Any] = {
-            "export": _copy(engine.export_hf()),
+            "export": copy_tensors(engine.export_hf()),
             "export_seconds": engine.last_export_seconds,
         }
         for target in range(2):
-            result[f"slice{target}"] = _copy(engine.export_hf(target_tp=2, target_rank=target))
+            result[f"slice{target}"] = copy_tensors(engine.export_hf(target_tp=2, target_rank=target))
         batch = fixed_batch()
         result["logits"] = engine.logits(batch)
         result["logprobs"] = engine.token_logprobs(batch)
         result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)
-        result["export_after"] = dict(engine.export_hf())
+        result["export_after"] = copy_tensors(engine.export_hf())
+        result["train_rows"] = engine.last_step_rows
+        if tp * pp * ep == 1:  # two ranks, one model copy each: data parallelism
+            result["dp"] = dp_script(engine)
+            result["export_dp"] = copy_tensors(engine.export_hf())
         result["local_names"] = [n for n, _ in engine.named_parameters()]
         torch.save(result, Path(out_dir) / f"tp{tp}pp{pp}ep{ep}-rank{rank}.pt")
         torch.distributed.barrier()

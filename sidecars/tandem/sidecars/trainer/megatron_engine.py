@@ -55,6 +55,7 @@ class MegatronEngine:
     ) -> None:
         self.model, self.gpt, self.optimizer = model, gpt, optimizer
         self.shape, self.par, self.config = shape, par, config
+        self.last_step_rows = 0  # rows of the last train_step's batch this dp rank trained on
         self.micro_batch_size = micro_batch_size
         self.last_export_seconds = 0.0
         self._offloader = HostOffloader()
@@ -258,24 +259,35 @@ class MegatronEngine:
     ) -> dict[str, float]:
         """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
 
-        ``batch`` is split by rows into micro-batches of ``micro_batch_size`` rows (default: the
+        ``batch`` is the global batch: with data parallelism each dp rank trains on its own
+        contiguous share of the rows (``packing.dp_share``; gradients meet in DDP's all-reduce),
+        split into micro-batches of ``micro_batch_size`` rows (default: the
         engine's), each in the batch's own type (``PackedBatch.rows``); the loss of each is
         ``loss_fn(logprobs, micro_batch)`` with ``logprobs`` as :meth:`token_logprobs` but with
         gradient. The optimised loss is the ``reduction`` of the micro-batch losses: ``"mean"``
         (Megatron's own), or ``"sum"`` for losses already weighted for the whole batch (the
-        algorithms' ``PackedBatch.weights``). Returns (same on every rank) ``loss`` (that
-        reduction), the mean of each metric over micro-batches, ``grad_norm``, ``update_ok``
-        (0 when the step was skipped, e.g. a non-finite gradient) and ``step_seconds``.
+        algorithms' ``PackedBatch.weights``), over every micro-batch of every dp rank. Returns
+        (same on every rank) ``loss`` (that reduction), the mean of each metric over micro-batches,
+        ``grad_norm``, ``update_ok`` (0 when the step was skipped, e.g. a non-finite gradient) and
+        ``step_seconds``.
         """
         if self.optimizer is None:
             raise EngineError("this engine was built with trainable=False")
         start = time.perf_counter()
         self.model.train()
-        mbs = self._micro_batches(batch, micro_batch_size)
+        rows = packing.require(batch, "input_ids").shape[0]
+        lo, hi = packing.dp_share(rows, self.par.dp, self.par.dp_rank)
+        self.last_step_rows = hi - lo
+        # a data-parallel rank left without rows runs one row with weight 0: the gradient
+        # all-reduce is collective, so every rank takes part in the step
+        mbs = self._micro_batches(packing.take_rows(batch, lo, max(hi, lo + 1)), micro_batch_size)
+        counted = len(mbs) if hi > lo else 0
+        total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        # Megatron divides each micro-batch loss by their number: undo it for a sum.
-        scale = float(len(mbs)) if reduction == "sum" else 1.0
+        # Megatron divides each rank's loss by its micro-batch count and DDP averages gradients over
+        # the dp ranks; this scale turns that into the sum (or the mean) over every micro-batch.
+        scale = counted * self.par.dp * (1.0 if reduction == "sum" else 1.0 / max(total, 1))
 
         def micro_loss(mb: Any, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             loss, metrics = loss_fn(self._logprobs(logits, mb), mb)
@@ -286,10 +298,12 @@ class MegatronEngine:
         outs = self._run(mbs, micro_loss, False)
         update_ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {}
-        for key in outs[0] if outs else {}:
-            metrics[key] = sum(o[key] for o in outs) / len(outs)
-        if outs:
-            metrics["loss"] *= scale
+        if outs:  # the last pipeline stage: means over every micro-batch of every dp rank
+            keys = sorted(outs[0])
+            sums = megatron_build.dp_sum(self.par, [sum(o[k] for o in outs) if counted else 0.0 for k in keys])
+            metrics = {k: v / max(total, 1) for k, v in zip(keys, sums, strict=True)}
+            if reduction == "sum":
+                metrics["loss"] = sums[keys.index("loss")]
         metrics = self._metrics_from_last_stage(metrics)
         metrics.update(
             grad_norm=float(grad_norm or 0.0),

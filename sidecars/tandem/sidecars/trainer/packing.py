@@ -67,9 +67,24 @@ def split_rows(batch: Any, micro_batch_size: int) -> list[Any]:
     rows = require(batch, "input_ids").shape[0]
     require(batch, "segment_ids")
     bounds = [(lo, min(lo + micro_batch_size, rows)) for lo in range(0, rows, micro_batch_size)]
+    return [take_rows(batch, lo, hi) for lo, hi in bounds]
+
+
+def take_rows(batch: Any, lo: int, hi: int) -> Any:
+    """Rows ``lo:hi`` in the batch's own type (``PackedBatch.rows`` or a field-by-field slice)."""
     if hasattr(batch, "rows") and not isinstance(batch, Mapping):
-        return [batch.rows(lo, hi) for lo, hi in bounds]
-    return [{k: v[lo:hi] for k, v in batch.items()} for lo, hi in bounds]
+        return batch.rows(lo, hi)
+    return {k: v[lo:hi] for k, v in batch.items()}
+
+
+def dp_share(rows: int, dp: int, dp_rank: int) -> tuple[int, int]:
+    """The contiguous rows ``[lo, hi)`` of a global batch that data-parallel rank ``dp_rank`` trains on.
+
+    Shares differ by at most one row; a rank gets none when there are fewer rows than ranks.
+    """
+    if not 0 <= dp_rank < dp:
+        raise BatchError(f"data-parallel rank {dp_rank} outside 0..{dp - 1}")
+    return rows * dp_rank // dp, rows * (dp_rank + 1) // dp
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
