@@ -68,11 +68,13 @@ class DurableStore:
         lock_fd = os.open(tmp / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            for shard in index.shards:
-                _copy_synced(source / shard.file, tmp / shard.file)
-            _copy_synced(source / layout.INDEX, tmp / layout.INDEX)
+            names = [shard.file for shard in index.shards] + [layout.INDEX]
+            for name in names:
+                _copy(source / name, tmp / name)
             meta = {"version": version, "iteration": iteration, "uid": self.uid, "saved": time.time()}
-            _write_synced(tmp / META, json.dumps(meta).encode())
+            (tmp / META).write_text(json.dumps(meta))
+            for name in [*names, META]:  # after all writes: the device flushes them together
+                _fsync(tmp / name)
             os.unlink(tmp / ".lock")
             if final.exists():  # an earlier attempt of the same version: replace it
                 layout.remove_version(self.base, self.uid, version)
@@ -116,32 +118,18 @@ class DurableStore:
         return None
 
 
-def _copy_synced(src: Path, dst: Path) -> None:
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        size = os.fstat(fin.fileno()).st_size
-        sent = 0
-        while sent < size:  # in-kernel copy; falls back to userspace where the filesystem refuses
-            try:
-                n = os.copy_file_range(fin.fileno(), fout.fileno(), size - sent)
-            except OSError:
-                fin.seek(sent)
-                fout.seek(sent)
-                shutil.copyfileobj(fin, fout, 16 << 20)
-                break
-            if n == 0:
-                break
-            sent += n
-        fout.flush()
-        os.fsync(fout.fileno())
+def _copy(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)  # sendfile(2) on Linux: in-kernel, no userspace buffer
     if dst.stat().st_size != src.stat().st_size:
         raise errors.TornVersion(f"copy of {src} to {dst} is short")
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:
