@@ -66,7 +66,9 @@ def operator(
 ) -> Iterator[OperatorProcess]:
     """The operator as a subprocess, with the chart ServiceAccount's token and the test etcd."""
     log = tmp_path_factory.mktemp("operator-log") / "operator.log"
-    proc = OperatorProcess(operator_kubeconfig, etcd_server.endpoint, log).start()
+    from controlplane import free_port
+
+    proc = OperatorProcess(operator_kubeconfig, etcd_server.endpoint, log, metrics_port=free_port()).start()
     yield proc
     proc.stop()
     print(f"operator log tail:\n{proc.tail(60)}")

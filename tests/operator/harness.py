@@ -91,8 +91,10 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path) -> Path:
 class OperatorProcess:
     """`python -m tandem.operator` as a child process with the given kubeconfig and etcd."""
 
-    def __init__(self, kubeconfig: Path, etcd: str, log: Path, interval: float = 0.5, verbose: bool = True):
+    def __init__(self, kubeconfig: Path, etcd: str, log: Path, interval: float = 0.5, verbose: bool = True,
+                 metrics_port: int = 0):
         self.kubeconfig, self.etcd, self.log, self.interval = kubeconfig, etcd, log, interval
+        self.metrics_port = metrics_port
         self.args = ["--verbose"] if verbose else []
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -104,6 +106,7 @@ class OperatorProcess:
             TANDEM_ETCD_ENDPOINTS=self.etcd,
             TANDEM_RECONCILE_INTERVAL=str(self.interval),
             TANDEM_FINALIZER_RETRIES="3",
+            TANDEM_METRICS_PORT=str(self.metrics_port),
             PYTHONPATH=roots + os.pathsep + env.get("PYTHONPATH", ""),
         )
         return env
@@ -141,6 +144,13 @@ class OperatorProcess:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def metrics(self) -> str:
+        """The operator's /metrics text (Prometheus exposition format)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:  # noqa: S310
+            return str(r.read().decode())
 
     def tail(self, lines: int = 40) -> str:
         return (

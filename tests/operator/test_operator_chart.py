@@ -52,6 +52,18 @@ def test_default_render_holds_crd_rbac_deployment_and_etcd(k8s: ControlPlane) ->
     deploy = next(d for d in yaml.safe_load_all(render_chart(k8s)) if d and d["kind"] == "Deployment")
     env = {e["name"]: e["value"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["TANDEM_ETCD_ENDPOINTS"] == f"http://tandem-etcd.{OPERATOR_NS}.svc:2379"
+    template = deploy["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+    assert env["TANDEM_METRICS_PORT"] == "8081" and ports["metrics"] == 8081
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "8081"
+
+
+def test_metrics_port_zero_renders_no_endpoint(k8s: ControlPlane) -> None:
+    deploy = next(d for d in yaml.safe_load_all(render_chart(k8s, "operator.metricsPort=0"))
+                  if d and d["kind"] == "Deployment")
+    template = deploy["spec"]["template"]
+    assert "annotations" not in template["metadata"]
+    assert [p["name"] for p in template["spec"]["containers"][0]["ports"]] == ["health"]
 
 
 def test_watch_namespaces_renders_roles_only_there(k8s: ControlPlane) -> None:

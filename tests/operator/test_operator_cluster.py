@@ -126,6 +126,24 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
     )
     assert {("Normal", "Pending"), ("Normal", "Running")} <= set(events_of(k8s, ns, name))
 
+    # the same state on the operator's Prometheus endpoint
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def sample(metric: str, **labels: str) -> float | None:
+        for family in text_string_to_metric_families(operator.metrics()):
+            for s in family.samples:
+                if s.name == metric and labels.items() <= s.labels.items():
+                    return float(s.value)
+        return None
+
+    job = {"namespace": ns, "rlhfjob": name}
+    assert sample("tandem_rlhfjob_phase", phase="Running", **job) == 1.0
+    assert sample("tandem_rlhfjob_phase", phase="Pending", **job) == 0.0
+    assert sample("tandem_rlhfjob_iteration", **job) == 12 and sample("tandem_rlhfjob_weight_version", **job) == 11
+    assert sample("tandem_rlhfjob_reward_mean", **job) == 0.75
+    assert (sample("tandem_pods_created_total") or 0) >= 2
+    assert (sample("tandem_reconcile_seconds_count") or 0) >= 1
+
 
 def test_gang_restart_counts_restarts_then_fails(
     k8s: ControlPlane, operator: OperatorProcess, ns: str

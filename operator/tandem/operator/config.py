@@ -10,6 +10,8 @@ Callers: `tandem.operator.handlers` (startup, timer interval) and `tandem.operat
   TANDEM_FINALIZER_RETRIES     attempts to delete a job's etcd keys before giving up and letting
                                the RLHFJob go anyway (default 12, 5 s apart)
   TANDEM_MAX_CONNECTIONS       HTTP connections to the API server (default 64)
+  TANDEM_METRICS_PORT          port of the Prometheus /metrics endpoint (default 0: not served;
+                               the chart sets 8081)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class OperatorConfig:
     etcd_timeout: float = 5.0
     finalizer_retries: int = 12
     max_connections: int = 64
+    metrics_port: int = 0
 
     @property
     def default_etcd(self) -> str:
@@ -61,4 +64,5 @@ class OperatorConfig:
             etcd_timeout=_float(env, "TANDEM_ETCD_TIMEOUT", 5.0, 0.1),
             finalizer_retries=int(_float(env, "TANDEM_FINALIZER_RETRIES", 12, 0)),
             max_connections=int(_float(env, "TANDEM_MAX_CONNECTIONS", 64, 1)),
+            metrics_port=int(_float(env, "TANDEM_METRICS_PORT", 0, 0)),
         )

@@ -7,6 +7,7 @@ Callers: kopf, after `tandem.operator.__main__` imports this module (importing r
   starting as soon as the job is seen (creation, operator restart, resume all look the same).
 - `delete_job_keys`: on deletion, removes the job's etcd prefix (the finalizer); owned objects go
   with the garbage collector.
+- Prometheus metrics (`tandem.operator.metrics`): served from startup, set after each pass.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from tandem.operator import reconcile
+from tandem.operator import metrics, reconcile
 from tandem.operator.builders import LABEL_JOB
 from tandem.operator.config import OperatorConfig
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
@@ -42,6 +43,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.background.instant_exit_timeout = 5.0  # let a running reconcile finish before cleanup
     memo.kube = Kube(await connect(CONFIG.max_connections))
     memo.etcd = EtcdStore(CONFIG.etcd_timeout)
+    metrics.serve(CONFIG.metrics_port)
 
 
 @kopf.on.cleanup()  # type: ignore[untyped-decorator]
@@ -84,17 +86,20 @@ async def reconcile_job(
     ref = reconcile.JobRef(
         namespace, name, uid, int(meta.get("generation") or 0), str(meta.get("resourceVersion") or "0")
     )
-    plan = await reconcile.run(
-        kube=memo.kube,
-        etcd=memo.etcd,
-        memory=memory,
-        ref=ref,
-        spec=spec,
-        raw_status=dict(status),
-        indexed_pods=job_pods.get((namespace, name), ()),
-        default_etcd=CONFIG.etcd_endpoints,
-        logger=logger,
-    )
+    with metrics.observe_pass():
+        plan = await reconcile.run(
+            kube=memo.kube,
+            etcd=memo.etcd,
+            memory=memory,
+            ref=ref,
+            spec=spec,
+            raw_status=dict(status),
+            indexed_pods=job_pods.get((namespace, name), ()),
+            default_etcd=CONFIG.etcd_endpoints,
+            logger=logger,
+        )
+    if plan is not None:
+        metrics.record(namespace, name, plan)
     for event in plan.events if plan else ():  # kopf.event: posted whatever settings.posting.level says
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
@@ -120,5 +125,7 @@ async def delete_job_keys(
         if retry < CONFIG.finalizer_retries:
             raise kopf.TemporaryError(f"etcd unavailable, will retry: {e}", delay=5) from None
         kopf.event(body, type="Warning", reason="EtcdCleanupSkipped", message=f"gave up deleting etcd keys: {e}")
+        metrics.forget(namespace, name)
         return
+    metrics.forget(namespace, name)
     logger.info(f"deleted {deleted} etcd keys of {namespace}/{name}")
