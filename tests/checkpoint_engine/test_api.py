@@ -94,3 +94,38 @@ def test_publisher_api(make_registry: Any, shm_root: Path, job: str) -> None:
     assert client.post("/gc", headers=AUTH).status_code == 200
     r = client.post("/update", json={}, headers=AUTH)
     assert r.status_code == 405 and r.json()["error"] == "unsupported"
+
+
+def scrape(client: TestClient, metric: str, **labels: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")  # no token: scraped like /health
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.name == metric and labels.items() <= s.labels.items():
+                return float(s.value)
+    return None
+
+
+@pytest.mark.etcd
+def test_metrics_follow_the_engine_status(make_registry: Any, shm_root: Path, job: str, tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    extra = CollectorRegistry()
+    Counter("tandem_test_marker", "a caller's own metric", registry=extra).inc(3)
+    pub = Publisher(shm_root, job, make_registry(), keep=1)
+    client = TestClient(create_app(pub, TOKEN, extra))
+    assert scrape(client, "tandem_engine_version", role="trainer") is None  # nothing published yet
+    assert scrape(client, "tandem_engine_phase", role="trainer", phase="idle") == 1.0  # a publisher starts idle
+    report = pub.publish(7, tiny_model.random_state_dict(7).items())
+    assert scrape(client, "tandem_engine_version", role="trainer") == 7
+    assert scrape(client, "tandem_engine_phase", role="trainer", phase="idle") == 1.0
+    assert scrape(client, "tandem_engine_phase", role="trainer", phase="publishing") == 0.0
+    assert scrape(client, "tandem_engine_step_seconds", role="trainer", step="write") == pytest.approx(report.write_s)
+    assert scrape(client, "tandem_engine_error", role="trainer") == 0.0
+    assert scrape(client, "tandem_test_marker_total") == 3.0  # the caller's registry is served too
+
+    engine = RolloutEngine(EngineConfig(shm_root=tmp_path, job="x"))  # never started
+    client = TestClient(create_app(engine, TOKEN))
+    assert scrape(client, "tandem_engine_phase", role="rollout", phase="stopped") == 1.0

@@ -89,6 +89,21 @@ class Kubelet:
             c.stop(grace=0.0)
         shutil.rmtree(self.shm, ignore_errors=True)  # the pods' emptyDirs go with the pods
 
+    def scrape(self, container: str) -> dict[str, float]:
+        """name → value of the first sample of each metric on a running container's /metrics."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        port = next(c.env["TANDEM_CE_PORT"] for c in self.running if c.name == container)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:  # noqa: S310
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out.setdefault(sample.name, float(sample.value))
+        return out
+
     def tails(self) -> str:
         return "\n".join(f"--- {c.label} (exit {c.exit_code()})\n{c.tail(25)}" for c in self.running)
 
@@ -111,6 +126,9 @@ def test_gang_restart_resumes_from_the_durable_copy(
         assert env["TANDEM_RESUME"] == "1" and env["TANDEM_JOB_UID"] == uid
         gen0 = kubelet.start(0, pods)
         wait_for("two durable copies", lambda: len(store.versions()) == 2 or None, 600, every=1.0)
+        scraped = kubelet.scrape("trainer")  # the driver's /metrics: loop and engine, live
+        assert scraped["tandem_trainer_iteration"] >= 2 and scraped["tandem_engine_version"] >= 2
+        assert scraped["tandem_trainer_phase_seconds_count"] >= 2
         before = rows_of(gen0)
         saved = store.latest()
         assert saved is not None and saved.iteration >= 2

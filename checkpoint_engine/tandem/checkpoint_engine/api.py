@@ -4,9 +4,10 @@ Caller: the rollout sidecar (serves `create_app(engine, token)` with uvicorn ins
 adds its own /generate router), the trainer sidecar (`create_app(publisher, token)`), the driver
 and the operator as HTTP clients. Operations and statuses also go to etcd (the cores do that).
 
-Routes (all but /health need `Authorization: Bearer <token>`, the token of the job's Secret,
+Routes (all but /health and /metrics need `Authorization: Bearer <token>`, the token of the job's Secret,
 default env TANDEM_TOKEN):
     GET  /health                     liveness, no token
+    GET  /metrics                    Prometheus text (checkpoint_engine.metrics), no token
     GET  /status                     EngineStatus (phase, version, timings)
     POST /start        {model_dir, dummy}   rollout only
     POST /dummy_start  {model_dir}          rollout only
@@ -27,11 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine import errors, metrics
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
 
@@ -138,9 +140,10 @@ def _publisher_router(pub: Publisher, serial: _Serial) -> APIRouter:
     return r
 
 
-def create_app(core: Core, token: str | None = None) -> FastAPI:
+def create_app(core: Core, token: str | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
     """The control app; `app.state.auth` is the auth dependency for routers added later, e.g.
-    `app.include_router(my_router, dependencies=[Depends(app.state.auth)])`."""
+    `app.include_router(my_router, dependencies=[Depends(app.state.auth)])`. GET /metrics serves
+    `registry` (a new one by default) with the engine's collector added."""
     token = token if token is not None else os.environ.get("TANDEM_TOKEN")
     if not token:
         raise ValueError("the control API needs a token (argument or TANDEM_TOKEN); refusing to run open")
@@ -168,6 +171,13 @@ def create_app(core: Core, token: str | None = None) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"ok": True, "phase": core.phase.value}
+
+    scraped = metrics.engine_registry(core, registry)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.metrics_response(scraped)
+        return Response(body, media_type=content_type)
 
     common = APIRouter()
 

@@ -32,6 +32,7 @@ from tandem.sidecars.trainer import resume
 from tandem.sidecars.trainer.dataset import PromptDataset
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.persist import Persister
+from tandem.sidecars.trainer.prom import LoopMetrics
 from tandem.sidecars.trainer.reference import ReferenceWeights
 from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
@@ -61,6 +62,7 @@ class TrainerContext:
     resumed: tuple[int, int] | None = None  # (version loaded, first iteration) on resume
     durable: DurableStore | None = None  # checkpointEngine.persist's store (driver rank)
     persister: Persister | None = None
+    prom: LoopMetrics | None = None  # Prometheus view of the loop (driver rank)
     pending: list[RewardInput] = field(default_factory=list)
     last_sync: float | None = None
     last_kl: float | None = None
@@ -99,7 +101,8 @@ class TrainerContext:
         ctx.resumed = resume.resume_point(ctx) if env.resume else None  # before the publisher's cleanup
         if ctx.publisher is not None and ctx.registry is not None:
             ctx.publisher.recover()
-            serve_control_api(ctx.publisher, env)
+            ctx.prom = LoopMetrics()
+            serve_control_api(ctx.publisher, env, ctx.prom)
             expected = spec.replicas + spec.rollout_only_replicas  # more may join later (scaled up)
             ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, expected), env.token)
         return ctx
@@ -265,6 +268,8 @@ class TrainerContext:
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release"))}
+        if self.prom is not None:
+            self.prom.observe(row)
         if self.env.output_dir is not None:
             with open(self.env.output_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -272,12 +277,12 @@ class TrainerContext:
                  info.get("kl"), info.get("sync_seconds", 0.0))
 
 
-def serve_control_api(publisher: Publisher, env: PodEnv) -> None:
-    """The trainer's checkpoint-engine API (status, gc) on TANDEM_CE_PORT, in a daemon thread."""
+def serve_control_api(publisher: Publisher, env: PodEnv, prom: LoopMetrics) -> None:
+    """The trainer's checkpoint-engine API (status, gc, /metrics) on TANDEM_CE_PORT, in a daemon thread."""
     from tandem.checkpoint_engine.api import create_app
     from tandem.sidecars.serve import start_server
 
-    start_server(create_app(publisher, env.token), env.port, "trainer-api")
+    start_server(create_app(publisher, env.token, prom.registry), env.port, "trainer-api")
 
 
 def shift_to_labels(lp: torch.Tensor) -> torch.Tensor:

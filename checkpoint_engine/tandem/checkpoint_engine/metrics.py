@@ -1,0 +1,64 @@
+"""Prometheus view of one checkpoint engine, read from its status at scrape time.
+
+Role: `EngineCollector(core)` turns the core's `EngineStatus` (RolloutEngine or Publisher) into
+metrics when /metrics is scraped — nothing is recorded on the hot path:
+  tandem_engine_phase{role,phase}        1 for the engine's current phase, 0 for the others
+  tandem_engine_version{role}            weight version loaded (rollout) or last published (trainer)
+  tandem_engine_step_seconds{role,step}  duration of the latest step of each kind (start, update,
+                                         verify, write, register, terminate…), from the core's timings
+  tandem_engine_error{role}              1 while the last operation left an error
+`metrics_response(registry)` renders a registry for the API route. Callers: `api.create_app`
+(registers the collector and serves GET /metrics); the trainer adds its loop metrics to the same
+registry (`tandem.sidecars.trainer.prom`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tandem.checkpoint_engine.models import EngineStatus, Phase
+from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+
+
+class EngineCollector(Collector):
+    def __init__(self, core: RolloutEngine | Publisher) -> None:
+        self.core = core
+
+    def collect(self) -> Iterator[Metric]:
+        st: EngineStatus = self.core.status()
+        phase = GaugeMetricFamily("tandem_engine_phase", "1 for the checkpoint engine's current phase",
+                                  labels=["role", "phase"])
+        for p in Phase:
+            phase.add_metric([st.role, p.value], 1.0 if st.phase == p else 0.0)
+        yield phase
+        version = GaugeMetricFamily("tandem_engine_version", "Weight version loaded or last published",
+                                    labels=["role"])
+        if st.version is not None:
+            version.add_metric([st.role], float(st.version))
+        yield version
+        steps = GaugeMetricFamily("tandem_engine_step_seconds", "Duration of the latest step of each kind",
+                                  labels=["role", "step"])
+        for key, seconds in sorted(st.timings.items()):
+            steps.add_metric([st.role, key.removesuffix("_s")], float(seconds))
+        yield steps
+        error = GaugeMetricFamily("tandem_engine_error", "1 while the last operation left an error",
+                                  labels=["role"])
+        error.add_metric([st.role], 1.0 if st.error else 0.0)
+        yield error
+
+
+def engine_registry(core: RolloutEngine | Publisher, registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """`registry` (a new one by default) with the engine's collector registered."""
+    registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(core))
+    return registry
+
+
+def metrics_response(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """(body, content type) of the Prometheus text exposition of `registry`."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST

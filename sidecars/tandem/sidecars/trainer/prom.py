@@ -1,0 +1,47 @@
+"""Prometheus metrics of the RL loop, served with the engine's on the driver's control API (/metrics).
+
+Role: `LoopMetrics.observe(row)` takes each iteration's metrics row (the one written to
+metrics.jsonl) and updates: tandem_trainer_iteration, _reward_mean, _kl, _switch_share (gauges),
+tandem_trainer_phase_seconds{phase} and tandem_trainer_iteration_seconds (histograms),
+tandem_trainer_completions_total and _completion_tokens_total (counters). Its registry is handed to
+`checkpoint_engine.api.create_app`, which adds the engine's own collector. Caller: `TrainerContext`
+(driver rank only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class LoopMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.iteration = Gauge("tandem_trainer_iteration", "Iterations completed", registry=r)
+        self.reward = Gauge("tandem_trainer_reward_mean", "Mean reward of the latest iteration", registry=r)
+        self.kl = Gauge("tandem_trainer_kl", "KL to the reference policy in the latest iteration", registry=r)
+        self.switch = Gauge("tandem_trainer_switch_share",
+                            "Share of the latest iteration spent switching (offload, onload, publish, sync, release)",
+                            registry=r)
+        self.phase = Histogram("tandem_trainer_phase_seconds", "Seconds of each phase of an iteration", ["phase"],
+                               buckets=BUCKETS, registry=r)
+        self.total = Histogram("tandem_trainer_iteration_seconds", "Seconds per iteration", buckets=BUCKETS,
+                               registry=r)
+        self.completions = Counter("tandem_trainer_completions", "Completions generated", registry=r)
+        self.tokens = Counter("tandem_trainer_completion_tokens", "Completion tokens generated", registry=r)
+
+    def observe(self, row: dict[str, Any]) -> None:
+        self.iteration.set(row["iteration"] + 1)
+        for gauge, key in ((self.reward, "reward_mean"), (self.kl, "kl"), (self.switch, "switch_share")):
+            if row.get(key) is not None:
+                gauge.set(float(row[key]))
+        for name, seconds in row.get("seconds", {}).items():
+            self.phase.labels(name).observe(float(seconds))
+        if row.get("total_seconds") is not None:
+            self.total.observe(float(row["total_seconds"]))
+        self.completions.inc(int(row.get("completions", 0)))
+        self.tokens.inc(int(row.get("completion_tokens", 0)))
