@@ -141,20 +141,28 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert first_resumed["rollout_version"] >= rows[len(done_before) - 1]["weight_version"]
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "dpo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo"])
 def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: str) -> None:
-    """PPO (old-policy log-probs from the trainer, ratio clipping over 2 epochs) and DPO (pairs from
-    each prompt's best and worst completions) through the same loop."""
+    """PPO (old-policy log-probs from the trainer, ratio clipping over 2 epochs), PPO with a learned
+    critic (a value-head Megatron engine trained on the returns) and DPO (pairs from each prompt's
+    best and worst completions) through the same loop."""
     job = demo_job(toy, f"e2e-{algorithm}")
-    job["spec"]["algorithm"].update(name=algorithm, iterations=2, epochs=2, lr=1e-3)
+    job["spec"]["algorithm"].update(name=algorithm.removesuffix("-critic"), iterations=2, epochs=2, lr=1e-3,
+                                    critic=algorithm.endswith("-critic"))
     job["spec"]["rollout"]["promptsPerIteration"] = 8
     run_ok(run_cmd(job, tmp_path))
     runs = tmp_path / "runs"
     rows = [json.loads(line) for line in (runs / f"e2e-{algorithm}" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]
-    if algorithm == "ppo":
+    if algorithm.startswith("ppo"):
         # the second epoch sees a moved policy: ratios leave 1 only if old log-probs were supplied
         assert any(abs(r["ratio_mean"] - 1.0) > 1e-6 for r in rows), rows
+    if algorithm == "ppo-critic":
+        assert rows[0]["prepare_value_mean"] == 0.0  # a fresh value head
+        assert all(r["value_loss"] > 0 and r["critic_grad_norm"] > 0 for r in rows), rows
+        assert rows[1]["prepare_value_mean"] != 0.0  # the critic trained on iteration 0's returns
+    elif algorithm == "ppo":
+        assert "value_loss" not in rows[0]
     else:
         assert all(r.get("pairs", 0) > 0 or r.get("skipped_train") for r in rows), rows
 

@@ -244,3 +244,31 @@ def test_save_hf_after_training_loads_in_transformers(model_dirs: dict[str, Path
         want = hf(ids).logits
     got = engine.logits({"input_ids": ids, "segment_ids": torch.ones_like(ids)})
     assert (got - want).abs().max().item() < 1e-5
+
+
+def test_critic_starts_at_zero_and_learns_per_token_targets(model_dirs: dict[str, Path]) -> None:
+    """A value-head engine: the policy's transformer, a zeroed untied head, values in the log-prob layout."""
+    critic = MegatronEngine.from_hf(model_dirs["qwen2"], lr=1e-2, seed=0, value_head=True)
+    batch = fixed_batch()
+    seg = batch["segment_ids"]
+    scored = torch.zeros_like(seg, dtype=torch.bool)
+    scored[:, 1:] = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+    before = critic.token_logprobs(batch)
+    assert before.shape == seg.shape and torch.count_nonzero(before) == 0  # fresh head: V = 0
+    original = load_file(str(model_dirs["qwen2"] / "model.safetensors"))
+    loaded = dict(critic.named_parameters())["decoder.layers.0.mlp.linear_fc2.weight"]
+    assert torch.equal(loaded.detach(), original["model.layers.0.mlp.down_proj.weight"])  # trunk = the policy's
+    target = torch.where(seg == 1, 1.0, -0.5)  # a different value per sample
+
+    def mse(values: torch.Tensor, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        s = mb["segment_ids"]
+        mask = torch.zeros_like(values)
+        mask[:, 1:] = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] != 0)).float()
+        t = torch.where(s == 1, 1.0, -0.5)
+        return ((values - t) ** 2 * mask).sum() / mask.sum(), {}
+
+    losses = [critic.train_step(batch, mse)["loss"] for _ in range(25)]
+    assert losses[-1] < 0.05 * losses[0], losses
+    after = critic.token_logprobs(batch)
+    assert torch.allclose(after[scored], target[scored], atol=0.25)
+    assert torch.count_nonzero(after[~scored]) == 0  # first tokens and padding carry no value

@@ -109,6 +109,7 @@ class PPO:
         batch.stats.update({
             "reward_mean": float(scores.mean()) if scores.numel() else 0.0,
             "return_mean": float(F.masked_mean(ret, m)),
+            "value_mean": float(F.masked_mean(v, m)),  # the critic's (or the group baseline's)
             "advantage_abs_mean": float(F.masked_mean(adv.abs(), m)),
         })
         return batch

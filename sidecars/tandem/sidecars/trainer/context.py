@@ -1,7 +1,8 @@
 """Everything the driver loop needs, built once per trainer process, and each phase's work.
 
-Role: keeps `driver.run` one screen long. `TrainerContext.create` builds the Megatron engine,
-reference weights, algorithm, rewards, dataset and — on the driver rank — the etcd registry,
+Role: keeps `driver.run` one screen long. `TrainerContext.create` builds the Megatron engine (and,
+for PPO with `critic: true`, a value-head critic engine trained on the returns after each policy
+step), reference weights, algorithm, rewards, dataset and — on the driver rank — the etcd registry,
 the shared-memory publisher and the rollout client. Every rank calls the collective methods
 (`inference`, `train`, `publish`) in the same order; the driver alone talks to rollouts and etcd.
 Caller: `tandem.sidecars.trainer.driver`.
@@ -13,6 +14,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Algorithm, Sample, make_algorithm
 from tandem.sidecars.algorithms.packing import PackedBatch
+from tandem.sidecars.algorithms.ppo import PPO
 from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.trainer import resume
@@ -54,6 +57,7 @@ class TrainerContext:
     eos_id: int
     pad_id: int
     seed: int = 0
+    critic: MegatronEngine | None = None  # PPO with critic: true
     registry: SyncRegistry | None = None
     publisher: Publisher | None = None
     rollouts: RolloutClient | None = None
@@ -82,13 +86,17 @@ class TrainerContext:
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
         algorithm = make_algorithm(spec.algorithm, pad_id=pad)
-        if algorithm.needs_values:
-            raise NotImplementedError("algorithm.critic: a learned critic is not wired into the trainer yet; "
-                                      "use critic: false (PPO with the group-mean baseline)")
+        critic = None
+        if algorithm.needs_values:  # PPO's learned critic: the policy's transformer with a zeroed value head
+            critic = MegatronEngine.from_hf(
+                spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
+                pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=1,
+                dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+                micro_batch_size=spec.trainer.micro_batch_size, value_head=True)
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
-                  PromptDataset.load(spec.dataset), eos, pad)
+                  PromptDataset.load(spec.dataset), eos, pad, critic=critic)
         if ctx.is_driver:
             ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
@@ -129,11 +137,23 @@ class TrainerContext:
         if wanted is not None and self.publisher is not None:  # the old lease may still hold newer records
             wanted = max(wanted, self.publisher.next_version())
         version = self.publish(wanted)
-        self.engine.offload()  # the loop onloads before each train phase
+        self.offload()  # the loop onloads before each train phase
         if self.is_driver:
             self.report("sync", self.first_iteration, version)
             self.last_sync = self.sync(version, initial=True)
         return version
+
+    def onload(self) -> None:
+        """Bring the trainer's models back to the accelerator (policy, and critic if any)."""
+        for engine in (self.engine, self.critic):
+            if engine is not None:
+                engine.onload()
+
+    def offload(self) -> None:
+        """Free the accelerator for the rollouts: policy and critic state to host memory."""
+        for engine in (self.engine, self.critic):
+            if engine is not None:
+                engine.offload()
 
     def publish(self, version: int | None) -> int:
         """Export HF weights from every rank; the driver writes them to shm and registers them."""
@@ -195,20 +215,21 @@ class TrainerContext:
         def per_sample(lp: torch.Tensor) -> dict[int, list[float]]:
             return {i: v.tolist() for i, v in packed.unpack(shift_to_labels(lp)).items()}
 
-        def model_work() -> tuple[dict[int, list[float]], dict[int, list[float]]]:
-            """(reference, old-policy) log-probs per sample; collective forwards on every rank."""
+        def model_work() -> tuple[dict[int, list[float]], dict[int, list[float]], dict[int, list[float]]]:
+            """(reference, old-policy) log-probs and critic values per sample; collective forwards."""
             ref = per_sample(self.reference.token_logprobs(packed)) if self.reference is not None else {}
             old = per_sample(self.engine.token_logprobs(packed)) if need_old else {}
-            return ref, old
+            values = per_sample(self.critic.token_logprobs(packed)) if self.critic is not None else {}
+            return ref, old, values
 
         info: dict[str, Any] = {}
         if self.is_driver:
             result = overlapped(self.rewards, self.pending, model_work)
-            (ref, old), rewards = result.model_result, result.rewards
+            (ref, old, values), rewards = result.model_result, result.rewards
             info["overlap_fraction"] = result.timings.overlap_fraction
             info["reward_components"] = {k: sum(v) / len(v) for k, v in result.components.items()}
         else:
-            (ref, old), rewards = model_work(), []
+            (ref, old, values), rewards = model_work(), []
         rewards = self.broadcast(rewards)
         for i, s in enumerate(samples):
             s.reward = float(rewards[i])
@@ -216,6 +237,8 @@ class TrainerContext:
                 s.ref_logprobs = ref[i]
             if i in old:
                 s.old_logprobs = old[i]
+            if i in values:
+                s.values = values[i]
         return info
 
     def train(self, samples: list[Sample]) -> dict[str, float]:
@@ -230,6 +253,10 @@ class TrainerContext:
         for _ in range(spec.algorithm.epochs):
             for part in batch.split(steps):
                 m = self.engine.train_step(part, self._loss(steps), reduction="sum")
+                if self.critic is not None:  # the value loss on the same rows, returns from this batch
+                    c = self.critic.train_step(part, self._loss(steps, critic=True), reduction="sum")
+                    m |= {"value_loss": c["value_loss"], "value_clip_frac": c["value_clip_frac"],
+                          "critic_grad_norm": c["grad_norm"]}
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
@@ -237,14 +264,21 @@ class TrainerContext:
         self.last_kl = out.get("kl")
         return out
 
-    def _loss(self, steps: int) -> Any:
-        """Per-micro-batch loss: the algorithm's, on log-probs shifted to its next-token layout.
+    def _loss(self, steps: int, critic: bool = False) -> Any:
+        """Per-micro-batch loss: the algorithm's (or its critic loss, on values), on outputs shifted to
+        its next-token layout.
 
         The algorithm's micro-batch losses add up to the loss of the packed batch (weights are
         global), hence reduction="sum"; each of the `steps` optimizer steps sees 1/steps of them.
         """
-        def loss_fn(lp: torch.Tensor, mb: PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            loss, metrics = self.algorithm.loss(shift_to_labels(lp), mb)
+        loss_of: Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, dict[str, float]]] = self.algorithm.loss
+        if critic:
+            if not isinstance(self.algorithm, PPO):
+                raise TypeError(f"{type(self.algorithm).__name__} has no critic loss")
+            loss_of = self.algorithm.critic_loss
+
+        def loss_fn(out: torch.Tensor, mb: PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = loss_of(shift_to_labels(out), mb)
             return loss * steps, metrics
 
         return loss_fn

@@ -56,7 +56,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
                 ctx.release_rollouts()
             samples = ctx.broadcast(samples)
             with timer("onload"):
-                ctx.engine.onload()
+                ctx.onload()
             ctx.report("inference", it, version)
             with timer("inference"):
                 info |= ctx.inference(samples)
@@ -71,7 +71,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
                 with timer("persist"):
                     info |= ctx.persister.after_publish(it, version)
             with timer("offload"):
-                ctx.engine.offload()
+                ctx.offload()
             ctx.report("sync", it, version, reward=info["reward_mean"])
             with timer("sync"):
                 info["sync_seconds"] = ctx.sync(version)

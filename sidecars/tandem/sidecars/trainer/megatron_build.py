@@ -210,14 +210,16 @@ class _SafetensorsDir:
 
 
 def load_hf_weights(gpt: Any, source: Path | Callable[[str], torch.Tensor], shape: ModelShape,
-                    par: Parallelism) -> int:
+                    par: Parallelism, skip: tuple[str, ...] = ()) -> int:
     """Copy HF weights into this rank's parameters; returns how many tensors were loaded.
 
     `source` is a HF directory (safetensors) or a name -> tensor loader (e.g. a published
-    shared-memory version, when a restarted trainer resumes).
+    shared-memory version, when a restarted trainer resumes). Parameters named in `skip`
+    (Megatron names, e.g. a critic's value head) are left as they are.
     """
     numbers, offset = layer_numbers(gpt), expert_offset(shape, par)
     params = {global_name(n, numbers, offset): p for n, p in gpt.named_parameters()}
+    params = {n: p for n, p in params.items() if n not in skip}
     reader = _SafetensorsDir(source) if isinstance(source, Path) else source
     loaded = 0
     with torch.no_grad():

@@ -19,6 +19,7 @@ layout (position t scores token t + 1) is this shifted left by one.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,9 +31,11 @@ import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer import megatron_build, megatron_export, packing
+from tandem.sidecars.trainer import heads, megatron_build, megatron_export, packing
 from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
 from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
+
+VALUE_HEAD = "output_layer.weight"  # a critic's untied output layer; its column 0 is the value head
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, Any]]]
 """``loss_fn(logprobs, micro_batch) -> (scalar loss, metrics)``; ``Algorithm.loss`` fits."""
@@ -52,8 +55,10 @@ class MegatronEngine:
         par: Parallelism,
         config: Any,
         micro_batch_size: int,
+        value_head: bool = False,
     ) -> None:
         self.model, self.gpt, self.optimizer = model, gpt, optimizer
+        self.value_head = value_head
         self.shape, self.par, self.config = shape, par, config
         self.last_step_rows = 0  # rows of the last train_step's batch this dp rank trained on
         self.micro_batch_size = micro_batch_size
@@ -77,17 +82,22 @@ class MegatronEngine:
         micro_batch_size: int = 1,
         distributed_optimizer: bool = False,
         trainable: bool = True,
+        value_head: bool = False,
     ) -> MegatronEngine:
         """Start process groups, build the model matching ``model_dir`` and load its weights.
 
         ``trainable=False`` builds a forward-only engine (no DDP wrapper, no optimizer), e.g. for
         the reference model: ``token_logprobs``, ``logits``, ``offload``/``onload`` and
         ``export_hf`` work, ``train_step`` raises. Several engines may live in one process when
-        they share the parallel sizes.
+        they share the parallel sizes. ``value_head=True`` builds a critic: the same transformer
+        with an untied output layer set to zero, whose first column is the value head; its
+        ``token_logprobs`` and train-step inputs are then values (``_values``).
         """
         model_dir = Path(model_dir)
         par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
         shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
+        if value_head:
+            shape = dataclasses.replace(shape, tie_embeddings=False)
         from megatron.core import tensor_parallel as mtp
         from megatron.core.distributed import (
             DistributedDataParallel,
@@ -101,7 +111,12 @@ class MegatronEngine:
         mtp.model_parallel_cuda_manual_seed(seed)
         config = megatron_build.transformer_config(shape, par, dtype)
         gpt = megatron_build.build_gpt(shape, config)
-        megatron_build.load_hf_weights(gpt, model_dir, shape, par)
+        megatron_build.load_hf_weights(gpt, model_dir, shape, par, skip=(VALUE_HEAD,) if value_head else ())
+        if value_head:
+            with torch.no_grad():
+                for name, param in gpt.named_parameters():
+                    if name == VALUE_HEAD:
+                        param.zero_()  # values start at 0, as a fresh value head should
         if torch.cuda.is_available():
             gpt.cuda()
         module: Any = Float16Module(config, gpt) if dtype in (torch.bfloat16, torch.float16) else gpt
@@ -109,7 +124,7 @@ class MegatronEngine:
             module.eval()
             for param in module.parameters():
                 param.requires_grad_(False)
-            return cls(module, gpt, None, shape, par, config, micro_batch_size)
+            return cls(module, gpt, None, shape, par, config, micro_batch_size, value_head)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -135,7 +150,7 @@ class MegatronEngine:
         )
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = model.no_sync
-        return cls(model, gpt, optimizer, shape, par, config, micro_batch_size)
+        return cls(model, gpt, optimizer, shape, par, config, micro_batch_size, value_head)
 
     # ----- forward -----
     def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
@@ -175,33 +190,24 @@ class MegatronEngine:
             )
         )
 
-    def _logprobs(self, logits: torch.Tensor, mb: Any) -> torch.Tensor:
-        """Token-aligned log-probs from this rank's vocab shard of the logits ``[rows, len, V/tp]``."""
-        from megatron.core import tensor_parallel as mtp
-
-        logits = logits.float()
-        if self.shape.megatron_vocab != self.shape.vocab:  # padded rows never win the softmax
-            start = self.par.tp_rank * logits.shape[-1]
-            column = torch.arange(start, start + logits.shape[-1], device=logits.device)
-            logits = logits.masked_fill(column >= self.shape.vocab, torch.finfo(logits.dtype).min)
-        ids, seg = packing.require(mb, "input_ids"), packing.require(mb, "segment_ids")
-        nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
-        same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
-        scored = torch.where(same, -nll, torch.zeros_like(nll))
-        return torch.cat([torch.zeros_like(scored[:, :1]), scored], dim=1)
+    def _outputs(self, logits: torch.Tensor, mb: Any) -> torch.Tensor:
+        """What the losses and forwards see: values for a critic, token log-probs otherwise."""
+        if self.value_head:
+            return heads.values(logits, mb, self.par)
+        return heads.logprobs(logits, mb, self.shape, self.par)
 
     def token_logprobs(self, batch: Any, micro_batch_size: int | None = None) -> torch.Tensor:
         """Log-probs ``[rows, len]`` (float32, CPU) on every rank; no gradient.
 
         ``out[r, t] = log p(input_ids[r, t] | the tokens of its sample before t)``; 0 at the
         first token of each sample and in padding. (``out[:, 1:]`` is the algorithms' ``labels``
-        layout without its last column.)
+        layout without its last column.) A critic (``value_head``) returns its values, same layout.
         """
         self.model.eval()
         mbs = self._micro_batches(batch, micro_batch_size)
         with torch.no_grad():
             outs = self._run(
-                mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._logprobs(logits, mb)}), True
+                mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._outputs(logits, mb)}), True
             )
         result = torch.cat([o["lp"] for o in outs]) if outs else torch.empty(0)
         size = tuple(packing.require(batch, "input_ids").shape)
@@ -290,7 +296,7 @@ class MegatronEngine:
         scale = counted * self.par.dp * (1.0 if reduction == "sum" else 1.0 / max(total, 1))
 
         def micro_loss(mb: Any, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            loss, metrics = loss_fn(self._logprobs(logits, mb), mb)
+            loss, metrics = loss_fn(self._outputs(logits, mb), mb)
             values = {k: float(v) for k, v in metrics.items()}
             values["loss"] = float(loss.detach())
             return loss * scale, values
