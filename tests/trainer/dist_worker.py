@@ -34,6 +34,27 @@ def nll_loss(
     return loss, {"tokens": mask.sum()}
 
 
+def value_mse(values: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A critic's squared error to per-sample targets (1.0 for segment 1, -0.5 otherwise)."""
+    seg = batch["segment_ids"]
+    mask = torch.zeros_like(values)
+    mask[:, 1:] = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
+    target = torch.where(seg == 1, 1.0, -0.5)
+    return ((values - target) ** 2 * mask).sum() / mask.sum().clamp(min=1), {}
+
+
+def critic_script(model_dir: str, tp: int) -> dict[str, Any]:
+    """A value-head engine at tensor parallelism `tp`: its values before and after 3 steps."""
+    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+
+    critic = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, lr=1e-2, seed=0, value_head=True)
+    batch = fixed_batch()
+    out: dict[str, Any] = {"values0": critic.token_logprobs(batch)}
+    out["losses"] = [critic.train_step(batch, value_mse, micro_batch_size=1)["loss"] for _ in range(3)]
+    out["values"] = critic.token_logprobs(batch)
+    return out
+
+
 DP_SCRIPT = ((3, "mean"), (1, "sum"), (5, "sum"))  # (rows, reduction): uneven shares, an empty rank
 
 
@@ -88,6 +109,8 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
         result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)
         result["export_after"] = copy_tensors(engine.export_hf())
         result["train_rows"] = engine.last_step_rows
+        if tp == 2:  # a critic's value head lives on tensor-parallel rank 0 only
+            result["critic"] = critic_script(model_dir, tp)
         if tp * pp * ep == 1:  # two ranks, one model copy each: data parallelism
             result["dp"] = dp_script(engine)
             result["export_dp"] = copy_tensors(engine.export_hf())

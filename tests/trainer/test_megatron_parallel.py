@@ -58,9 +58,10 @@ def single(model_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
         logits = engine.logits(batch)
         train = engine.train_step(batch, dist_worker.nll_loss, micro_batch_size=1)
         seen[family] = {"logits": logits, "train": train, "export_after": dist_worker.copy_tensors(engine.export_hf())}
-        if family == "qwen2":  # the data-parallel script, on one rank
+        if family == "qwen2":  # the data-parallel and critic scripts, on one rank
             seen[family]["dp"] = dist_worker.dp_script(engine)
             seen[family]["export_dp"] = dist_worker.copy_tensors(engine.export_hf())
+            seen[family]["critic"] = dist_worker.critic_script(str(model_dir), 1)
     return seen
 
 
@@ -163,3 +164,16 @@ def test_data_parallel_ranks_split_the_batch_and_match_one_rank(
     for name, tensor in one["export_dp"].items():  # four Adam steps later, the same weights
         assert torch.allclose(after[name], tensor, atol=5e-4), name
         assert (after[name] - tensor).abs().gt(1e-5).float().mean() < 0.02, name
+
+
+def test_critic_at_tp2_matches_one_rank(ranks: Ranks, single: dict[str, dict[str, Any]]) -> None:
+    """The value head (column 0 of the output layer, on TP rank 0) gives every rank the same values,
+    and training it at TP=2 follows the single-rank critic."""
+    one = single["qwen2"]["critic"]
+    for seen in (r["critic"] for r in ranks[LAYOUTS[0]]):
+        assert torch.count_nonzero(seen["values0"]) == 0
+        assert seen["losses"][-1] < seen["losses"][0]
+        for got, want in zip(seen["losses"], one["losses"], strict=True):
+            assert abs(got - want) < 1e-3 * max(1.0, want)
+        assert torch.allclose(seen["values"], one["values"], atol=2e-3)
+        assert torch.count_nonzero(seen["values"]) > 0
