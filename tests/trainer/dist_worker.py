@@ -66,6 +66,26 @@ def rows_batch(rows: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "segment_ids": seg}
 
 
+def sharded_forward(engine: Any) -> dict[str, Any]:
+    """Per-sample log-probs of a packed batch of 5 rows, computed on each dp rank's share and gathered."""
+    from tandem.sidecars.algorithms.base import Sample, pack_samples
+    from tandem.sidecars.trainer import sharded
+
+    gen = torch.Generator().manual_seed(11)
+    samples = [Sample(prompt_ids=torch.randint(1, 128, (8,), generator=gen).tolist(),
+                      completion_ids=torch.randint(1, 128, (4 + i,), generator=gen).tolist(), group=i // 2)
+               for i in range(5)]
+    packed = pack_samples(samples, 24, pad_id=0)
+    seen: list[int] = []
+
+    def forward(rows: Any) -> torch.Tensor:
+        seen.append(rows.num_rows)
+        return torch.as_tensor(engine.token_logprobs(rows))
+
+    lp, skipped = sharded.per_sample_outputs([forward, None], packed, engine.par)
+    return {"rows": packed.num_rows, "logprobs": lp, "skipped": skipped, "forward_rows": seen}
+
+
 def dp_script(engine: Any) -> list[dict[str, Any]]:
     """Further train steps whose global batches split unevenly over two data-parallel ranks."""
     out = []
@@ -104,6 +124,8 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
         for target in range(2):
             result[f"slice{target}"] = copy_tensors(engine.export_hf(target_tp=2, target_rank=target))
         batch = fixed_batch()
+        if tp * pp * ep == 1:  # before any training: the same weights as the single-rank engine
+            result["sharded"] = sharded_forward(engine)
         result["logits"] = engine.logits(batch)
         result["logprobs"] = engine.token_logprobs(batch)
         result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)

@@ -55,9 +55,11 @@ def single(model_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
     for family, model_dir in model_dirs.items():
         engine = MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0)
         batch = dist_worker.fixed_batch()
+        sharded = dist_worker.sharded_forward(engine) if family == "qwen2" else None
         logits = engine.logits(batch)
         train = engine.train_step(batch, dist_worker.nll_loss, micro_batch_size=1)
-        seen[family] = {"logits": logits, "train": train, "export_after": dist_worker.copy_tensors(engine.export_hf())}
+        seen[family] = {"logits": logits, "train": train, "export_after": dist_worker.copy_tensors(engine.export_hf()),
+                        "sharded": sharded}
         if family == "qwen2":  # the data-parallel and critic scripts, on one rank
             seen[family]["dp"] = dist_worker.dp_script(engine)
             seen[family]["export_dp"] = dist_worker.copy_tensors(engine.export_hf())
@@ -177,3 +179,18 @@ def test_critic_at_tp2_matches_one_rank(ranks: Ranks, single: dict[str, dict[str
             assert abs(got - want) < 1e-3 * max(1.0, want)
         assert torch.allclose(seen["values"], one["values"], atol=2e-3)
         assert torch.count_nonzero(seen["values"]) > 0
+
+
+def test_inference_forwards_split_over_dp_and_gather_every_sample(
+    ranks: Ranks, single: dict[str, dict[str, Any]]
+) -> None:
+    """Each dp rank runs the forwards on its rows; every rank ends with every sample's log-probs."""
+    one = single["qwen2"]["sharded"]
+    assert one["rows"] == 5 and sorted(one["logprobs"]) == [0, 1, 2, 3, 4] and one["forward_rows"] == [5]
+    assert [r["sharded"]["forward_rows"] for r in ranks[LAYOUTS[3]]] == [[2], [3]]  # each rank its share
+    for seen in (r["sharded"] for r in ranks[LAYOUTS[3]]):
+        assert seen["skipped"] == {}
+        assert sorted(seen["logprobs"]) == [0, 1, 2, 3, 4]
+        for i, want in one["logprobs"].items():
+            assert len(seen["logprobs"][i]) == len(want) == 4 + i
+            assert torch.allclose(torch.tensor(seen["logprobs"][i]), torch.tensor(want), atol=1e-5), i

@@ -31,8 +31,9 @@ from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.ppo import PPO
 from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
-from tandem.sidecars.trainer import resume
+from tandem.sidecars.trainer import resume, sharded
 from tandem.sidecars.trainer.dataset import PromptDataset
+from tandem.sidecars.trainer.heads import shift_to_labels
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.persist import Persister
 from tandem.sidecars.trainer.prom import LoopMetrics
@@ -206,21 +207,21 @@ class TrainerContext:
         return max(64, math.ceil(longest / 64) * 64)
 
     def inference(self, samples: list[Sample]) -> dict[str, Any]:
-        """Reference log-probs (collective) overlapped with rewards (driver); fills the samples."""
+        """Reference log-probs (collective) overlapped with rewards (driver); fills the samples.
+
+        With data parallelism each dp rank runs the forwards on its share of the packed rows and
+        the per-sample results are gathered over the dp group, so every rank ends with all of them.
+        """
         from tandem.sidecars.algorithms.base import pack_samples
 
         packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id)
         need_old = self.algorithm.needs_old_logprobs or self.job.spec.algorithm.epochs > 1
+        forwards = [self.reference, self.engine if need_old else None, self.critic]
 
-        def per_sample(lp: torch.Tensor) -> dict[int, list[float]]:
-            return {i: v.tolist() for i, v in packed.unpack(shift_to_labels(lp)).items()}
-
-        def model_work() -> tuple[dict[int, list[float]], dict[int, list[float]], dict[int, list[float]]]:
-            """(reference, old-policy) log-probs and critic values per sample; collective forwards."""
-            ref = per_sample(self.reference.token_logprobs(packed)) if self.reference is not None else {}
-            old = per_sample(self.engine.token_logprobs(packed)) if need_old else {}
-            values = per_sample(self.critic.token_logprobs(packed)) if self.critic is not None else {}
-            return ref, old, values
+        def model_work() -> list[dict[int, list[float]]]:
+            """Reference and old-policy log-probs, critic values: per sample, collective forwards."""
+            return sharded.per_sample_outputs([None if e is None else e.token_logprobs for e in forwards],
+                                              packed, self.engine.par)
 
         info: dict[str, Any] = {}
         if self.is_driver:
@@ -317,8 +318,3 @@ def serve_control_api(publisher: Publisher, env: PodEnv, prom: LoopMetrics) -> N
     from tandem.sidecars.serve import start_server
 
     start_server(create_app(publisher, env.token, prom.registry), env.port, "trainer-api")
-
-
-def shift_to_labels(lp: torch.Tensor) -> torch.Tensor:
-    """Engine log-probs (position t scores token t) → algorithm layout (position t scores token t+1)."""
-    return torch.cat([lp[:, 1:], torch.zeros_like(lp[:, :1])], dim=1)

@@ -3,7 +3,8 @@
 Role: both take this rank's output `logits [rows, len, V/tp]` of a packed micro-batch and return a
 `[rows, len]` tensor in the log-prob layout: entry t is about token t of its sample given the
 tokens before it, 0 at each sample's first token and in padding (`out[:, 1:]` is the algorithms'
-labels layout without its last column). Caller: `MegatronEngine._outputs` (forwards and train steps).
+labels layout without its last column; `shift_to_labels` converts). Callers: `MegatronEngine._outputs`
+(forwards and train steps); `TrainerContext` and `sharded` (`shift_to_labels`).
 """
 
 from __future__ import annotations
@@ -52,3 +53,8 @@ def values(logits: torch.Tensor, mb: Any, par: Parallelism) -> torch.Tensor:
     if par.tp > 1:
         v = mtp.reduce_from_tensor_model_parallel_region(v * (1.0 if par.tp_rank == 0 else 0.0))
     return _aligned(v[:, :-1], mb)
+
+
+def shift_to_labels(out: torch.Tensor) -> torch.Tensor:
+    """Engine layout (position t scores token t) → algorithm layout (position t scores token t+1)."""
+    return torch.cat([out[:, 1:], torch.zeros_like(out[:, :1])], dim=1)

@@ -243,3 +243,14 @@ def dp_sum(par: Parallelism, values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, group=ps.get_data_parallel_group())
     return [float(v) for v in t.tolist()]
+
+
+def dp_gather(par: Parallelism, obj: Any) -> list[Any]:
+    """Every data-parallel rank's `obj`, in dp-rank order (just `[obj]` when dp == 1)."""
+    if par.dp == 1:
+        return [obj]
+    from megatron.core import parallel_state as ps
+
+    out: list[Any] = [None] * par.dp
+    dist.all_gather_object(out, obj, group=ps.get_data_parallel_group())
+    return out
