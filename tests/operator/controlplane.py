@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -26,6 +25,10 @@ from typing import Any
 
 import yaml
 from k8s_pki import write_pki
+
+from tandem.checkpoint_engine.ports import free_port
+
+__all__ = ["ControlPlane", "ControlPlaneError", "free_port", "missing_binaries"]
 
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
 BIN_DIR = (
@@ -40,12 +43,6 @@ class ControlPlaneError(RuntimeError):
 
 def missing_binaries(bin_dir: Path = BIN_DIR) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kubeconfig(server: str, ca: Path, user: dict[str, str], name: str = "tandem-test") -> dict[str, Any]:

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+from tandem.checkpoint_engine.ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["EtcdNotFound", "LocalEtcd", "free_port"]
 
 
 class EtcdNotFound(RuntimeError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from safetensors import safe_open
 
 from tandem.checkpoint_engine import convert
 from tandem.checkpoint_engine.convert import ModelShape
+from tandem.checkpoint_engine.ports import free_port
 from tandem.sidecars.trainer import cpu_compat
 
 
@@ -54,7 +54,7 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
                 backend=backend, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"])
             )
         else:  # a single process: a private TCP store, the environment left untouched
-            init = f"tcp://127.0.0.1:{_free_port()}"
+            init = f"tcp://127.0.0.1:{free_port()}"
             torch.distributed.init_process_group(backend=backend, init_method=init, rank=0, world_size=1)
     from megatron.core import parallel_state as ps
 
@@ -84,12 +84,6 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
         dp_rank=ps.get_data_parallel_rank(),
         ep_rank=ps.get_expert_model_parallel_rank(),
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) -> Any:
