@@ -79,7 +79,7 @@ class DurableStore:
             if final.exists():  # an earlier attempt of the same version: replace it
                 layout.remove_version(self.base, self.uid, version)
             os.rename(tmp, final)
-            _fsync_dir(self.directory)
+            _fsync(self.directory)  # the rename itself
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -125,16 +125,10 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries, to the device."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -6,7 +6,8 @@ mounts. On one machine there is no container runtime, so the same spec runs by r
 such path from `<mountPath>/rest` to `<hostPath>/rest` — the one-machine meaning of a bind
 mount (each volume's mountPath becomes its hostPath too, so the rewritten spec still passes
 its own rules when the sidecars load it). A PersistentVolumeClaim has no meaning here and is refused, naming the field.
-Caller: `tandem.cli.local.run_job` before it writes the job file the sidecars read.
+Callers: `tandem run` (`tandem.cli.main.run`, before `local.run_job` writes the job file the sidecars
+read) and the gang-restart test, which plays the kubelet for the operator's pods.
 """
 
 from __future__ import annotations

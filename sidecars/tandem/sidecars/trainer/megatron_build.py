@@ -227,14 +227,18 @@ def load_hf_weights(gpt: Any, source: Path | Callable[[str], torch.Tensor], shap
     return loaded
 
 
+def device() -> torch.device:
+    """This rank's accelerator (the current CUDA device), or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def dp_sum(par: Parallelism, values: list[float]) -> list[float]:
     """Sum of `values` over the data-parallel ranks (this rank's own when dp == 1)."""
     if par.dp == 1:
         return values
     from megatron.core import parallel_state as ps
 
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device())
     dist.all_reduce(t, group=ps.get_data_parallel_group())
     return [float(v) for v in t.tolist()]
 

@@ -91,7 +91,7 @@ class MegatronEngine:
         ``export_hf`` work, ``train_step`` raises. Several engines may live in one process when
         they share the parallel sizes. ``value_head=True`` builds a critic: the same transformer
         with an untied output layer set to zero, whose first column is the value head; its
-        ``token_logprobs`` and train-step inputs are then values (``_values``).
+        ``token_logprobs`` and train-step inputs are then values (``heads.values``).
         """
         model_dir = Path(model_dir)
         par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
@@ -158,7 +158,7 @@ class MegatronEngine:
         rows = packing.require(batch, "input_ids").shape[0]
         if self.par.pp > 1 and rows % mbs:
             raise EngineError(f"with pipeline parallelism, rows ({rows}) must be a multiple of {mbs}")
-        device = _device()
+        device = megatron_build.device()
         return [packing.to_device(mb, device) for mb in packing.split_rows(batch, mbs)]
 
     def _forward_step(
@@ -237,7 +237,7 @@ class MegatronEngine:
         buffer = (
             tensor.contiguous()
             if ps.is_pipeline_last_stage()
-            else torch.empty(size, dtype=dtype, device=_device())
+            else torch.empty(size, dtype=dtype, device=megatron_build.device())
         )
         dist.broadcast(
             buffer,
@@ -395,11 +395,3 @@ class MegatronEngine:
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's Megatron parameters (shards), unwrapped names."""
         yield from self.gpt.named_parameters()
-
-
-def _device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )

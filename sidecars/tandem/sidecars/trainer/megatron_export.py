@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from tandem.checkpoint_engine import convert
 from tandem.checkpoint_engine.convert import ModelShape
+from tandem.sidecars.trainer import megatron_build
 from tandem.sidecars.trainer.megatron_build import Parallelism, global_name, layer_numbers
 
 
@@ -81,7 +82,7 @@ def export_megatron(gpt: Any, shape: ModelShape, par: Parallelism) -> Iterator[t
                 dist.send(tensor, dst=ranks[0], group=group)
         elif exporting:
             for name, size, dtype in meta[0]:
-                buffer = torch.empty(size, dtype=dtype, device=_device())
+                buffer = torch.empty(size, dtype=dtype, device=megatron_build.device())
                 dist.recv(buffer, src=ranks[stage], group=group)
                 yield name, buffer
 
@@ -92,11 +93,3 @@ def export_hf(
     """HF-named tensors, sliced for vLLM rollout rank ``target_rank`` of ``target_tp``. Collective."""
     hf = convert.to_hf(shape, export_megatron(gpt, shape, par))
     yield from convert.slice_for_rollout(shape, hf, target_tp, target_rank)
-
-
-def _device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
