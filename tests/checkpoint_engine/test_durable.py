@@ -84,6 +84,29 @@ def test_save_refuses_a_mismatched_source_and_leaves_no_temp(shm_root: Path, job
 
 
 @pytest.mark.etcd
+def test_training_state_files_are_whole_and_go_with_their_copies(shm_root: Path, job: str, tmp_path: Path) -> None:
+    """Per-rank training state: written by one rename, removed once older than every kept copy."""
+    store = DurableStore(tmp_path, "ns", job, "u", keep=2)
+    path = store.write_train_file(1, "rank-00000.pt", lambda p: p.write_bytes(b"state 1"))
+    assert path == store.directory / "train" / "v000000000001" / "rank-00000.pt" and path.read_bytes() == b"state 1"
+
+    def torn(p: Path) -> None:
+        p.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        store.write_train_file(1, "rank-00000.pt", torn)
+    assert path.read_bytes() == b"state 1"  # the old file stands, whole; no temp file is left
+    assert [p.name for p in store.train_dir(1).iterdir()] == ["rank-00000.pt"]
+    for v in (1, 2, 3):
+        store.write_train_file(v, "rank-00001.pt", lambda p: p.write_bytes(b"x"))
+        store.save(written(shm_root, job, v), v, iteration=v)
+    store.write_train_file(4, "rank-00000.pt", lambda p: p.write_bytes(b"x"))  # its weights still on the way
+    store.gc()
+    assert store.versions() == [2, 3] and store.train_versions() == [2, 3, 4]
+    assert store.versions() == layout.list_versions(store.base, "u")  # "train" is not taken for a version
+
+
 def test_persister_copies_due_versions_in_the_background(
     make_registry: Any, shm_root: Path, job: str, tmp_path: Path
 ) -> None:

@@ -192,6 +192,8 @@ def test_durable_checkpoint_outlives_shared_memory(toy: Path, tmp_path: Path) ->
     # copies after 2 iterations (every: 2) and after the last one, of the versions those iterations published
     assert [store.read(v).iteration for v in store.versions()] == [2, 3]
     assert store.versions() == [rows[1]["weight_version"], rows[2]["weight_version"]]
+    assert store.train_versions() == store.versions()  # the optimizer state of each copy, beside it
+    assert rows[1]["train_state_bytes"] > 0 and "train_state_bytes" not in rows[0]
     newest = store.latest()
     assert newest is not None
     trained = dict(layout.MappedVersion(newest.path).tensors())
@@ -207,4 +209,5 @@ def test_durable_checkpoint_outlives_shared_memory(toy: Path, tmp_path: Path) ->
     assert rows[3]["rollout_version"] == newest.version + 1
     log = (runs / "e2e-durable" / "logs" / "e2e-durable-0-trainer.log").read_text()
     assert f"resuming from version {newest.version} ({newest.path}) at iteration 3" in log
+    assert f"restored training state of version {newest.version} (optimizer) from" in log
     assert [store.read(v).iteration for v in store.versions()] == [4, 5]

@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from tandem.spec.load import parse_job
 
 pytestmark = [pytest.mark.k8s, pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.mark.etcd]
 
-ITERATIONS = 5
+ITERATIONS = 20  # generation 0 is frozen after its 2nd copy, many iterations (seconds) before its last
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,11 @@ class Kubelet:
             c.start()
         return run_dir
 
+    def freeze(self) -> None:
+        """SIGSTOP every container's process group: the run holds still where it is (until `kill`)."""
+        for c in self.running:
+            c.signal_group(signal.SIGSTOP)
+
     def kill(self) -> None:
         for c in self.running:
             c.stop(grace=0.0)
@@ -125,21 +131,21 @@ def test_gang_restart_resumes_from_the_durable_copy(
         env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
         assert env["TANDEM_RESUME"] == "1" and env["TANDEM_JOB_UID"] == uid
         gen0 = kubelet.start(0, pods)
-        wait_for("two durable copies", lambda: len(store.versions()) == 2 or None, 600, every=1.0)
+        wait_for("two durable copies", lambda: len(store.versions()) == 2 or None, 600, every=0.1)
         scraped = kubelet.scrape("trainer")  # the driver's /metrics: loop and engine, live
+        kubelet.freeze()  # what gen 0 did is now fixed: its rows and durable copies no longer move
         assert scraped["tandem_trainer_iteration"] >= 2 and scraped["tandem_engine_version"] >= 2
         assert scraped["tandem_trainer_phase_seconds_count"] >= 2
         before = rows_of(gen0)
         saved = store.latest()
-        assert saved is not None and saved.iteration >= 2
+        assert saved is not None and 2 <= saved.iteration < ITERATIONS, saved  # stopped mid-run
 
         kubelet.kill()  # the trainer dies with its pod: processes and shared memory gone
         fail_pod(k8s, ns, f"{name}-0")
         wait_for("gang restart", lambda: phase_is(k8s, ns, name, "Restarting", restarts=1)
                  or phase_is(k8s, ns, name, "Pending", restarts=1), 60)
         pods = wait_for("generation 1 pod", lambda: running(k8s, ns, name, 1, generation=1), 60)
-        saved = store.latest()  # a copy may have landed between the check above and the kill
-        assert saved is not None
+        assert store.latest() == saved  # a frozen, then killed, gen 0 left no newer copy behind
         gen1 = kubelet.start(1, pods)
         wait_for("Succeeded", lambda: phase_is(k8s, ns, name, "Succeeded", restarts=1), 900, every=1.0)
     except BaseException:
@@ -155,6 +161,7 @@ def test_gang_restart_resumes_from_the_durable_copy(
     # rollouts generated the first resumed iteration with it
     log = (gen1 / "logs" / f"{name}-0-trainer.log").read_text()
     assert f"resuming from version {saved.version} ({saved.path}) at iteration {saved.iteration}" in log
+    assert f"restored training state of version {saved.version} (optimizer) from" in log  # Adam's moments too
     assert after[0]["rollout_version"] == saved.version + 1
     st = get_json(k8s, "rlhfjob", name, "-n", ns)["status"]
     assert st["iteration"] == ITERATIONS and st["restarts"] == 1

@@ -7,13 +7,17 @@ operator's pod builders; a local directory under `tandem run`):
     <root>/<namespace>/<job>/<uid>/v<v:012d>/        index.json, shard-*.bin (as in shm),
                                                     checkpoint.json (iteration, job uid, time)
     <root>/<namespace>/<job>/<uid>/.tmp-v…-<uuid>/   a copy in progress (`.lock` flock'ed)
+    <root>/<namespace>/<job>/<uid>/train/v<v:012d>/  the trainer ranks' own state for version v
+                                                    (optimizer, critic): one file per rank,
+                                                    written by `write_train_file`
 
 `<uid>` is the RLHFJob's metadata.uid, so a job deleted and created again under the same name
 never resumes from its predecessor's weights (its directory is left for the user to remove).
 A copy appears by one rename of a complete, fsync'ed temp directory, and `latest()` verifies
 every checksum before a copy is trusted, so a resume loads a whole version or nothing.
 Callers: the trainer's persister (`tandem.sidecars.trainer.persist`) saves, the driver's
-resume (`tandem.sidecars.trainer.resume`) reads.
+resume (`tandem.sidecars.trainer.resume`) reads; `tandem.sidecars.trainer.train_state` writes
+and reads the per-rank training state.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +38,7 @@ from tandem.checkpoint_engine import errors, layout
 log = logging.getLogger(__name__)
 
 META = "checkpoint.json"
+TRAIN = "train"
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,41 @@ class DurableStore:
         return DurableVersion(version, iteration, final)
 
     def gc(self) -> list[int]:
-        """Remove copies beyond the newest `keep`, and temp dirs of dead writers."""
+        """Remove copies beyond the newest `keep`, their training state, and temp dirs of dead writers.
+
+        Training state newer than the oldest kept copy stays: its weights may still be on the way.
+        """
         removed = self.versions()[: -self.keep]
         for v in removed:
             layout.remove_version(self.base, self.uid, v)
+        kept = self.versions()
+        for v in self.train_versions():
+            if kept and v < kept[0]:
+                layout.remove_version(self.directory, TRAIN, v)
         layout.clean_stale_temps(self.base, self.uid)
         return removed
+
+    # ---- the trainer ranks' own state, beside the weights ----------------------------------------
+    def train_dir(self, version: int) -> Path:
+        return layout.version_dir(self.directory, TRAIN, version)
+
+    def train_versions(self) -> list[int]:
+        return layout.list_versions(self.directory, TRAIN)
+
+    def write_train_file(self, version: int, name: str, write: Callable[[Path], None]) -> Path:
+        """`write(tmp)` then fsync and one rename to `train_dir(version)/name`: whole or absent."""
+        target = self.train_dir(version)
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = target / f".tmp-{name}-{uuid.uuid4().hex[:12]}"
+        try:
+            write(tmp)
+            _fsync(tmp)
+            os.replace(tmp, target / name)
+            _fsync(target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return target / name
 
     def read(self, version: int) -> DurableVersion:
         """Check one copy completely (metadata, index, every checksum); raise if it is not usable."""

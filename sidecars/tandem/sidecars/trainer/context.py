@@ -31,7 +31,7 @@ from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.ppo import PPO
 from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
-from tandem.sidecars.trainer import resume, sharded
+from tandem.sidecars.trainer import persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
 from tandem.sidecars.trainer.heads import shift_to_labels
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
@@ -65,8 +65,8 @@ class TrainerContext:
     first_iteration: int = 0
     version: int = -1  # the weight version every rollout has loaded
     resumed: tuple[int, int] | None = None  # (version loaded, first iteration) on resume
-    durable: DurableStore | None = None  # checkpointEngine.persist's store (driver rank)
-    persister: Persister | None = None
+    durable: DurableStore | None = None  # checkpointEngine.persist's store (every rank)
+    persister: Persister | None = None  # its background weight copies (driver rank)
     prom: LoopMetrics | None = None  # Prometheus view of the loop (driver rank)
     pending: list[RewardInput] = field(default_factory=list)
     last_sync: float | None = None
@@ -102,10 +102,11 @@ class TrainerContext:
             ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
-            persist = spec.checkpoint_engine.persist
-            if persist is not None:
-                ctx.durable = DurableStore(Path(persist.path), env.namespace, env.job, env.job_uid, keep=persist.keep)
-                ctx.persister = Persister(ctx.durable, ctx.registry, env.shm_dir, env.job, every=persist.every,
+        saving = spec.checkpoint_engine.persist
+        if saving is not None:  # every rank writes its training state there; the driver copies weights
+            ctx.durable = DurableStore(Path(saving.path), env.namespace, env.job, env.job_uid, keep=saving.keep)
+            if ctx.registry is not None:
+                ctx.persister = Persister(ctx.durable, ctx.registry, env.shm_dir, env.job, every=saving.every,
                                           iterations=spec.algorithm.iterations)
         ctx.resumed = resume.resume_point(ctx) if env.resume else None  # before the publisher's cleanup
         if ctx.publisher is not None and ctx.registry is not None:
@@ -155,6 +156,18 @@ class TrainerContext:
         for engine in (self.engine, self.critic):
             if engine is not None:
                 engine.offload()
+
+    def persist(self, iteration: int, version: int) -> dict[str, Any]:
+        """If a durable copy is due after `iteration`: every rank writes its training state (now),
+        then the driver starts copying the weights of `version` (in the background)."""
+        spec = self.job.spec.checkpoint_engine.persist
+        if self.durable is None or spec is None or not persist.due(iteration + 1, spec.every,
+                                                                   self.job.spec.algorithm.iterations):
+            return {}
+        info = train_state.save(self, version)
+        if self.persister is not None:
+            info |= self.persister.after_publish(iteration, version)
+        return info
 
     def publish(self, version: int | None) -> int:
         """Export HF weights from every rank; the driver writes them to shm and registers them."""

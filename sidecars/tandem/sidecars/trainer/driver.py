@@ -67,9 +67,9 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             ctx.report("publish", it, version, reward=info["reward_mean"])
             with timer("publish"):
                 version = ctx.publish(version + 1)
-            if ctx.persister is not None:  # durable copy in the background (checkpointEngine.persist)
+            if ctx.durable is not None:  # checkpointEngine.persist: training state now, weights in the background
                 with timer("persist"):
-                    info |= ctx.persister.after_publish(it, version)
+                    info |= ctx.persist(it, version)
             with timer("offload"):
                 ctx.offload()
             ctx.report("sync", it, version, reward=info["reward_mean"])

@@ -24,6 +24,11 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 log = logging.getLogger(__name__)
 
 
+def due(completed: int, every: int, iterations: int) -> bool:
+    """A copy is due after `completed` iterations: every `every`-th, and the last one."""
+    return completed % every == 0 or completed == iterations
+
+
 class Persister:
     def __init__(self, store: DurableStore, registry: SyncRegistry, shm_dir: Path, job: str, *, every: int,
                  iterations: int) -> None:
@@ -36,8 +41,7 @@ class Persister:
         self.failures = 0
 
     def due(self, completed: int) -> bool:
-        """A copy is due after `completed` iterations: every `every`-th, and the last one."""
-        return completed % self.every == 0 or completed == self.iterations
+        return due(completed, self.every, self.iterations)
 
     def after_publish(self, iteration: int, version: int) -> dict[str, Any]:
         """Start copying `version` (published by `iteration`) if due; returns metrics for the row."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.trainer import train_state
 from tandem.spec.progress import Progress
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def resume_point(ctx: TrainerContext) -> tuple[int, int] | None:
         return None
     version, iteration, path = found
     load_version(ctx, version, Path(path))
+    train_state.restore(ctx, version)  # optimizer (and critic) as they were, or afresh if unavailable
     return version, iteration
 
 

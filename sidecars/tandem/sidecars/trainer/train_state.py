@@ -1,0 +1,123 @@
+"""The trainer ranks' own state beside each durable weight copy: optimizer (and PPO's critic), per rank.
+
+Role: a durable copy (`checkpoint_engine.durable`) holds the policy's weights in HF layout — all
+the rollouts need, not all training needs. Adam's moments and step count, the fp32 master weights
+of a bf16 run, and PPO's critic (weights and optimizer) live only in the trainer ranks' memory.
+When a durable copy is due, every rank writes its own share beside it:
+
+    <root>/<ns>/<job>/<uid>/train/v<version>/rank-<r:05d>.pt
+        {"version", "layout": {world, tp, pp, dp, critic}, "optimizer": state_dict,
+         "critic": {"params": {name: tensor}, "optimizer": state_dict} | None}
+
+each file by one atomic rename (`DurableStore.write_train_file`). On resume every rank looks for
+its file of the version being resumed; the state is restored only if every rank has a readable one
+written under the same parallel layout — data-parallel replicas must never disagree — otherwise
+all ranks go on with fresh optimizer state (master weights re-read from the loaded model) and the
+log says why. Callers: `TrainerContext.persist` (after each due publish, every rank) and
+`resume.resume_point` (on resume, every rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from tandem.sidecars.trainer import megatron_build
+
+if TYPE_CHECKING:
+    from tandem.sidecars.trainer.context import TrainerContext
+    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+
+log = logging.getLogger(__name__)
+
+
+def file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def layout_of(ctx: TrainerContext) -> dict[str, int]:
+    """What must match between the run that wrote a state and the run that reads it."""
+    par = ctx.engine.par
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return {"world": world, "tp": par.tp, "pp": par.pp, "dp": par.dp, "critic": int(ctx.critic is not None)}
+
+
+def _optimizer(engine: MegatronEngine) -> Any:
+    if engine.optimizer is None:
+        raise megatron_build.EngineError("a forward-only engine has no training state")
+    return engine.optimizer
+
+
+def save(ctx: TrainerContext, version: int) -> dict[str, float]:
+    """Write this rank's training state for `version` (weights published as `version`); row metrics."""
+    if ctx.durable is None:
+        return {}
+    t = time.perf_counter()
+    critic = None
+    if ctx.critic is not None:
+        critic = {"params": {n: p.detach() for n, p in ctx.critic.gpt.named_parameters()},
+                  "optimizer": _optimizer(ctx.critic).state_dict()}
+    payload = {"version": version, "layout": layout_of(ctx), "optimizer": _optimizer(ctx.engine).state_dict(),
+               "critic": critic}
+    path = ctx.durable.write_train_file(version, file_name(_rank()), lambda tmp: torch.save(payload, tmp))
+    return {"train_state_s": time.perf_counter() - t, "train_state_bytes": float(path.stat().st_size)}
+
+
+def _read(ctx: TrainerContext, version: int) -> tuple[dict[str, Any] | None, str]:
+    """This rank's state for `version` if it can be used, else (None, why not)."""
+    if ctx.durable is None:
+        return None, "checkpointEngine.persist is not set"
+    path = ctx.durable.train_dir(version) / file_name(_rank())
+    if not path.exists():
+        return None, f"{path} does not exist"
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged file means fresh state, not a dead job
+        return None, f"{path} is unreadable: {e}"
+    if not isinstance(payload, dict) or payload.get("version") != version:
+        return None, f"{path} does not hold version {version}'s training state"
+    if payload.get("layout") != layout_of(ctx):
+        return None, f"{path} was written with layout {payload.get('layout')}, this run has {layout_of(ctx)}"
+    return payload, ""
+
+
+def _everyone(ok: bool) -> bool:
+    """True only if `ok` on every rank (collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=megatron_build.device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def restore(ctx: TrainerContext, version: int) -> bool:
+    """Restore every rank's state for `version`, or none (collective); call after loading its weights."""
+    payload, why = _read(ctx, version)
+    if not _everyone(payload is not None):
+        log.warning("training state of version %d not restored, optimizer starts afresh: %s", version,
+                    why or "another rank has none")
+        for engine in (ctx.engine, ctx.critic):
+            if engine is not None:  # bf16: the fp32 master weights must follow the loaded weights
+                _optimizer(engine).reload_model_params()
+        return False
+    assert payload is not None
+    _optimizer(ctx.engine).load_state_dict(payload["optimizer"])
+    if ctx.critic is not None:
+        params = dict(ctx.critic.gpt.named_parameters())
+        with torch.no_grad():
+            for name, value in payload["critic"]["params"].items():
+                params[name].copy_(value)
+        _optimizer(ctx.critic).load_state_dict(payload["critic"]["optimizer"])
+    where = Path(ctx.durable.train_dir(version)) if ctx.durable is not None else None
+    log.info("restored training state of version %d (optimizer%s) from %s", version,
+             " and critic" if ctx.critic is not None else "", where)
+    return True
