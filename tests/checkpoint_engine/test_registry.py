@@ -90,3 +90,22 @@ def test_status_and_ops_records(make_registry: Any) -> None:
     reg.put_op("op1", {"op": "update", "state": "done"})
     assert reg.get_status("pod7", "rollout") == {"phase": "ready", "version": 3}
     assert reg.get_op("op1") == {"op": "update", "state": "done"}
+
+
+def test_a_restarted_gang_ignores_the_old_generations_rollouts(make_registry: Any) -> None:
+    """A killed pod's rollout record outlives it by its lease TTL, under the key its successor uses.
+
+    The driver (`trainer.resume`) must wait for the new generation's rollout, not call the dead one."""
+    from tandem.sidecars.trainer import resume
+
+    old, new, driver = make_registry("job-0", "rollout", ttl=30), make_registry("job-1", "rollout"), make_registry()
+    key = keys.endpoint("test", driver.job, "job-0", "rollout")
+    old.put_json(key, {"address": "10.0.0.1:8000", "ready": True, "pod": "job-0", "generation": 0}, lease=True)
+    new.put_json(keys.endpoint("test", driver.job, "job-1", "rollout"),
+                 {"address": "10.0.0.2:8000", "ready": True, "pod": "job-1", "generation": 1}, lease=True)
+    assert resume.rollout_addresses(driver, 0) == ["10.0.0.1:8000"]
+    assert resume.rollout_addresses(driver, 1) == ["10.0.0.2:8000"]
+    with pytest.raises(resume.ResumeError, match="only 1 of 2 rollout sidecars"):
+        resume.wait_for_rollouts(driver, 2, generation=1, timeout=1)
+    new.put_json(key, {"address": "10.0.0.3:8000", "ready": True, "pod": "job-0", "generation": 1}, lease=True)
+    assert resume.wait_for_rollouts(driver, 2, generation=1, timeout=5) == ["10.0.0.3:8000", "10.0.0.2:8000"]

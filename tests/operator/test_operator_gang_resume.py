@@ -132,7 +132,11 @@ def test_gang_restart_resumes_from_the_durable_copy(
         assert env["TANDEM_RESUME"] == "1" and env["TANDEM_JOB_UID"] == uid
         gen0 = kubelet.start(0, pods)
         wait_for("two durable copies", lambda: len(store.versions()) == 2 or None, 600, every=0.1)
-        scraped = kubelet.scrape("trainer")  # the driver's /metrics: loop and engine, live
+        # the driver's /metrics, live: its loop has recorded the two iterations it copied (a copy
+        # starts in the iteration's persist phase, the row is recorded after its sync)
+        scraped = wait_for("two iterations on /metrics",
+                           lambda: (m := kubelet.scrape("trainer"))["tandem_trainer_iteration"] >= 2 and m, 60,
+                           every=0.1)
         kubelet.freeze()  # what gen 0 did is now fixed: its rows and durable copies no longer move
         assert scraped["tandem_trainer_iteration"] >= 2 and scraped["tandem_engine_version"] >= 2
         assert scraped["tandem_trainer_phase_seconds_count"] >= 2

@@ -56,7 +56,8 @@ def main() -> int:
             engine.update(None)
         server, thread = start_server(build_app(engine, env.token), env.port, "rollout-api")
         endpoint = keys.endpoint(env.namespace, env.job, env.pod, "rollout")
-        registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod}, lease=True)
+        registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod,
+                                      "generation": env.restart_generation}, lease=True)
         wait_until_stopped(server, thread)
     finally:
         engine.terminate()

@@ -114,7 +114,8 @@ class TrainerContext:
             ctx.prom = LoopMetrics()
             serve_control_api(ctx.publisher, env, ctx.prom)
             expected = spec.replicas + spec.rollout_only_replicas  # more may join later (scaled up)
-            ctx.rollouts = RolloutClient(resume.wait_for_rollouts(ctx.registry, expected), env.token)
+            addresses = resume.wait_for_rollouts(ctx.registry, expected, env.restart_generation)
+            ctx.rollouts = RolloutClient(addresses, env.token)
         return ctx
 
     @property

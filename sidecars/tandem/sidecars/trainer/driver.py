@@ -93,7 +93,9 @@ def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[S
     prompts = ctx.dataset.batch(iteration, spec.rollout.prompts_per_iteration)
     opts = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                            max_tokens=spec.rollout.max_tokens, seed=iteration)
-    joined = ctx.rollouts.join(resume.rollout_addresses(ctx.registry), ctx.version) if ctx.registry else []
+    joined = []
+    if ctx.registry is not None:  # rollout-only pods that registered since (scaled up)
+        joined = ctx.rollouts.join(resume.rollout_addresses(ctx.registry, ctx.env.restart_generation), ctx.version)
     t = time.perf_counter()
     groups, versions = ctx.rollouts.generate([p.text for p in prompts], opts, n=spec.algorithm.group_size)
     seconds = time.perf_counter() - t

@@ -33,20 +33,24 @@ class ResumeError(RuntimeError):
     pass
 
 
-def rollout_addresses(registry: SyncRegistry) -> list[str]:
-    """Addresses of the rollout sidecars that are up now (hybrid and rollout-only pods), sorted."""
+def rollout_addresses(registry: SyncRegistry, generation: int) -> list[str]:
+    """Addresses of the rollout sidecars of this gang generation that are up now, sorted.
+
+    A record is bound to its writer's lease, but a killed pod's lease outlives it by its TTL: after
+    a gang restart the old generation's records (same keys, dead addresses) may still be there.
+    Each rollout writes its `TANDEM_RESTART_GENERATION`; only the driver's own generation counts."""
     prefix = keys.endpoints_prefix(registry.namespace, registry.job)
     found = {k: str(v["address"]) for k, v in registry.list_json(prefix).items()
-             if k.endswith("/rollout") and v.get("ready")}
+             if k.endswith("/rollout") and v.get("ready") and v.get("generation", 0) == generation}
     return [found[k] for k in sorted(found)]
 
 
-def wait_for_rollouts(registry: SyncRegistry, count: int, timeout: float = 600.0) -> list[str]:
-    """Addresses of at least `count` rollout sidecars, waiting for them to register."""
+def wait_for_rollouts(registry: SyncRegistry, count: int, generation: int, timeout: float = 600.0) -> list[str]:
+    """Addresses of at least `count` rollout sidecars of `generation`, waiting for them to register."""
     deadline = time.monotonic() + timeout
     found: list[str] = []
     while time.monotonic() < deadline:
-        found = rollout_addresses(registry)
+        found = rollout_addresses(registry, generation)
         if len(found) >= count:
             return found
         time.sleep(0.5)

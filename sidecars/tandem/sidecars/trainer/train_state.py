@@ -90,6 +90,21 @@ def _read(ctx: TrainerContext, version: int) -> tuple[dict[str, Any] | None, str
     return payload, ""
 
 
+def _owned(value: Any) -> Any:
+    """`value` with every tensor copied into storage of its own.
+
+    `torch.load` hands out tensors whose storages belong to the file reader and cannot be resized;
+    the optimizer keeps them as its state, and the offloader releases its storages by resizing them
+    to zero between phases (`offload.HostOffloader`)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_owned(v) for v in value)
+    return value
+
+
 def _everyone(ok: bool) -> bool:
     """True only if `ok` on every rank (collective)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -110,6 +125,7 @@ def restore(ctx: TrainerContext, version: int) -> bool:
                 _optimizer(engine).reload_model_params()
         return False
     assert payload is not None
+    payload = _owned(payload)
     _optimizer(ctx.engine).load_state_dict(payload["optimizer"])
     if ctx.critic is not None:
         params = dict(ctx.critic.gpt.named_parameters())
