@@ -125,8 +125,11 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert not processes_of(runs), "sidecars left running after Ctrl-C"
     done_before = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
     assert done_before[:2] == [0, 1]
+    generation = runs / "e2e-resume" / "generation"
+    assert generation.read_text() == "0"
 
     run_ok(cmd[:-1] + ["--resume"])
+    assert generation.read_text() == "1"  # the resumed gang ignores rollout records of the first run
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     its = [r["iteration"] for r in rows]
     # Each iteration runs at most once: an iteration interrupted between publishing its weights and

@@ -9,7 +9,9 @@ Run directory layout (`<workdir>/<job>/`): job.yaml (the resolved spec the sidec
 logs/<pod>-<container>.log, metrics.jsonl (one line per iteration, written by the driver),
 progress.png (reward and phase timings), etcd/ (removed at the end unless --keep-etcd), job-uid
 (the run's stand-in for metadata.uid: durable checkpoints of `checkpointEngine.persist` are kept
-per uid, and `--resume` reuses it). hostPath volumes become path rewrites (`tandem.cli.volumes`).
+per uid, and `--resume` reuses it), generation (each `--resume` starts the next gang generation, as a
+gang restart in a cluster does, so the trainer ignores records the killed run's rollouts left in
+etcd until their leases expire). hostPath volumes become path rewrites (`tandem.cli.volumes`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def _job_uid(run_dir: Path, resume: bool) -> str:
     return uid
 
 
+def _generation(run_dir: Path, resume: bool) -> int:
+    """0 for a fresh run; one more than the previous run's for --resume (`TANDEM_RESTART_GENERATION`)."""
+    f = run_dir / "generation"
+    previous = int(f.read_text()) if resume and f.exists() else -1
+    f.write_text(str(previous + 1))
+    return previous + 1
+
+
 def shm_root_of(job: RLHFJob) -> Path:
     return Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
 
@@ -91,7 +101,8 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
 
 def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
     extra = {"TANDEM_RESUME": "1" if resume else "0", "TANDEM_JOB_UID": _job_uid(run_dir, resume)}
-    return processes_for(builders.build_pods(job), job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
+    pods = builders.build_pods(job, restart_generation=_generation(run_dir, resume))
+    return processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
                          shm_root=shm_root_of(job), extra=extra)
 
 
