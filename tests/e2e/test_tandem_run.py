@@ -129,7 +129,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert generation.read_text() == "0"
 
     run_ok(cmd[:-1] + ["--resume"])
-    assert generation.read_text() == "1"  # the resumed gang ignores rollout records of the first run
+    assert generation.read_text() == "1"  # the next gang generation: the first run's rollout records don't count
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     its = [r["iteration"] for r in rows]
     # Each iteration runs at most once: an iteration interrupted between publishing its weights and

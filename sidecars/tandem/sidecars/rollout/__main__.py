@@ -3,8 +3,8 @@
 Starts vLLM with dummy weights through the checkpoint engine (`PodRolloutEngine`: versions not
 in this pod's shm are pulled from other pods first), starts this pod's broadcast node (serves the
 versions it holds), loads the newest published version if there is one (a late joiner or a
-restarted pod), advertises its address
-under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes with the process), and
+restarted pod), advertises its address and gang generation
+under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes when the lease expires), and
 serves the control + generation API on TANDEM_CE_PORT. Caller: the pod built by
 `tandem.operator.builders`, or `tandem run`.
 """

@@ -1,9 +1,9 @@
 """Start-up of the driver: find the rollout sidecars, and resume from the last published version.
 
 Role: rollouts advertise themselves under `keys.endpoint(...)` (lease-bound); the driver waits
-until the expected number is there. On resume (a restarted gang or `tandem run --resume`), the
-newest complete version in etcd is read back from shared memory into the Megatron model and
-the loop continues after the iteration that produced it. Caller: `TrainerContext`.
+until the expected number of its own gang generation is there. On resume (a restarted gang or
+`tandem run --resume`), the newest complete version in etcd is read back from shared memory into
+the Megatron model and the loop continues after the iteration that produced it. Caller: `TrainerContext`.
 
 Where versions are found on resume: the pod's shared memory, and the durable store when the
 job sets `checkpointEngine.persist` (the only place that survives a gang restart in a cluster,

@@ -1,8 +1,9 @@
 """HTTP client of the rollout sidecars, found through etcd: generate, update, start, terminate.
 
 Role: the driver's only way to talk to vLLM — in its own pod or any other. Each rollout sidecar
-advertises `{"address": "host:port", ...}` under `keys.endpoint(ns, job, pod, "rollout")` (lease-
-bound, so a dead one disappears). Caller: `tandem.sidecars.trainer.driver`.
+advertises `{"address": "host:port", "generation": g, ...}` under `keys.endpoint(ns, job, pod,
+"rollout")` (lease-bound, so a dead one disappears once its lease expires; until then
+`trainer.resume` skips records of another gang generation). Caller: `tandem.sidecars.trainer.driver`.
 """
 
 from __future__ import annotations
