@@ -6,6 +6,7 @@ rollout slices; tiny HF checkpoints of each family check that HF -> Megatron -> 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -118,9 +119,10 @@ def test_padded_megatron_vocab_is_trimmed_on_export() -> None:
     assert torch.equal(back["model.embed_tokens.weight"], emb)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama", "mixtral"])
 def test_hf_megatron_hf_is_exact(family: str, tmp_path: Path) -> None:
-    model_dir = make_tiny_hf_model(tmp_path / family, family=family)
+    extra = {"head_dim": 32} if family == "qwen3" else {}  # qwen3: head_dim != hidden / heads
+    model_dir = make_tiny_hf_model(tmp_path / family, family=family, **extra)
     shape = ModelShape.from_hf_dir(model_dir)
     hf = load_file(str(model_dir / "model.safetensors"))
     megatron = list(convert.from_hf(shape, hf))
@@ -136,8 +138,14 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
         convert.family(_shape(model_type="gpt2"))
     with pytest.raises(ConversionError, match="attention_bias"):
         convert.family(_shape(attention_bias=True))
-    with pytest.raises(ConversionError, match="llama3"):
+    with pytest.raises(ConversionError, match="low_freq_factor is missing for rope_type llama3"):
         _shape(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0})
+    with pytest.raises(ConversionError, match="rope_type 'yarn'"):
+        _shape(rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0})
+    with pytest.raises(ConversionError, match="qwen3 with attention_bias"):
+        convert.family(_shape(model_type="qwen3", attention_bias=True))
+    with pytest.raises(ConversionError, match="q/k norm"):
+        convert.family(dataclasses.replace(_shape(), qk_norm=True))
     with pytest.raises(ConversionError, match="sliding"):
         _shape(model_type="qwen2", use_sliding_window=True)
     with pytest.raises(ConversionError, match="num_key_value_heads"):

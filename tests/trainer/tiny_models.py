@@ -1,4 +1,4 @@
-"""Tiny random HuggingFace models for tests (Qwen2, Llama, Mixtral), saved as safetensors dirs.
+"""Tiny random HuggingFace models for tests (Qwen2, Qwen3, Llama, Mixtral), saved as safetensors dirs.
 
 Used by tests/trainer, tests/convert and other tests that need a model directory without
 downloads. Random init with a fixed seed, so two calls with the same arguments give the same
@@ -15,6 +15,7 @@ import transformers
 
 _CONFIGS: dict[str, tuple[type[Any], type[Any]]] = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
 }
@@ -35,7 +36,9 @@ def make_tiny_hf_model(
 ) -> Path:
     """Write a randomly initialised causal LM with its config.json to ``directory``; return it.
 
-    Defaults: tied embeddings for qwen2, untied for llama (so both paths are covered).
+    Defaults: tied embeddings for qwen2, untied for the others (so both paths are covered);
+    ``head_dim`` is hidden // heads unless given in ``extra`` (qwen3's own default, 128, is not
+    used). ``extra`` goes to the config as is (e.g. ``rope_parameters``).
     """
     config_cls, model_cls = _CONFIGS[family]
     options: dict[str, Any] = dict(
@@ -52,6 +55,8 @@ def make_tiny_hf_model(
     )
     if family == "mixtral":
         options.update(num_local_experts=4, num_experts_per_tok=2)
+    if family == "qwen3":
+        options.update(head_dim=hidden // heads)
     options.update(extra)
     config = config_cls(**options)
     torch.manual_seed(seed)

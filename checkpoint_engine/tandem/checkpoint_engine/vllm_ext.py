@@ -11,6 +11,13 @@ and hands (HF name, view) pairs to `self.reload_weights(weights_iterator=...)`, 
 in-place reload that also re-runs the post-load processing (CPU linear weights are repacked,
 which is why `model.load_weights` alone fails on CPU).
 
+Tied embeddings: a HuggingFace checkpoint of a tied model has no `lm_head.weight`, and vLLM's
+loader skips it for such models. vLLM's layerwise reload then finds nothing to load for the
+output head, restores its old kernel tensors ("ParallelLMHead: Failed to load weights") and does
+not re-run its post-load processing — on CPU the head keeps the GEMM weights packed at start, so
+the live model kept its dummy output layer. After every reload the head is tied to the embedding
+again and re-processed (`_tandem_retie`), so the output head always equals the new embedding.
+
 Tensor parallelism: vLLM's weight loaders (ColumnParallelLinear, RowParallelLinear,
 VocabParallelEmbedding, QKV/MergedColumn) take the FULL checkpoint tensor and `narrow` it to the
 worker's tp_rank before copying. Since the full tensor is only a view of the mapped file, each
@@ -37,9 +44,11 @@ class ShmWeightLoader:
         mapped = MappedVersion(Path(path), index)
         t1 = time.perf_counter()
         self.reload_weights(weights_iterator=mapped.tensors())  # type: ignore[attr-defined]
+        retied = self._tandem_retie()
         t2 = time.perf_counter()
         del mapped  # unmaps once vLLM's loader dropped its views
-        return {"rank": self._tandem_rank(), "map_s": t1 - t0, "load_s": t2 - t1, "bytes": index.total_bytes}
+        return {"rank": self._tandem_rank(), "map_s": t1 - t0, "load_s": t2 - t1, "bytes": index.total_bytes,
+                "retied": retied}
 
     def tandem_ping(self) -> int:
         """A no-op round trip (measures the RPC overhead; health check of the workers)."""
@@ -49,6 +58,7 @@ class ShmWeightLoader:
         """Reload from a HF directory (safetensors) — the slow path, kept for comparisons."""
         t0 = time.perf_counter()
         self.reload_weights(weights_path=path)  # type: ignore[attr-defined]
+        self._tandem_retie()
         return {"rank": self._tandem_rank(), "load_s": time.perf_counter() - t0}
 
     def tandem_param_info(self) -> dict[str, Any]:
@@ -63,6 +73,33 @@ class ShmWeightLoader:
         """Sum of one vLLM parameter (for tests that watch weights change)."""
         model = self.model_runner.model  # type: ignore[attr-defined]
         return float(dict(model.named_parameters())[name].detach().float().sum().item())
+
+    def tandem_logits_weight_sum(self) -> dict[str, float]:
+        """Sums of the embedding and of the output head's weights (tests: a tied head follows the embedding)."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        embed = model.get_submodule("model.embed_tokens").weight
+        head = model.get_submodule("lm_head").weight
+        return {"embed": float(embed.detach().float().sum()), "head": float(head.detach().float().sum())}
+
+    def _tandem_retie(self) -> bool:
+        """Tie the output head to the reloaded embedding and redo its post-load processing (tied models)."""
+        config = self.model_runner.model_config.hf_text_config  # type: ignore[attr-defined]
+        if not getattr(config, "tie_word_embeddings", False):
+            return False
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        try:
+            head = model.get_submodule("lm_head")
+            embed = model.get_submodule("model.embed_tokens")
+        except AttributeError:  # another module tree (or a pipeline stage without the head)
+            return False
+        if not hasattr(head, "weight") or not hasattr(embed, "weight"):
+            return False
+        if head.weight is not embed.weight:
+            head.weight = embed.weight
+        method = getattr(head, "quant_method", None)
+        if method is not None:  # CPU: packs the GEMM weights again from the new embedding
+            method.process_weights_after_loading(head)
+        return True
 
     def _tandem_rank(self) -> int:
         return int(getattr(self, "rank", 0))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from tandem.checkpoint_engine.convert import llama, mixtral, qwen2
+from tandem.checkpoint_engine.convert import llama, mixtral, qwen2, qwen3
 from tandem.checkpoint_engine.convert.dense import DenseDecoder
 from tandem.checkpoint_engine.convert.shape import ConversionError, ModelShape
 from tandem.checkpoint_engine.convert.tp import merge_tp, rollout_slice, split_tp
@@ -34,7 +34,7 @@ __all__ = [
     "slice_for_rollout",
 ]
 
-_FAMILIES: dict[str, DenseDecoder] = {m.FAMILY.name: m.FAMILY for m in (llama, qwen2, mixtral)}
+_FAMILIES: dict[str, DenseDecoder] = {m.FAMILY.name: m.FAMILY for m in (llama, qwen2, qwen3, mixtral)}
 
 
 def families() -> list[str]:

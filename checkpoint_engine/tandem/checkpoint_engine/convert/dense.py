@@ -1,13 +1,16 @@
-"""Weight mapping shared by the dense decoder families (Llama, Qwen2): Megatron GPTModel <-> HF.
+"""Weight mapping shared by the dense decoder families (Llama, Qwen2, Qwen3): Megatron GPTModel <-> HF.
 
-Used by the family modules (:mod:`.llama`, :mod:`.qwen2`), which only add their own config checks;
-MoE families (:mod:`.mixtral`) extend it with the expert weights. Every function here is a pure
-tensor function on *full* Megatron tensors (tensor-parallel shards already merged by :mod:`.tp`)
-with *global* layer numbers. Megatron's fused tensors:
+Used by the family modules (:mod:`.llama`, :mod:`.qwen2`, :mod:`.qwen3`), which only add their own
+config checks; MoE families (:mod:`.mixtral`) extend it with the expert weights. Every function here
+is a pure tensor function on *full* Megatron tensors (tensor-parallel shards already merged by
+:mod:`.tp`) with *global* layer numbers. Megatron's fused tensors:
 
 * ``linear_qkv`` is ``[groups, (q_per_group + 2) * head_dim, hidden]``: per query group its query
   heads, then one key head, then one value head (same for the bias, without ``hidden``);
 * ``linear_fc1`` is ``[gate; up]`` along dim 0.
+
+With ``shape.qk_norm`` (Qwen3) each layer also has per-head RMSNorm weights ``[head_dim]`` on the
+queries and keys: Megatron's ``self_attention.{q,k}_layernorm`` are HF's ``self_attn.{q,k}_norm``.
 
 No RoPE permutation is needed: Megatron's non-interleaved rotary embedding equals HF's.
 """
@@ -28,6 +31,8 @@ _LAYER_SIMPLE = {
     "input_layernorm.weight": "input_layernorm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
 }
 _GLOBAL_SIMPLE = {"decoder.final_layernorm.weight": "model.norm.weight"}
 _VOCAB = {
@@ -48,12 +53,16 @@ class DenseDecoder:
         """Raise ConversionError when the config uses a feature this mapping does not cover."""
         if shape.num_experts:
             raise ConversionError(f"family {self.name} has no mixture-of-experts mapping")
+        if shape.qk_norm:
+            raise ConversionError(f"family {self.name} has no q/k norm mapping")
 
     # ----- names -----
     def layer_names(self, shape: ModelShape) -> list[str]:
         names = ["input_layernorm.weight", "self_attention.linear_qkv.weight"]
         if shape.qkv_bias:
             names.append("self_attention.linear_qkv.bias")
+        if shape.qk_norm:
+            names += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
         names += ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight"]
         return names + self.mlp_names(shape)
 

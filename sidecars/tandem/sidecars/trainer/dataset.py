@@ -1,18 +1,58 @@
-"""Prompt dataset of a job: a JSONL file read once, sampled deterministically per iteration.
+"""Prompt dataset of a job: read once, rendered with the model's chat template, sampled per iteration.
 
-Caller: the driver (`tandem.sidecars.trainer.driver`). Each line is a JSON object holding the
-spec's `dataset.promptField` and, for rule-based rewards, `dataset.answerField`. Bad lines are
-reported with the file and line number.
+Callers: the trainer's context and driver (`tandem.sidecars.trainer.context`, `.driver`):
+`PromptDataset.load(spec.dataset, tokenizer)` once, `batch(iteration, size)` every iteration,
+`head(n)` for an evaluation set (its first n prompts in file order).
+
+Files (`dataset.format`, or `auto`: `.jsonl`/`.ndjson`, `.json`, `.parquet`/`.pq` by extension, a
+directory is `datasets`) are read by the `datasets` library, never by a parser of ours: the json and
+parquet builders (a JSON file holds one object per line or a list of objects) with a private
+temporary cache and `keep_in_memory`, so nothing is written to the HF cache and no network is used
+(a JSON file the library rejects is re-read with `json` only to name the broken line; date-like
+strings that Arrow's JSON reader would make timestamps are kept as written, see `_read`);
+a directory is read with `load_from_disk` (a DatasetDict directory gives `dataset.split`, default
+train; the split of a single file must stay `train`).
+
+Rows are numbered from 1 in file order. `dataset.promptField` holds a string or an OpenAI-style
+messages list `[{role: system|user|assistant|tool, content: str}, ...]` that has a user message and
+ends with a user or tool message; other non-null keys of a message (`name`, ...) are passed on to the
+template. `dataset.answerField` is optional and may hold any JSON value: numbers become strings as
+before (the answer matcher compares text; a JSON column of ints and floats arrives as floats, so
+`42` reads `42.0`, which the matcher still equals to 42), while strings, booleans, lists and objects
+(code tests) are kept as the Python values. A bad row raises DatasetError naming file, row and field.
+
+Rendering (`Prompt.text`, what the rollout engine is sent):
+- `chatTemplate` on and the tokenizer has a chat template: a string becomes one user message;
+  `systemPrompt` is put first unless the row's messages already start with a system message (the
+  row's own wins); `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
+  `Prompt.token_ids` are the ids of that text without added special tokens (the template writes BOS
+  where the model wants it).
+- `chatTemplate` off, no tokenizer, or a tokenizer without a chat template: strings are used as they
+  are (`token_ids` with the tokenizer's default special tokens, None without a tokenizer). A messages
+  row is then an error, and so is `systemPrompt`: joining turns by hand would train the model on a
+  format it never sees in use.
+`Prompt.question` is the plain string or the content of the last user message (what a reward may
+see as "the prompt").
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tandem.spec.models import Dataset as DatasetSpec
+
+ROLES = ("system", "user", "assistant", "tool")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+_BUILDERS = {"jsonl": "json", "json": "json", "parquet": "parquet"}
+_ENCODE_CHUNK = 1024  # texts per tokenizer call
 
 
 class DatasetError(ValueError):
@@ -21,9 +61,15 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str
-    answer: str | None
-    index: int
+    text: str  # what the model sees: the chat template applied when there is one
+    answer: Any  # the answer field: str (numbers as text), or a list/dict/bool as read; None if absent
+    index: int  # row in file order, from 0
+    token_ids: list[int] | None = None  # ids of `text` when a tokenizer was given
+    question: str = ""  # the plain prompt or last user message; defaults to `text`
+
+    def __post_init__(self) -> None:
+        if not self.question:
+            object.__setattr__(self, "question", self.text)
 
 
 class PromptDataset:
@@ -33,27 +79,36 @@ class PromptDataset:
         self.prompts = prompts
         self.seed = seed
 
+    def __len__(self) -> int:
+        return len(self.prompts)
+
     @classmethod
-    def load(cls, spec: DatasetSpec, seed: int = 0) -> PromptDataset:
+    def load(cls, spec: DatasetSpec, tokenizer: Any | None = None, seed: int = 0) -> PromptDataset:
+        """Read `spec.path`, check every row, render the prompts (see the module docstring)."""
         path = Path(spec.path)
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as e:
-            raise DatasetError(f"dataset.path: cannot read {path}: {e.strerror or e}") from None
-        out: list[Prompt] = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get(spec.prompt_field), str):
-                raise DatasetError(f"{path}:{n}: field {spec.prompt_field!r} (dataset.promptField) missing "
-                                   "or not a string")
-            answer = row.get(spec.answer_field)
-            out.append(Prompt(row[spec.prompt_field], None if answer is None else str(answer), len(out)))
-        return cls(out, seed)
+        table = _read(path, detect_format(path, spec.format), spec.split, (spec.prompt_field, spec.answer_field))
+        columns = list(table.column_names)
+        if spec.prompt_field not in columns:
+            raise DatasetError(f"{path}: row 1: field {spec.prompt_field!r} (dataset.promptField) missing; "
+                               f"the columns are {', '.join(columns) or 'none'}")
+        has_answer = spec.answer_field in columns
+        rows: list[dict[str, Any]] = table.select_columns(
+            [spec.prompt_field, *([spec.answer_field] if has_answer else [])]).to_list()
+        if not rows:
+            raise DatasetError(f"{path}: no rows")
+        render = _Renderer(spec, path, tokenizer)
+        texts: list[str] = []
+        questions: list[str] = []
+        for n, row in enumerate(rows, 1):
+            text, question = render(n, row[spec.prompt_field])
+            texts.append(text)
+            questions.append(question)
+        ids: list[list[int] | None] = [None] * len(texts)
+        if tokenizer is not None:
+            ids = list(_encode(tokenizer, texts, special=not render.templated))
+        table_rows = zip(texts, questions, ids, rows, strict=True)
+        return cls([Prompt(text, _answer(row.get(spec.answer_field)), i, token_ids, question)
+                    for i, (text, question, token_ids, row) in enumerate(table_rows)], seed)
 
     def batch(self, iteration: int, size: int) -> list[Prompt]:
         """The prompts of an iteration: a seeded shuffle per epoch, so a resumed run sees the same ones."""
@@ -66,3 +121,221 @@ class PromptDataset:
             take = order[offset: offset + size - len(out)]
             out += [self.prompts[i] for i in take]
         return out
+
+    def head(self, n: int) -> list[Prompt]:
+        """The first n prompts in file order (all of them when there are fewer): an evaluation set."""
+        if n < 0:
+            raise ValueError(f"head: n must be >= 0, got {n}")
+        return self.prompts[:n]
+
+
+def detect_format(path: Path, format: str = "auto") -> str:
+    """`format` checked against what `path` is, or (auto) told from its extension / being a directory."""
+    if not path.exists():
+        raise DatasetError(f"dataset.path: {path} does not exist")
+    if path.is_dir():
+        if format not in ("auto", "datasets"):
+            raise DatasetError(f"dataset.format: {format} needs a file; {path} is a directory")
+        return "datasets"
+    if format == "datasets":
+        raise DatasetError(f"dataset.format: datasets needs a directory written by save_to_disk; {path} is a file")
+    if format != "auto":
+        return format
+    found = EXTENSIONS.get(path.suffix.lower())
+    if found is None:
+        raise DatasetError(f"dataset.format: cannot tell the format of {path} from its extension (known: "
+                           f"{', '.join(EXTENSIONS)}); set dataset.format")
+    return found
+
+
+def _read(path: Path, format: str, split: str, fields: tuple[str, ...]) -> Any:
+    """The rows as a `datasets.Dataset` held in memory.
+
+    Arrow's JSON reader turns ISO-8601 strings into timestamps; when it did so anywhere in `fields`,
+    the file is read again with those columns as `datasets.Json`, which keeps every value as written.
+    """
+    import datasets
+
+    with _quiet(datasets):
+        if format == "datasets":
+            return _read_saved(datasets, path, split)
+        if split != "train":
+            raise DatasetError(f"dataset.split: {split!r} applies to a DatasetDict directory; {path} is one "
+                               f"{format} file (split train)")
+        options: dict[str, Any] = {"parse_agent_traces": False} if _BUILDERS[format] == "json" else {}
+        table = _load_file(datasets, path, format, options)
+        dated = [f for f in fields if f in table.column_names and _has_temporal(table.data.schema.field(f).type)]
+        if dated and _BUILDERS[format] == "json":
+            features = table.features.copy()
+            features.update({f: datasets.Json() for f in dated})
+            table = _load_file(datasets, path, format, {**options, "features": features})
+        return table
+
+
+def _load_file(datasets: Any, path: Path, format: str, options: dict[str, Any]) -> Any:
+    with tempfile.TemporaryDirectory(prefix="tandem-dataset-") as cache:
+        try:
+            return datasets.load_dataset(_BUILDERS[format], data_files=str(path), split="train", cache_dir=cache,
+                                         keep_in_memory=True, **options)
+        except Exception as e:  # the builders raise many types (Arrow, JSON, DatasetGenerationError)
+            where = _json_error(path, format) if _BUILDERS[format] == "json" else None
+            raise DatasetError(where or f"{path}: cannot read as {format}: {_reason(e)}") from None
+
+
+def _has_temporal(arrow_type: Any) -> bool:
+    """A date/time type anywhere in an Arrow type (list items, struct fields, map keys/values)."""
+    import pyarrow as pa
+
+    return bool(pa.types.is_temporal(arrow_type)) or any(
+        _has_temporal(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+
+
+def _read_saved(datasets: Any, path: Path, split: str) -> Any:
+    if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
+        raise DatasetError(f"{path}: a directory must be written by datasets' save_to_disk "
+                           "(it has no dataset_dict.json or state.json)")
+    try:
+        loaded = datasets.load_from_disk(str(path), keep_in_memory=True)
+    except Exception as e:
+        raise DatasetError(f"{path}: cannot load the saved dataset: {_reason(e)}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DatasetError(f"dataset.split: {path} has no split {split!r} (it has {', '.join(loaded)})")
+        return loaded[split]
+    if split not in ("train", str(loaded.split)):
+        raise DatasetError(f"dataset.split: {path} is a single dataset of split {loaded.split}, not {split!r}")
+    return loaded
+
+
+class _Renderer:
+    """One row's prompt value → (text the model sees, the question)."""
+
+    def __init__(self, spec: DatasetSpec, path: Path, tokenizer: Any | None):
+        self.spec, self.path = spec, path
+        self.tokenizer: Any = tokenizer
+        if not spec.chat_template:
+            self.why_not = "dataset.chatTemplate is false"
+        elif tokenizer is None:
+            self.why_not = "no tokenizer was given"
+        elif not getattr(tokenizer, "chat_template", None):
+            self.why_not = "the tokenizer has no chat_template"
+        else:
+            self.why_not = ""
+        self.templated = not self.why_not
+        if spec.system_prompt is not None and not self.templated:
+            raise DatasetError(f"dataset.systemPrompt: needs the tokenizer's chat template ({self.why_not})")
+
+    def __call__(self, n: int, value: Any) -> tuple[str, str]:
+        where = f"{self.path}: row {n}: field {self.spec.prompt_field!r} (dataset.promptField)"
+        prompt = _prompt_value(value, where)
+        if not self.templated:
+            if isinstance(prompt, list):
+                raise DatasetError(f"{where}: a messages list needs the tokenizer's chat template ({self.why_not})")
+            return prompt, prompt
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        if self.spec.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.spec.system_prompt}, *messages]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # jinja's raise_exception, undefined variables, ...
+            raise DatasetError(f"{where}: the tokenizer's chat template failed: {e}") from None
+        if not isinstance(text, str):
+            raise DatasetError(f"{where}: the chat template gave {type(text).__name__}, not text")
+        return text, question
+
+
+def _prompt_value(value: Any, where: str) -> str | list[dict[str, Any]]:
+    """A non-empty string, or a checked messages list (null-valued keys dropped)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise DatasetError(f"{where}: empty string")
+        return value
+    if value is None:
+        raise DatasetError(f"{where}: missing or null")
+    if not isinstance(value, list) or not value:
+        raise DatasetError(f"{where}: must be a string or a non-empty list of messages, got {_kind(value)}")
+    messages: list[dict[str, Any]] = []
+    for i, message in enumerate(value, 1):
+        at = f"{where}: message {i}"
+        if not isinstance(message, dict):
+            raise DatasetError(f"{at}: must be an object with role and content, got {_kind(message)}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or role not in ROLES:
+            raise DatasetError(f"{at}: role {role!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DatasetError(f"{at}: content must be a string, got {_kind(content)}")
+        messages.append({k: v for k, v in message.items() if v is not None})
+    if not any(m["role"] == "user" for m in messages):
+        raise DatasetError(f"{where}: no user message")
+    if messages[-1]["role"] not in ("user", "tool"):
+        raise DatasetError(f"{where}: the last message is from {messages[-1]['role']!r}; a prompt ends with a "
+                           "user or tool message")
+    return messages
+
+
+def _answer(value: Any) -> Any:
+    """Numbers as text (as the answer matcher compares them); anything else as read."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _encode(tokenizer: Any, texts: list[str], special: bool) -> Iterator[list[int]]:
+    for start in range(0, len(texts), _ENCODE_CHUNK):
+        for ids in tokenizer(texts[start: start + _ENCODE_CHUNK], add_special_tokens=special)["input_ids"]:
+            yield [int(i) for i in ids]
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a value's type, for error messages."""
+    names = ((type(None), "null"), (bool, "boolean"), (int | float, "number"), (str, "string"), (list, "a list"),
+             (dict, "an object"))
+    return next((name for cls, name in names if isinstance(value, cls)), type(value).__name__)
+
+
+def _reason(e: BaseException) -> str:
+    """The error and, when the library wrapped it, its innermost cause."""
+    inner: BaseException = e
+    for _ in range(32):  # a chain may, rarely, loop
+        nxt = inner.__cause__ or inner.__context__
+        if nxt is None:
+            break
+        inner = nxt
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text if inner is e else f"{text} ({type(inner).__name__}: {str(inner).strip()[:300]})"
+
+
+def _json_error(path: Path, format: str) -> str | None:
+    """Where a JSON file that the library rejected is broken (for the message only; None if unsure)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path}: cannot read as {format}: {e}"
+    try:
+        json.loads(text)
+        return None  # one JSON document: the library's own reason applies (e.g. an object, not a list)
+    except json.JSONDecodeError as whole:
+        if format == "json" and not text.lstrip().startswith("{"):
+            return f"{path}: line {whole.lineno}: not valid JSON ({whole.msg})"
+    for n, line in enumerate(text.splitlines(), 1):
+        try:
+            if line.strip():
+                json.loads(line)
+        except json.JSONDecodeError as e:
+            return f"{path}: line {n}: not valid JSON ({e.msg})"
+    return None
+
+
+@contextmanager
+def _quiet(datasets: Any) -> Iterator[None]:
+    """No progress bars, and no error logs for what becomes our DatasetError."""
+    bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()

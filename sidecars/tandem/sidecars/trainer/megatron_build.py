@@ -87,7 +87,11 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
 
 
 def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) -> Any:
-    """Megatron TransformerConfig equal to the HF architecture, with every fusion off."""
+    """Megatron TransformerConfig equal to the HF architecture, with every fusion off.
+
+    ``kv_channels`` is the HF ``head_dim`` (Qwen3's may differ from hidden / heads);
+    ``qk_layernorm`` gives Qwen3's per-head q/k RMSNorm (same eps as the other norms).
+    """
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.enums import AttnBackend
 
@@ -120,6 +124,7 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) 
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=par.tp,
@@ -143,14 +148,22 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) 
 
 
 def build_gpt(shape: ModelShape, config: Any) -> Any:
-    """The bare GPTModel of this pipeline stage (fp32 params until wrapped)."""
+    """The bare GPTModel of this pipeline stage (fp32 params until wrapped).
+
+    Llama 3.x RoPE scaling (``rope_type: llama3``) is megatron's ``rope_scaling``; ModelShape has
+    already refused the llama3 parameters megatron cannot express.
+    """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(
-        num_experts=shape.num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm"
+        num_experts=shape.num_experts or None,
+        moe_grouped_gemm=False,
+        qk_layernorm=shape.qk_norm,
+        normalization="RMSNorm",
     )
+    theta = shape.rope_theta
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -162,7 +175,9 @@ def build_gpt(shape: ModelShape, config: Any) -> Any:
         share_embeddings_and_output_weights=shape.tie_embeddings,
         position_embedding_type="rope",
         rotary_percent=1.0,
-        rotary_base=int(shape.rope_theta),
+        rotary_base=int(theta) if theta.is_integer() else theta,
+        rope_scaling=shape.rope_scaling_factor > 0,
+        rope_scaling_factor=shape.rope_scaling_factor or 8.0,
     )
 
 

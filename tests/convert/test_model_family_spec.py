@@ -1,0 +1,96 @@
+"""`model.family` at validate time (tandem.spec): the spec's families are the converter's, and a
+readable config.json with an unsupported or mismatching model_type is refused naming the field.
+
+What `tandem validate` prints comes from `tandem.spec.load.parse_job`'s SpecError (field, message).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from tandem.checkpoint_engine import convert
+from tandem.spec.load import SpecError, parse_job
+from tandem.spec.models import ModelRef
+
+
+def _job(model: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "model": model,
+            "rewards": [{"type": "answerMatch", "weight": 1.0}],
+            "dataset": {"path": "/data/prompts.jsonl"},
+        },
+    }
+
+
+def _model_dir(tmp_path: Path, config: Any) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def _problems(model: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as err:
+        parse_job(_job(model))
+    return err.value.problems
+
+
+def test_spec_families_are_the_converters() -> None:
+    literal = get_args(ModelRef.model_fields["family"].annotation)
+    assert sorted(literal) == sorted(["auto", *convert.families()])
+    assert sorted(ModelRef.FAMILIES) == convert.families()
+
+
+def test_unsupported_model_type_is_refused_naming_model_family(tmp_path: Path) -> None:
+    path = _model_dir(tmp_path, {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    [(field, message)] = _problems({"path": path})
+    assert field == "spec.model.family"
+    assert "'gpt2'" in message and "GPT2LMHeadModel" in message
+    assert "supported: llama, mixtral, qwen2, qwen3" in message
+    with pytest.raises(SpecError, match="spec.model.family"):  # an explicit family does not help
+        parse_job(_job({"path": path, "family": "llama"}))
+
+
+def test_config_without_model_type_is_refused(tmp_path: Path) -> None:
+    [(field, message)] = _problems({"path": _model_dir(tmp_path, {"hidden_size": 8})})
+    assert field == "spec.model.family" and "None" in message
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mixtral"])
+def test_supported_model_types_are_accepted(tmp_path: Path, model_type: str) -> None:
+    path = _model_dir(tmp_path, {"model_type": model_type})
+    assert parse_job(_job({"path": path})).spec.model.family == "auto"
+    assert parse_job(_job({"path": path, "family": model_type})).spec.model.family == model_type
+
+
+def test_explicit_family_must_agree_with_config(tmp_path: Path) -> None:
+    path = _model_dir(tmp_path, {"model_type": "qwen3"})
+    [(field, message)] = _problems({"path": path, "family": "qwen2"})
+    assert field == "spec.model.family"
+    assert "'qwen2' does not match model_type 'qwen3'" in message
+
+
+def test_unreadable_config_is_accepted(tmp_path: Path) -> None:
+    # a cluster path that does not exist here, a directory without config.json, a relative path
+    for path in ("/models/not-here", str(tmp_path), "toy/model"):
+        assert parse_job(_job({"path": path, "family": "qwen3"})).spec.model.path == path
+
+
+def test_unparsable_config_is_refused_naming_path(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    [(field, message)] = _problems({"path": str(tmp_path)})
+    assert field == "spec.model.path" and "not valid JSON" in message
+    (tmp_path / "config.json").write_text("[1, 2]")
+    [(field, message)] = _problems({"path": str(tmp_path)})
+    assert field == "spec.model.path" and "not a JSON object" in message
+
+
+def test_unknown_family_name_is_refused() -> None:
+    [(field, message)] = _problems({"path": "/models/x", "family": "gpt2"})
+    assert field == "spec.model.family" and "qwen3" in message
