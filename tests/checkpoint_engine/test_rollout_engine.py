@@ -92,6 +92,20 @@ def test_generate_samples_with_logprobs(live_engine: RolloutEngine) -> None:
         assert all(lp <= 0.0 for lp in c.logprobs)
 
 
+def test_seeded_batch_over_the_step_token_budget(live_engine: RolloutEngine) -> None:
+    """A seeded batch whose prefill must be chunked (more prompt tokens than one scheduler step takes)
+    kills vLLM 0.32's CPU engine ("CPU Generator does not use offset") unless the engine drops
+    per-request seeds on CPU; the engine must stay up and return every completion."""
+    budget = live_engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    prompt_len = 200
+    prompts = [[(i * 7 + j) % 900 + 2 for j in range(prompt_len)] for i in range(budget // prompt_len + 4)]
+    out = live_engine.generate(prompts, SamplingOptions(temperature=1.0, max_tokens=4, seed=7), n=2)
+    assert len(out) == len(prompts) and all(len(g) == 2 and len(g[0].token_ids) == 4 for g in out)
+    assert live_engine.phase == Phase.READY
+    again = live_engine.generate(["alpha beta"], SamplingOptions(temperature=0.0, max_tokens=3))
+    assert len(again[0][0].token_ids) == 3
+
+
 def corrupt_one_byte(path: Path) -> None:
     idx = layout.read_index(path)
     rec = max(idx.tensors, key=lambda t: t.nbytes)

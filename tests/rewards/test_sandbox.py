@@ -22,7 +22,6 @@ from tandem.sidecars.rewards.sandbox import (
     extract_code,
     isolation_mode,
     run_tests,
-    split_tests,
 )
 
 MODES = ["basic"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
@@ -62,8 +61,7 @@ def test_reward_extracts_fenced_code_and_test_forms() -> None:
     assert extract_code(completion).strip().startswith("def sq")
     assert code_exec_reward(completion, "assert sq(3) == 9\nassert sq(-2) == 4", 3.0) == 1.0
     assert code_exec_reward(completion, '["assert sq(2) == 4", "assert sq(2) == 5"]', 3.0) == 0.5
-    assert split_tests("for i in range(3):\n    assert i < 3\nassert 1") == [
-        "for i in range(3):\n    assert i < 3", "assert 1"]
+    assert code_exec_reward(completion, "for i in range(3):\n    assert sq(i) == i * i\nassert sq(1) == 2", 3.0) == 0.5
 
 
 @pytest.fixture()
@@ -134,7 +132,7 @@ def test_infinite_loop_killed(mode: Isolation) -> None:
 
 
 def test_timeout_keeps_tests_passed_before() -> None:
-    r = run_tests("def f():\n    while True: pass\n", ["assert 1", "assert 2", "f()"],
+    r = run_tests("def f():\n    while True: pass\n", ["assert 1", "assert 2", "assert f()"],
                   SandboxLimits(timeout_seconds=1.0))
     assert r.status == "timeout" and r.passed == 2 and r.score == pytest.approx(2 / 3)
 

@@ -130,6 +130,12 @@ class RolloutEngine:
             self._set_phase(Phase.READY)
             return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
 
+    @staticmethod
+    def _on_gpu() -> bool:
+        import torch
+
+        return bool(torch.cuda.is_available())
+
     def _dtype(self) -> str:
         if self.cfg.dtype is not None:
             return self.cfg.dtype
@@ -278,6 +284,11 @@ class RolloutEngine:
         opts = options or SamplingOptions()
         with self._lock:
             self._need(Phase.READY)
+            if opts.seed is not None and not self._on_gpu():
+                # vLLM 0.32 on CPU: a seeded request whose prefill gets chunked (a batch of prompts over
+                # the step's token budget) rewinds its generator's offset, which CPU generators refuse,
+                # and the engine dies ("CPU Generator does not use offset"). The engine's seed still holds.
+                opts = opts.model_copy(update={"seed": None})
             params = SamplingParams(
                 n=n,
                 logprobs=0,

@@ -2,7 +2,8 @@
 
 Caller: the `tandem` console script. `validate` applies the API server's rules offline (the same
 pydantic models the CRD is generated from); `crd` prints or writes the CRD; `run` runs a job on one
-machine through `tandem.cli.local`.
+machine through `tandem.cli.local`; `export` writes a published or durable version as a HuggingFace
+directory (`tandem.checkpoint_engine.hf_export`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,64 @@ def run(
         job.spec.algorithm.iterations = iterations
     code = local.run_job(job, workdir=workdir, resume=resume, keep_etcd=keep_etcd or resume)
     raise typer.Exit(code)
+
+
+models_app = typer.Typer(no_args_is_help=True, help="Pretrained models obtainable here, as HF directories.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Models `tandem models fetch` knows, and whether each is cached."""
+    from tandem.cli import models
+
+    for known in models.KNOWN.values():
+        path = models.model_dir(known.name)
+        state = f"cached at {path}" if models.is_fetched(path) else "not fetched"
+        out.print(f"{known.name}: {known.description} — {state}", highlight=False)
+
+
+@models_app.command("fetch")
+def models_fetch(name: str = typer.Argument(..., help="A name from `tandem models list`."),
+                 force: bool = typer.Option(False, "--force", help="Fetch again even if cached.")) -> None:
+    """Download and convert a model into ~/.cache/tandem/models/NAME; prints its path last."""
+    from tandem.cli import models
+
+    try:
+        path = models.fetch(name, force=force, progress=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False))
+    except models.ModelFetchError as e:
+        err.print(f"[red]✗[/red] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    print(path)
+
+
+@app.command()
+def export(
+    source: Path = typer.Argument(..., help="A version directory (index.json inside) or a durable store: "
+                                  "checkpointEngine.persist's path, or its <namespace>/<job>/<uid> directory."),
+    target: Path = typer.Argument(..., help="HuggingFace model directory to write (replaced if it exists)."),
+    model: Path = typer.Option(..., "--model", help="The job's model directory: config.json, tokenizer, "
+                               "chat template and generation config are taken from it."),
+    version: int | None = typer.Option(None, "--version", help="Weight version to export; default: the newest "
+                                       "complete one in the store."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (as published), float32, bfloat16 or float16."),
+    max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="Safetensors files above this are split "
+                                       "(with model.safetensors.index.json)."),
+) -> None:
+    """Write a published or durably copied version as a HuggingFace directory (from_pretrained, vllm serve)."""
+    from tandem.checkpoint_engine import errors, hf_export
+
+    if dtype != "auto" and dtype not in hf_export.DTYPES:
+        err.print(f"[red]✗[/red] --dtype: {dtype!r} is not one of auto, {', '.join(hf_export.DTYPES)}", highlight=False)
+        raise typer.Exit(2)
+    try:
+        path = hf_export.resolve_source(source, version)
+        err.print(f"exporting {path} ...", highlight=False)
+        done = hf_export.export_version(path, model, target, hf_export.DTYPES.get(dtype), max_shard_size)
+    except (errors.CheckpointEngineError, OSError, ValueError) as e:
+        err.print(f"[red]✗[/red] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    out.print(f"[green]✓[/green] {done}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ phase = Gauge("tandem_rlhfjob_phase", "1 for the RLHFJob's current phase, 0 for 
 iteration = Gauge("tandem_rlhfjob_iteration", "Iterations the driver has reached", JOB, registry=REGISTRY)
 weight_version = Gauge("tandem_rlhfjob_weight_version", "Newest published weight version", JOB, registry=REGISTRY)
 reward_mean = Gauge("tandem_rlhfjob_reward_mean", "Mean reward of the latest iteration", JOB, registry=REGISTRY)
+eval_pass1 = Gauge("tandem_rlhfjob_eval_pass_at_1", "pass@1 of the latest held-out evaluation", JOB, registry=REGISTRY)
 sync_seconds = Gauge("tandem_rlhfjob_last_sync_seconds", "Seconds the latest weight sync took", JOB,
                      registry=REGISTRY)
 restarts = Gauge("tandem_rlhfjob_restarts", "Gang restarts so far", JOB, registry=REGISTRY)
@@ -65,7 +66,8 @@ def record(namespace: str, name: str, plan: Plan) -> None:
     iteration.labels(namespace, name).set(st.iteration)
     weight_version.labels(namespace, name).set(st.weight_version)
     restarts.labels(namespace, name).set(st.restarts)
-    for gauge, value in ((reward_mean, st.reward_mean), (sync_seconds, st.last_sync_seconds)):
+    pass1 = None if st.eval is None else st.eval.pass_at_1
+    for gauge, value in ((reward_mean, st.reward_mean), (sync_seconds, st.last_sync_seconds), (eval_pass1, pass1)):
         if value is None:  # nothing measured yet: no sample rather than a made-up 0
             _drop(gauge, (namespace, name))
         else:
@@ -78,7 +80,7 @@ def forget(namespace: str, name: str) -> None:
     """Drop every series of a deleted RLHFJob."""
     for p in PHASES:
         _drop(phase, (namespace, name, p))
-    for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts):
+    for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts, eval_pass1):
         _drop(gauge, (namespace, name))
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from tandem.spec.models import Condition, JobStatus
+from tandem.spec.models import Condition, EvalStatus, JobStatus
 from tandem.spec.progress import Progress
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
@@ -128,6 +128,9 @@ def apply_progress(status: JobStatus, progress: Progress | None) -> None:
     status.weight_version = progress.weight_version
     status.last_sync_seconds = progress.last_sync_seconds
     status.reward_mean = progress.reward_mean
+    if progress.eval is not None:
+        e = progress.eval
+        status.eval = EvalStatus(iteration=e.iteration, pass_at_1=e.pass_at_1, pass_at_k=e.pass_at_k, k=e.k)
 
 
 def transition_event(before: str, after: JobStatus) -> Event | None:

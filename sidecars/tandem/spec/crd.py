@@ -106,6 +106,7 @@ def build_crd() -> dict[str, Any]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Iteration", "type": "integer", "jsonPath": ".status.iteration"},
         {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
+        {"name": "Eval", "type": "number", "jsonPath": ".status.eval.passAt1"},
         {"name": "Sync(s)", "type": "number", "jsonPath": ".status.lastSyncSeconds"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
         {"name": "Version", "type": "integer", "jsonPath": ".status.weightVersion", "priority": 1},

@@ -55,10 +55,51 @@ class Base(BaseModel):
         return self
 
 
+def _family_problem(path: str, family: str, supported: tuple[str, ...]) -> str | None:
+    """Why `family` does not fit `path`/config.json ("field: message"), or None.
+
+    None also when config.json cannot be read: in a cluster the path exists only in the pods, and a
+    relative path is resolved against the job file only after parsing (`load_job`).
+    """
+    import json
+    from pathlib import Path
+
+    if not path.startswith("/"):
+        return None
+    file = Path(path) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+    except ValueError as e:
+        return f"path: {file} is not valid JSON ({e})"
+    if not isinstance(config, dict):
+        return f"path: {file} is not a JSON object"
+    model_type = config.get("model_type")
+    if model_type not in supported:
+        return (f"family: model_type {model_type!r} of {file} (architectures {config.get('architectures')}) "
+                f"is not a supported model.family (supported: {', '.join(supported)})")
+    if family not in ("auto", model_type):
+        return f"family: {family!r} does not match model_type {model_type!r} of {file} (use auto or {model_type})"
+    return None
+
+
 class ModelRef(Base):
+    """The policy model: a HuggingFace directory and its weight-mapping family."""
+
+    # Checked by _family_problem when path/config.json is readable here (tandem validate / run).
+    FAMILIES: ClassVar[tuple[str, ...]] = ("llama", "mixtral", "qwen2", "qwen3")  # tandem.checkpoint_engine.convert
     path: Annotated[str, Field(min_length=1, description="HuggingFace model directory (PVC/hostPath in a cluster).")]
-    family: Literal["auto", "llama", "qwen2"] = Field(
-        default="auto", description="Weight-mapping family; auto reads config.json.")
+    family: Literal["auto", "llama", "mixtral", "qwen2", "qwen3"] = Field(
+        default="auto", description="Weight-mapping family; auto reads config.json's model_type (which, "
+        "where readable when the job is validated, must be a supported family and match this one).")
+
+    @model_validator(mode="after")
+    def _check_family(self) -> ModelRef:
+        problem = _family_problem(self.path, self.family, self.FAMILIES)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class Algorithm(Base):
@@ -73,9 +114,15 @@ class Algorithm(Base):
     lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
     critic: bool = Field(default=False, description="PPO with a learned critic (otherwise group baseline).")
     beta: Annotated[float, Field(gt=0, le=100, description="DPO temperature.")] = 0.1
+    tis_cap: Annotated[float | None, Field(ge=1, le=1000, description="Truncated importance sampling: weigh "
+                                           "each token's policy loss by min(p_trainer / p_rollout, tisCap), "
+                                           "correcting for the rollout engine's numeric mismatch "
+                                           "(GRPO, PPO).")] = None
     rules = (
         Rule("self.name == 'ppo' || !self.critic", "critic applies only to ppo", ".critic",
              lambda a: a.name == "ppo" or not a.critic),
+        Rule("!has(self.tisCap) || self.name != 'dpo'", "tisCap applies to grpo and ppo", ".tisCap",
+             lambda a: a.tis_cap is None or a.name != "dpo"),
     )
 
 
@@ -116,13 +163,22 @@ class Reward(Base):
     type: Literal["answerMatch", "format", "codeExec", "model"]
     weight: Annotated[float, Field(ge=-1000, le=1000)] = 1.0
     pattern: Annotated[str | None, Field(min_length=1, description="Regex a completion must match (format).")] = None
-    timeout_seconds: Annotated[float, Field(gt=0, le=600, description="Per-sample time limit (codeExec).")] = 5.0
+    timeout_seconds: Annotated[float, Field(gt=0, le=600, description="Time limit (codeExec) of a sample's "
+                                            "program and tests; with I/O cases, of each case.")] = 5.0
     path: Annotated[str | None, Field(min_length=1, description="Reward-model directory (model).")] = None
+    match: Annotated[Literal["strict", "flexible"], Field(description=(
+        "answerMatch: strict compares the completion's final answer (<answer>, \\boxed{}, 'Answer:' line, "
+        "else the whole completion) with the reference; flexible also accepts the last number in that answer "
+        "(numeric reference) or the reference as a whole word or phrase in it (text reference), and looks in "
+        "the whole completion when it has no such marker."))] = "strict"
     rules = (
         Rule("self.type != 'format' || has(self.pattern)", "format reward needs a pattern", ".pattern",
              lambda r: r.type != "format" or r.pattern is not None),
         Rule("self.type != 'model' || has(self.path)", "model reward needs a path", ".path",
              lambda r: r.type != "model" or r.path is not None),
+        Rule("!has(self.match) || self.match == 'strict' || self.type == 'answerMatch'",
+             "match applies only to answerMatch rewards", ".match",
+             lambda r: r.match == "strict" or r.type == "answerMatch"),
     )
 
     @model_validator(mode="after")
@@ -142,9 +198,36 @@ class Reference(Base):
 
 
 class Dataset(Base):
-    path: Annotated[str, Field(min_length=1, description="JSONL of prompts.")]
+    """Prompts (a string or an OpenAI-style messages list per row) and optional reference answers."""
+
+    path: Annotated[str, Field(min_length=1, description="Prompts: a .jsonl, .json (a list of objects) or "
+                               ".parquet file, or a directory written by datasets' save_to_disk.")]
+    format: Literal["auto", "jsonl", "json", "parquet", "datasets"] = Field(
+        default="auto", description="auto: from the file's extension, or datasets for a directory.")
+    split: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$",
+                                description="Split of a saved DatasetDict directory.")] = "train"
     prompt_field: Annotated[str, Field(min_length=1)] = "prompt"
     answer_field: Annotated[str, Field(min_length=1)] = "answer"
+    chat_template: bool = Field(default=True, description="Render prompts with the tokenizer's chat template "
+                                "and the generation prompt; false: plain strings as they are.")
+    system_prompt: Annotated[str | None, Field(max_length=65_536, description="System message put before each "
+                                               "prompt that does not start with one (needs chatTemplate).")] = None
+    rules = (
+        Rule("self.chatTemplate || !has(self.systemPrompt)", "needs chatTemplate: true", ".systemPrompt",
+             lambda d: d.chat_template or d.system_prompt is None),
+    )
+
+
+class Eval(Base):
+    """Held-out evaluation on the rollouts' live vLLM: iteration 0, every `every` iterations, and the end."""
+
+    dataset: Dataset
+    every: Annotated[int, Field(ge=1, le=1_000_000, description="Iterations between evaluations.")] = 10
+    prompts: Annotated[int, Field(ge=1, le=100_000, description="The first N prompts of the dataset.")] = 256
+    samples: Annotated[int, Field(ge=1, le=64, description="Samples per prompt (pass@k with k = samples).")] = 1
+    temperature: Annotated[float, Field(ge=0, le=4)] = 0.0
+    max_tokens: Annotated[int | None, Field(ge=1, le=131_072, description="Default: rollout.maxTokens.")] = None
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
 
 
 class Etcd(Base):
@@ -204,6 +287,41 @@ def _persist_on_volume(s: JobSpec) -> bool:
     return p is None or any(not v.read_only and under(p.path, v.mount_path) for v in s.volumes)
 
 
+class Export(Base):
+    """HuggingFace model directories of the trained policy (tandem.checkpoint_engine.hf_export)."""
+
+    path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024, description="Directory on a writable volume "
+                               "(volumes[].mountPath); <path>/iteration-<N> is written every `every` iterations "
+                               "and after the last, each loadable by transformers' from_pretrained and vllm serve.")]
+    every: Annotated[int, Field(ge=1, le=1_000_000, description="Iterations between exports; the last iteration "
+                                "is always exported.")] = 50
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="dtype of the written weights; auto keeps the published version's.")
+
+
+def _export_on_volume(s: JobSpec) -> bool:
+    e = s.export
+    return e is None or any(not v.read_only and under(e.path, v.mount_path) for v in s.volumes)
+
+
+class MLflow(Base):
+    tracking_uri: Annotated[str, Field(pattern=r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$", max_length=2048,
+                                       description="MLflow tracking server (http(s)://host[:port]) or a file "
+                                       "store (file:///absolute/path).")]
+    experiment: Annotated[str, Field(min_length=1, max_length=256)] = "tandem"
+    run_name: Annotated[str | None, Field(min_length=1, max_length=256,
+                                          description="Default: the job's name.")] = None
+
+
+class Tracking(Base):
+    """Experiment tracking of the trainer's metrics rows (tandem.sidecars.trainer.tracking)."""
+
+    tensorboard: bool = Field(default=True, description="TensorBoard event files in the run's output directory "
+                              "(<dir>/tensorboard/), where the trainer has one.")
+    mlflow: MLflow | None = Field(default=None, description="Also log to MLflow; an unreachable server only "
+                                  "logs a warning.")
+
+
 class FailurePolicy(Base):
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     backoff_seconds: Annotated[int, Field(ge=0, le=3600)] = 10
@@ -220,7 +338,11 @@ class JobSpec(Base):
     rewards: Annotated[list[Reward], Field(min_length=1, max_length=32)]
     reference: Reference = Field(default_factory=Reference)
     dataset: Dataset
+    eval: Eval | None = Field(default=None, description="Held-out evaluation (pass@1, pass@k) during the run.")
     checkpoint_engine: CheckpointEngine = Field(default_factory=CheckpointEngine)
+    export: Export | None = Field(default=None, description="HuggingFace model directories of the policy "
+                                  "written during the run.")
+    tracking: Tracking = Field(default_factory=Tracking)
     volumes: Annotated[list[Volume], Field(max_length=16, description="Volumes mounted in every container "
                                            "(models, datasets, durable checkpoints).")] = Field(default_factory=list)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
@@ -243,6 +365,9 @@ class JobSpec(Base):
              lambda s: s.algorithm.name != "dpo" or s.algorithm.group_size >= 2),
         Rule("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
              "names must be unique", ".volumes", lambda s: _unique([v.name for v in s.volumes])),
+        Rule("!has(self.eval) || self.rewards.exists(r, r.type == 'answerMatch' || r.type == 'codeExec')",
+             "needs an answerMatch or codeExec reward to judge answers", ".eval",
+             lambda s: s.eval is None or any(r.type in ("answerMatch", "codeExec") for r in s.rewards)),
         Rule("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
              "mountPaths must be unique", ".volumes", lambda s: _unique([v.mount_path for v in s.volumes])),
         Rule("!has(self.checkpointEngine.persist) || has(self.volumes) && self.volumes.exists(v, !v.readOnly && "
@@ -250,6 +375,10 @@ class JobSpec(Base):
              "self.checkpointEngine.persist.path.startsWith(v.mountPath + '/')))",
              "must lie on a writable volume (under one of volumes[].mountPath)", ".checkpointEngine.persist.path",
              _persist_on_volume),
+        Rule("!has(self.export) || has(self.volumes) && self.volumes.exists(v, !v.readOnly && "
+             "(self.export.path == v.mountPath || self.export.path.startsWith(v.mountPath + '/')))",
+             "must lie on a writable volume (under one of volumes[].mountPath)", ".export.path",
+             _export_on_volume),
     )
 
     def trainer_ranks_per_pod(self) -> int:
@@ -274,6 +403,14 @@ class Condition(Base):
     last_transition_time: str = ""
 
 
+class EvalStatus(Base):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    iteration: int = Field(description="Iterations completed when evaluated (0: the initial model).")
+    pass_at_1: float | None = None
+    pass_at_k: float | None = None
+    k: int = 1
+
+
 class JobStatus(Base):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
     phase: Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"] = "Pending"
@@ -282,6 +419,7 @@ class JobStatus(Base):
     last_sync_seconds: float | None = None
     reward_mean: float | None = None
     restarts: int = 0
+    eval: EvalStatus | None = None
     message: str = ""
     observed_generation: int = 0
     conditions: list[Condition] = Field(default_factory=list)

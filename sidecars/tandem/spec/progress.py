@@ -11,7 +11,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-Phase = Literal["starting", "rollout", "inference", "train", "publish", "sync", "done", "failed"]
+Phase = Literal["starting", "rollout", "inference", "train", "publish", "sync", "eval", "done", "failed"]
+
+
+class EvalSummary(BaseModel):
+    """The latest held-out evaluation: after `iteration` completed iterations, on `weightVersion`."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    iteration: int
+    weight_version: int
+    pass_at_1: float
+    pass_at_k: float
+    k: int
+    prompts: int
 
 
 class Progress(BaseModel):
@@ -23,6 +35,7 @@ class Progress(BaseModel):
     last_sync_seconds: float | None = None
     reward_mean: float | None = None
     kl: float | None = None
+    eval: EvalSummary | None = None  # the latest held-out evaluation (spec.eval)
     message: str = ""
     updated_at: float = Field(default=0.0, description="Unix time of this record.")
 

@@ -50,6 +50,7 @@ class Sample:
     old_logprobs: list[float] | None = None  # policy that generated it (rollout or trainer forward)
     ref_logprobs: list[float] | None = None  # reference model
     values: list[float] | None = None  # PPO critic, V before each completion token
+    rollout_logprobs: list[float] | None = None  # what the rollout engine reported when sampling
 
 
 Metrics = dict[str, float]

@@ -86,6 +86,27 @@ def clipped_policy_loss(
     return loss, ratio, was_clipped
 
 
+def rollout_mismatch(
+    trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token truncated importance weights min(p_trainer / p_rollout, cap) and mismatch metrics.
+
+    The rollout engine samples with its own kernels, so the log-prob it reports for a sampled token
+    differs from the trainer's for the same weights; a large gap means a bad weight sync. Metrics:
+    mean and max of |log p_trainer - log p_rollout| over the masked tokens, and with a `cap` the share
+    of tokens whose weight was truncated. Without a cap the weights are 1 (measurement only).
+    """
+    d = torch.where(mask > 0, trainer_logprobs.detach() - rollout_logprobs, 0.0)
+    gap = d.abs()
+    metrics = {"mismatch_mean": float(masked_mean(gap, mask)),
+               "mismatch_max": float(gap.max()) if gap.numel() else 0.0}
+    if cap is None:
+        return torch.ones_like(d), metrics
+    ratio = torch.exp(torch.clamp(d, max=20.0))
+    metrics["tis_clip_frac"] = float(masked_mean((ratio > cap).to(torch.float32), mask))
+    return torch.clamp(ratio, max=cap), metrics
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 20.0) -> torch.Tensor:
     """Per-token k3 estimator of KL(policy || reference): exp(d) - d - 1 with d = ref - logp (>= 0).
 

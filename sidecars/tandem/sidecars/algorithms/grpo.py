@@ -2,7 +2,10 @@
 
 Role: `GRPO.prepare` turns each prompt's group of scored completions into per-token advantages
 (the sample's group-normalised reward on every completion token); `GRPO.loss` is the clipped
-surrogate plus `kl_coef` x the k3 KL estimator, per token. Callers: the driver via
+surrogate plus `kl_coef` x the k3 KL estimator, per token. When the samples carry the rollout
+engine's own log-probs, the loss reports the rollout/trainer mismatch and, with `tis_cap`,
+weighs each token by the truncated importance ratio p_trainer / p_rollout (`F.rollout_mismatch`).
+Callers: the driver via
 `make_algorithm`, the trainer engine via `loss`.
 
 Averaging default: "token" — the loss is the mean over all completion tokens of the batch (each
@@ -34,10 +37,11 @@ class GRPO:
     reduction: F.Reduction = "token"
     clip_high: float | None = None  # asymmetric upper clip (DAPO "clip-higher"); None: = clip
     pad_id: int = 0
+    tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
 
     @classmethod
     def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> GRPO:
-        return cls(clip=spec.clip, kl_coef=spec.kl_coef, pad_id=pad_id)
+        return cls(clip=spec.clip, kl_coef=spec.kl_coef, pad_id=pad_id, tis_cap=spec.tis_cap)
 
     @property
     def name(self) -> str:
@@ -62,9 +66,10 @@ class GRPO:
         adv = F.group_advantages(rewards, groups, scale=self.scale_advantages)
         batch.token_fields["advantages"] = batch.scatter(
             [[float(a)] * len(s.completion_ids) for a, s in zip(adv.tolist(), samples, strict=True)])
-        old = per_token(samples, "old_logprobs")
-        if old is not None:
-            batch.token_fields["old_logprobs"] = batch.scatter(old)
+        for name in ("old_logprobs", "rollout_logprobs"):
+            values = per_token(samples, name)
+            if values is not None:
+                batch.token_fields[name] = batch.scatter(values)
         ref = per_token(samples, "ref_logprobs")
         if self.needs_reference:
             if ref is None:
@@ -84,8 +89,13 @@ class GRPO:
         logprobs, old = F.masked_inputs(mask, logprobs, old)
         pg, ratio, clipped = F.clipped_policy_loss(
             logprobs, old, batch.token_fields["advantages"], self.clip, self.clip_high)
-        per_tok = pg
         metrics: Metrics = {}
+        behaviour = batch.token_fields.get("rollout_logprobs")
+        if behaviour is not None:
+            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap)
+            pg = pg * tis
+            metrics.update(mismatch)
+        per_tok = pg
         if self.kl_coef > 0:
             (ref,) = F.masked_inputs(mask, batch.token_fields["ref_logprobs"])
             kl = F.kl_k3(logprobs, ref)

@@ -35,11 +35,12 @@ class PPO:
     whiten: bool = True
     reduction: F.Reduction = "token"
     pad_id: int = 0
+    tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
 
     @classmethod
     def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> PPO:
         return cls(clip=spec.clip, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
-                   critic=spec.critic, pad_id=pad_id)
+                   critic=spec.critic, pad_id=pad_id, tis_cap=spec.tis_cap)
 
     @property
     def name(self) -> str:
@@ -101,9 +102,10 @@ class PPO:
         batch.token_fields["advantages"] = batch.scatter([adv[i, :n] for i, n in enumerate(lengths)])
         batch.token_fields["returns"] = batch.scatter([ret[i, :n] for i, n in enumerate(lengths)])
         batch.token_fields["old_values"] = batch.scatter(values)
-        old = per_token(samples, "old_logprobs")
-        if old is not None:
-            batch.token_fields["old_logprobs"] = batch.scatter(old)
+        for name in ("old_logprobs", "rollout_logprobs"):
+            values_of = per_token(samples, name)
+            if values_of is not None:
+                batch.token_fields[name] = batch.scatter(values_of)
         batch.weights = F.loss_weights(batch.loss_mask, batch.seq_index, self.reduction)
         scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         batch.stats.update({
@@ -123,8 +125,13 @@ class PPO:
         old = logprobs.detach() if old is None else old
         logprobs, old = F.masked_inputs(mask, logprobs, old)
         pg, ratio, clipped = F.clipped_policy_loss(logprobs, old, batch.token_fields["advantages"], self.clip)
+        mismatch: Metrics = {}
+        behaviour = batch.token_fields.get("rollout_logprobs")
+        if behaviour is not None:
+            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap)
+            pg = pg * tis
         loss = torch.where(mask > 0, pg * batch.weights, 0.0).sum()
-        return loss, {
+        return loss, mismatch | {
             "loss": float(loss.detach()),
             "pg_loss": float(F.masked_mean(pg.detach(), mask)),
             "clip_frac": float(F.masked_mean(clipped, mask)),

@@ -11,20 +11,33 @@ different interpreter than the trainer's. Reads one JSON job from stdin, then, i
    in the child, rather than in a `preexec_fn`, which is unsafe in a threaded parent;
 4. in `basic` isolation (no namespaces) installs audit hooks refusing sockets, subprocesses,
    ctypes and writes outside the work dir;
-5. execs the program, then each test snippet in the program's namespace, streaming one result line
-   per test to the parent on the original stdout: `<nonce> start|ok i|fail i|error|done`.
-A program that fails to load reports `error` and no test passes.
+5. runs the tests of the job's plan (`rewards.code_tests.TestPlan.job`), streaming one result line
+   per test to the parent on the original stdout: `<nonce> start|ok i|fail i|timeout i|error|done`:
+   - "snippets": execs the program, then every top-level statement of each test source, one at a
+     time, in the program's namespace; only the statements the plan counts report a result (setup
+     such as definitions and imports runs silently, so it can never pass);
+   - "stdio" / "call": compiles the program, then per I/O case forks a child (without the result
+     channel) that runs it with the case's input as stdin, or calls `fn_name(*input)`, and leaves
+     its stdout, or its return value as JSON, in a file the harness compares with the expected
+     output; a child over `case_seconds` is killed (`timeout i`), and the cases after it fail
+     unrun, so a slow program costs one time limit, not one per case (a fork refused because the
+     sandbox uid is at its process limit is retried until the case's deadline).
+A program that fails to load (or, for I/O cases, to compile) reports `error` and no test passes.
 """
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn, TextIO
 
 MS_NOSUID, MS_NODEV = 2, 4
 WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -114,28 +127,182 @@ def main() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversize writes fail with EFBIG instead
     if not job["private_fs"]:
         _install_guards(os.path.realpath(work))
+    tests = job["tests"]
+    say("start")
+    if tests["kind"] == "snippets":
+        _run_snippets(job["code"], tests["sources"], say)
+    else:
+        try:
+            program = compile(job["code"], "<solution>", "exec")
+        except BaseException:
+            say("error")
+            os._exit(0)
+        _run_cases(program, tests, work, lim["file_bytes"], report, say)
+    say("done")
+    os._exit(0)
+
+
+def _run_snippets(code: str, sources: list[dict[str, Any]], say: Callable[..., None]) -> None:
     me = os.getpid()
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-    say("start")
     try:
-        exec(compile(job["code"], "<solution>", "exec"), namespace)  # noqa: S102 — the sandboxed program
+        exec(compile(code, "<solution>", "exec"), namespace)  # noqa: S102 — the sandboxed program
     except BaseException:  # the program may raise anything, SystemExit included
         if os.getpid() == me:
             say("error")
             os._exit(0)
         os._exit(1)
-    for i, test in enumerate(job["tests"]):
-        try:
-            exec(compile(test, f"<test {i}>", "exec"), namespace)  # noqa: S102 — a trusted test snippet
-            ok = True
-        except BaseException:
-            ok = False
-        if os.getpid() != me:
-            os._exit(1)
-        say("ok" if ok else "fail", i)
-    say("done")
-    os._exit(0)
+    index = 0
+    for source in sources:
+        counted = set(source["counted"])
+        for i, node in enumerate(ast.parse(source["code"], source["name"]).body):
+            try:
+                statement = compile(ast.Module(body=[node], type_ignores=[]), source["name"], "exec")
+                exec(statement, namespace)  # noqa: S102 — a trusted test statement
+                ok = True
+            except BaseException:
+                ok = False
+            if os.getpid() != me:
+                os._exit(1)
+            if i in counted:
+                say("ok" if ok else "fail", index)
+                index += 1
 
+
+def _run_cases(program: Any, tests: dict[str, Any], work: str, cap: int, report: TextIO,
+               say: Callable[..., None]) -> None:
+    in_path, out_path = os.path.join(work, "case.in"), os.path.join(work, "case.out")
+    timed_out = False
+    for i, case in enumerate(tests["cases"]):
+        if timed_out:
+            say("fail", i)
+            continue
+        with open(in_path, "w", encoding="utf-8") as f:
+            f.write(case["input"] if tests["kind"] == "stdio" else "")
+        in_fd = os.open(in_path, os.O_RDONLY)
+        out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        deadline = time.monotonic() + tests["case_seconds"]
+        pid = _fork(deadline)
+        if pid == 0:
+            _case_child(program, tests, case, in_fd, out_fd, report.fileno())
+        os.close(in_fd)
+        os.close(out_fd)
+        if pid is None:
+            say("fail", i)
+            continue
+        status = _wait(pid, deadline)
+        _reap()
+        if status is None:
+            timed_out = True
+            say("timeout", i)
+            continue
+        with open(out_path, "rb") as f:
+            got = f.read(cap).decode("utf-8", "replace")
+        ok = os.waitstatus_to_exitcode(status) == 0 and _same(tests["kind"], got, case["output"])
+        say("ok" if ok else "fail", i)
+
+
+def _case_child(program: Any, tests: dict[str, Any], case: dict[str, Any], in_fd: int, out_fd: int,
+                report_fd: int) -> NoReturn:
+    """Run one I/O case in this forked child and exit: 0 when the program ran (and returned) normally."""
+    ok = False
+    try:
+        os.close(report_fd)  # the program gets no handle on the result channel
+        stdio = tests["kind"] == "stdio"
+        if stdio:
+            os.dup2(in_fd, 0)
+            os.dup2(out_fd, 1)
+        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+        namespace: dict[str, Any] = {"__name__": "__main__" if stdio else "solution",
+                                     "__builtins__": __builtins__}
+        try:
+            exec(program, namespace)  # noqa: S102 — the sandboxed program
+            ok = True
+        except SystemExit as e:
+            ok = e.code is None or e.code == 0
+        if ok and not stdio:
+            result = json.dumps(_function(namespace, tests["fn_name"])(*case["input"])).encode()
+            view = memoryview(result)
+            while view:
+                view = view[os.write(out_fd, view):]
+        sys.stdout.flush()
+    except BaseException:
+        ok = False
+    finally:
+        os._exit(0 if ok else 1)
+
+
+def _function(namespace: dict[str, Any], name: str) -> Callable[..., Any]:
+    """`name` from the program, or the method of a `Solution()` (LeetCode style)."""
+    found = namespace.get(name)
+    if not callable(found):
+        found = getattr(namespace["Solution"](), name)
+    fn: Callable[..., Any] = found
+    return fn
+
+
+def _same(kind: str, got: str, want: Any) -> bool:
+    """Output against the expected one: stdout token by token; a return value as JSON (APPS's [value] too)."""
+    if kind == "stdio":
+        return got.split() == str(want).split()
+    try:
+        value = json.loads(got)
+    except ValueError:
+        return False
+    return bool(value == want or (isinstance(want, list) and len(want) == 1 and value == want[0]))
+
+
+def _fork(deadline: float) -> int | None:
+    """os.fork(), retried while the sandbox uid is at RLIMIT_NPROC (its processes are shared with other
+    samples, a fork bomb's included, until they are reaped); None if still refused at `deadline`."""
+    delay = 0.002
+    while True:
+        try:
+            return os.fork()
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                return None
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
+
+def _wait(pid: int, deadline: float) -> int | None:
+    """Wait status of child `pid`, or None after SIGKILLing it at `deadline` (monotonic clock)."""
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(left, 0.01))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _reap() -> None:
+    """Collect exited orphans of the cases (this harness is the pid namespace's init)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """Answer matcher: does a completion's final answer equal the reference answer? (1.0 or 0.0)
 
-Role: the `answerMatch` rule-based reward. Callers: `rewards.combine` (one call per sample).
+Role: the `answerMatch` rule-based reward, in the spec's `match` mode ("strict" or "flexible").
+Callers: `rewards.combine` (one call per sample), the toy task (`toy.model`, strict).
 
 Extraction (the last occurrence of the first kind found wins):
 1. `<answer>X</answer>`;  2. `\\boxed{X}` / `\\fbox{X}` (nested braces balanced);
@@ -12,6 +13,18 @@ decimals, signs, thousands separators (`1,000`, `1 000`, `1_000`), scientific no
 signs dropped (`50%` == `50`), fractions `3/4`, `\\frac{3}{4}`, `\\dfrac34`; equal when exactly
 equal as rationals or `isclose(rel_tol=1e-6, abs_tol=1e-9)`. Otherwise the strings are compared
 after case folding, dropping punctuation and collapsing whitespace.
+
+Strict mode scores 1.0 only when the extracted answer equals the reference. Flexible mode (for
+completions in prose, like verl's GSM8K `flexible` method or lm-eval's flexible-extract) looks in
+the extracted answer when a form 1-3 exists, else in the whole completion, and also accepts:
+- a numeric reference: the LAST number there (signs, decimals, `1,000`, `3/4`, `\\frac{3}{4}`,
+  `1e3`; `4 + 1 = 5` gives 5), compared numerically as above;
+- a text reference: the normalised reference as a whole word or phrase anywhere there
+  (`Nairobi` is found in `The capital of Kenya is Nairobi.` but not in `Nairobiville`); a
+  one-letter reference (a multiple-choice option) must appear as that letter alone, case kept,
+  so that the article "a" is not option A.
+A phrase found anywhere also matches when the completion names it only to reject it: flexible
+trades that false positive for prose answers; use markers and strict mode where it matters.
 """
 
 from __future__ import annotations
@@ -19,11 +32,20 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from typing import Literal
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _MARKERS = re.compile(r"(?:answer\s*(?:is)?\s*[:=]|answer is|####)\s*(.+)", re.IGNORECASE)
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:([,\s_])\d{3})(?:\1\d{3})*(?:\.\d+)?$")
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
+_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?"
+# a number in prose: optional sign, thousands commas, decimals, exponent, `a/b`, or a LaTeX fraction;
+# not a piece of a word or of a longer dotted number (`x2`, `v1.2.3`)
+_NUMBER_IN_TEXT = re.compile(
+    r"[-+]?\\[dt]?frac(?:\{[^{}]*\}|\d){2}"
+    rf"|(?<![\w.])(?:[-+](?=\d))?{_UNSIGNED}(?:\s*/\s*{_UNSIGNED})?(?![\w]|\.\d)"
+)
+MatchMode = Literal["strict", "flexible"]
 
 
 def _braced(text: str, open_at: int) -> tuple[str, int] | None:
@@ -170,7 +192,46 @@ def answers_equal(candidate: str, reference: str) -> bool:
     return normalise_text(candidate) == normalise_text(reference) != ""
 
 
-def answer_match(completion: str, answer: object) -> float:
-    """1.0 when the completion's final answer equals `answer` (str or number), else 0.0."""
+def has_marker(completion: str) -> bool:
+    """Whether the completion states its answer in one of the forms 1-3 (tag, boxed, line marker)."""
+    return bool(_TAG.search(completion)) or boxed(completion) is not None or bool(_MARKERS.search(completion))
+
+
+def last_number(text: str) -> Fraction | float | None:
+    """The value of the last number written in `text` (see the module docstring), or None."""
+    for m in reversed(list(_NUMBER_IN_TEXT.finditer(text.replace("\u2212", "-")))):
+        value = parse_number(m.group(0))
+        if value is not None:
+            return value
+    return None
+
+
+def contains_phrase(text: str, phrase: str) -> bool:
+    """`phrase` occurs in `text` as whole words, both normalised; a one-letter phrase: as that letter alone."""
+    core = _strip_latex(phrase)
+    if len(core) == 1 and core.isalpha():
+        return re.search(rf"(?<![^\W_]){re.escape(core)}(?![^\W_])", text) is not None
+    wanted = normalise_text(phrase)
+    return wanted != "" and f" {wanted} " in f" {normalise_text(text)} "
+
+
+def flexible_equal(region: str, reference: str) -> bool:
+    """Strict equality, else the last number (numeric reference) or the phrase (text reference) in `region`."""
+    if answers_equal(region, reference):
+        return True
+    expected = parse_number(reference)
+    if expected is not None:
+        found = last_number(region)
+        return found is not None and numbers_equal(found, expected)
+    return contains_phrase(region, reference)
+
+
+def answer_match(completion: str, answer: object, match: MatchMode = "strict") -> float:
+    """1.0 when the completion's answer matches `answer` (str or number) in `match` mode, else 0.0."""
     reference = extract_answer(str(answer)) if isinstance(answer, str) else str(answer)
-    return 1.0 if answers_equal(extract_answer(completion), reference) else 0.0
+    if match == "strict":
+        return 1.0 if answers_equal(extract_answer(completion), reference) else 0.0
+    if match != "flexible":
+        raise ValueError(f"match: expected 'strict' or 'flexible', got {match!r}")
+    region = extract_answer(completion) if has_marker(completion) else completion
+    return 1.0 if flexible_equal(region, reference) else 0.0

@@ -1,8 +1,8 @@
 """The job's rewards as one weighted sum, and the runner overlapping them with model inference.
 
 Role: `RewardSet(spec.rewards)` maps each spec `Reward` to its function in one place
-(`answerMatch` -> `answer.answer_match`, `format` -> `format.format_match`, `codeExec` ->
-`sandbox.code_exec_reward`, `model` -> a `RewardModelScorer`); the total reward of a sample is
+(`answerMatch` -> `answer.answer_match` in the spec's `match` mode, `format` -> `format.format_match`,
+`codeExec` -> `sandbox.code_exec_reward`, `model` -> a `RewardModelScorer`); the total reward of a sample is
 sum(weight_i x score_i). `overlapped(...)` runs the rule-based rewards in a thread pool WHILE the
 calling thread runs the model-based inference work (the driver's reference log-probs callable,
 then the reward models), and returns both with measured timings. Callers: the driver (Inference
@@ -46,7 +46,8 @@ RuleFn = Callable[[RewardInput], float]
 def rule_function(spec: Reward) -> RuleFn | None:
     """The per-sample function of a rule-based reward; None for `model` (batched, see RewardSet)."""
     if spec.type == "answerMatch":
-        return lambda x: answer_match(x.completion, x.answer)
+        match = spec.match
+        return lambda x: answer_match(x.completion, x.answer, match)
     if spec.type == "format":
         pattern = spec.pattern or ""
         return lambda x: format_match(x.completion, pattern)

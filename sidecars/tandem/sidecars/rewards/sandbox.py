@@ -1,7 +1,10 @@
-"""Code executor: runs generated Python against test snippets in a sandbox; returns the pass fraction.
+"""Code executor: runs generated Python against a dataset's tests in a sandbox; returns the pass fraction.
 
 Role: the `codeExec` rule-based reward. Callers: `rewards.combine` (from a thread pool, concurrently
-with model inference — hence no `preexec_fn`, which is unsafe in a threaded parent).
+with model inference — hence no `preexec_fn`, which is unsafe in a threaded parent). The program is
+the completion's last fenced Python block (see `extract_code`); the tests are the dataset answer
+field in any format `rewards.code_tests` reads (assert lists, HumanEval `check` + `entry_point`,
+stdin/stdout or call-based I/O cases), where only asserts, check calls and I/O cases count.
 
 Isolation, chosen once per process by `isolation_mode()`:
 - "namespaces" (root and `unshare` works — the case on these machines and in the trainer image):
@@ -20,14 +23,17 @@ the whole process group is SIGKILLed, and a cap on what the parent reads back.
 
 The score is passed tests / tests (results stream per test, so a timeout keeps the tests that
 passed before it); a program that fails to load scores 0; with no tests, 1.0 when the program runs
-to completion. The result protocol resists naive forgery (a per-run nonce) but a program that
-introspects the harness could forge lines: the sandbox protects the host, not the score's honesty
-against adversarial code.
+to completion. The time limit covers the program and all its test statements; with I/O cases it
+applies to each case (the harness kills a case at the limit and fails the cases after it). Tests
+in no format `code_tests` reads raise its `TestFormatError`, naming what is wrong, rather than
+scoring every program alike. The result protocol resists naive forgery (a per-run nonce; I/O
+cases run without the result channel; each test counts once) but a program that introspects the
+harness could forge lines: the sandbox protects the host, not the score's honesty against
+adversarial code.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import math
@@ -43,15 +49,18 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from tandem.sidecars.rewards.code_tests import TestPlan, parse_tests
 
 HARNESS = Path(__file__).with_name("_sandbox_harness.py")
 UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
            "--propagation", "private", "--"]
 STARTUP_ALLOWANCE = 5.0  # seconds the interpreter may take to reach the program, on top of the timeout
+CASE_ALLOWANCE = 0.5  # seconds per I/O case for the harness's fork, files and comparison
+EXIT_GRACE = 1.0  # seconds a sandbox that reported its results gets to exit before it is killed
 Isolation = Literal["namespaces", "basic"]
 
 
@@ -135,43 +144,38 @@ def isolation_mode() -> Isolation:
     return "namespaces" if probe.returncode == 0 else "basic"
 
 
-def split_tests(tests: str | Sequence[str]) -> list[str]:
-    """Test snippets: a list as given, a JSON list string, or each top-level statement of a string."""
-    if not isinstance(tests, str):
-        return list(tests)
-    text = tests.strip()
-    if text.startswith("["):
-        try:
-            loaded = json.loads(text)
-        except json.JSONDecodeError:
-            loaded = None
-        if isinstance(loaded, list) and all(isinstance(t, str) for t in loaded):
-            return loaded
-    tree = ast.parse(text)
-    return [ast.get_source_segment(text, node) or "" for node in tree.body]
+_FENCED = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n", re.IGNORECASE)
 
 
 def extract_code(completion: str) -> str:
-    """The last fenced ```python block of a completion (or last ``` block), else the whole text."""
-    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", completion, re.DOTALL | re.IGNORECASE)
-    return blocks[-1] if blocks else completion
+    """The last fenced ```python (or bare ```) block of a completion; the rest after an unclosed last
+    fence (a completion cut at the token limit); else the whole text."""
+    blocks = _FENCED.findall(completion)
+    if blocks:
+        return str(blocks[-1])
+    opening = list(_OPEN_FENCE.finditer(completion))
+    return completion[opening[-1].end():] if opening else completion
 
 
 def run_tests(
-    code: str, tests: str | Sequence[str], limits: SandboxLimits | None = None,
-    isolation: Isolation | None = None,
+    code: str, tests: object, limits: SandboxLimits | None = None, isolation: Isolation | None = None,
 ) -> ExecResult:
-    """Run `code` then each test snippet in the sandbox; see the module docstring."""
+    """Run `code` against `tests` (an answer field or a `TestPlan`) in the sandbox; see the module docstring.
+
+    Raises `code_tests.TestFormatError` (a ValueError) when the tests are in no format it reads."""
     lim = limits or SandboxLimits()
     mode = isolation or isolation_mode()
     if mode == "namespaces" and isolation_mode() != "namespaces":
         raise SandboxError("namespaces isolation is not available here (needs root and unshare)")
-    snippets = split_tests(tests)
+    plan = tests if isinstance(tests, TestPlan) else parse_tests(tests)
+    run_seconds = lim.timeout_seconds if not plan.cases else \
+        len(plan.cases) * (lim.timeout_seconds + CASE_ALLOWANCE)
     nonce = secrets.token_hex(16)
     ids = _nobody()
     workdir = None if mode == "namespaces" else tempfile.mkdtemp(prefix="tandem-sbx-")
     job = {
-        "nonce": nonce, "code": code, "tests": snippets, "private_fs": mode == "namespaces",
+        "nonce": nonce, "code": code, "tests": plan.job(lim.timeout_seconds), "private_fs": mode == "namespaces",
         "workdir": workdir, "uid": ids[0] if ids else None, "gid": ids[1] if ids else None,
         "limits": {"cpu_seconds": lim.cpu_seconds, "memory_bytes": lim.memory_bytes,
                    "file_bytes": lim.file_bytes, "processes": lim.processes,
@@ -189,27 +193,34 @@ def run_tests(
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         raise SandboxError(f"cannot start the sandbox: {e}") from e
+    finished = False
     try:
-        lines, read_status = _collect(proc, json.dumps(job).encode(), nonce, lim, t0)
+        lines, read_status = _collect(proc, json.dumps(job).encode(), nonce, lim, t0, run_seconds)
+        finished = read_status == "ok"
     finally:
-        _kill_group(proc)
+        _kill_group(proc, EXIT_GRACE if finished else 0.0)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    passed = sum(1 for w in lines if w[0] == "ok")
+    indices = {str(i) for i in range(plan.total)}  # each test counts once, however often reported
+    passed = len({w[1] for w in lines if w[0] == "ok" and len(w) > 1 and w[1] in indices})
     status: Literal["ok", "error", "timeout", "killed", "output_limit"] = read_status
     if status == "ok":
         if any(w[0] == "error" for w in lines):
             status, passed = "error", 0
         elif not any(w[0] == "done" for w in lines):
             status = "killed"
-    detail = "" if status == "ok" else f"exit code {proc.returncode}"
-    return ExecResult(passed, len(snippets), status, time.monotonic() - t0, mode, detail)
+        elif any(w[0] == "timeout" for w in lines):
+            status = "timeout"
+    slow = [w[1] for w in lines if w[0] == "timeout" and len(w) > 1]
+    detail = "" if status == "ok" else \
+        f"I/O case {slow[0]} over {lim.timeout_seconds:g}s" if slow else f"exit code {proc.returncode}"
+    return ExecResult(passed, plan.total, status, time.monotonic() - t0, mode, detail)
 
 
 def _collect(
-    proc: subprocess.Popen[bytes], job: bytes, nonce: str, lim: SandboxLimits, t0: float
+    proc: subprocess.Popen[bytes], job: bytes, nonce: str, lim: SandboxLimits, t0: float, run_seconds: float,
 ) -> tuple[list[list[str]], Literal["ok", "timeout", "output_limit"]]:
-    """Feed the job, read result lines until EOF, the deadline or the read cap."""
+    """Feed the job, read result lines until `done`, EOF, the deadline (`run_seconds` after start) or the cap."""
     if proc.stdin is None or proc.stdout is None:
         raise SandboxError("sandbox pipes missing")
     try:
@@ -218,8 +229,9 @@ def _collect(
     except BrokenPipeError:
         pass
     buf = b""
-    deadline = t0 + lim.timeout_seconds + STARTUP_ALLOWANCE
+    deadline = t0 + run_seconds + STARTUP_ALLOWANCE
     started = False
+    done = f"{nonce} done\n".encode()
     status: Literal["ok", "timeout", "output_limit"] = "ok"
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -239,14 +251,25 @@ def _collect(
                 break
             if not started and f"{nonce} start".encode() in buf:
                 started = True
-                deadline = min(deadline, time.monotonic() + lim.timeout_seconds)
+                deadline = min(deadline, time.monotonic() + run_seconds)
+            if buf.find(done, max(0, len(buf) - len(chunk) - len(done))) >= 0:
+                break  # finished: a process the program left behind may keep the pipe open
     lines = [ln.split()[1:] for ln in buf.decode("utf-8", "replace").splitlines()
              if ln.startswith(nonce + " ") and len(ln.split()) > 1]
     return lines, status
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the sandbox's whole process group (before reaping, so the group id is not reused)."""
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 0.0) -> None:
+    """SIGKILL the sandbox's whole process group (before reaping, so the group id is not reused).
+
+    With `grace`, the sandbox first gets that long to exit by itself: a harness that finished is then
+    reaped by `unshare` rather than killed into an orphan that only the host's init can reap (and
+    that counts against the sandbox uid's RLIMIT_NPROC until it does)."""
+    if grace > 0:
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -256,6 +279,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.stdout.close()
 
 
-def code_exec_reward(completion: str, tests: str | Sequence[str], timeout_seconds: float = 5.0) -> float:
-    """Pass fraction of the completion's code (see `extract_code`) against `tests`."""
+def code_exec_reward(completion: str, tests: object, timeout_seconds: float = 5.0) -> float:
+    """Pass fraction of the completion's code (see `extract_code`) against `tests` (a dataset answer field)."""
     return run_tests(extract_code(completion), tests, SandboxLimits(timeout_seconds=timeout_seconds)).score

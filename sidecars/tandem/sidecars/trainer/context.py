@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.trainer import persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
+from tandem.sidecars.trainer.evaluate import EvalResult, Evaluator
 from tandem.sidecars.trainer.heads import shift_to_labels
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.persist import Persister
@@ -40,8 +41,9 @@ from tandem.sidecars.trainer.prom import LoopMetrics
 from tandem.sidecars.trainer.reference import ReferenceWeights
 from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
+from tandem.sidecars.trainer.tracking import Tracker
 from tandem.spec.models import RLHFJob
-from tandem.spec.progress import Phase, Progress
+from tandem.spec.progress import EvalSummary, Phase, Progress
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +70,13 @@ class TrainerContext:
     durable: DurableStore | None = None  # checkpointEngine.persist's store (every rank)
     persister: Persister | None = None  # its background weight copies (driver rank)
     prom: LoopMetrics | None = None  # Prometheus view of the loop (driver rank)
-    pending: list[RewardInput] = field(default_factory=list)
+    evaluator: Evaluator | None = None  # spec.eval (driver rank)
+    tracker: Tracker | None = None  # TensorBoard / MLflow (driver rank)
+    tokenizer: Any = None
     last_sync: float | None = None
     last_kl: float | None = None
+    last_eval: EvalResult | None = None
+    last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
@@ -97,8 +103,14 @@ class TrainerContext:
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
-                  PromptDataset.load(spec.dataset), eos, pad, critic=critic)
+                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic, tokenizer=tok)
         if ctx.is_driver:
+            if spec.eval is not None:
+                ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).head(spec.eval.prompts),
+                                          spec.rewards, max_tokens=spec.rollout.max_tokens,
+                                          iterations=spec.algorithm.iterations)
+            ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
+                                         job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
             ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
@@ -122,7 +134,9 @@ class TrainerContext:
     def is_driver(self) -> bool:
         return not dist.is_initialized() or dist.get_rank() == 0
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        if self.tracker is not None:
+            self.tracker.close(failed=failed)
         if self.persister is not None:
             self.persister.close()
         if self.rollouts is not None:
@@ -178,7 +192,42 @@ class TrainerContext:
                 pass
             return -1 if version is None else version
         report = self.publisher.publish(version, named)
+        self.last_publish_path = Path(report.path)
         return report.version
+
+    def export(self, iteration: int, version: int) -> dict[str, Any]:
+        """spec.export: after every `every`-th iteration and the last, the published version as a HF directory."""
+        spec = self.job.spec.export
+        done = iteration + 1
+        if spec is None or self.last_publish_path is None or not persist.due(done, spec.every,
+                                                                              self.job.spec.algorithm.iterations):
+            return {}
+        from tandem.checkpoint_engine.hf_export import export_version
+
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        t = time.perf_counter()
+        target = export_version(self.last_publish_path, Path(self.job.spec.model.path),
+                                Path(spec.path) / f"iteration-{done}", dtype=dtypes.get(spec.dtype))
+        log.info("exported version %d (after %d iterations) to %s", version, done, target)
+        return {"export": {"path": str(target), "version": version, "seconds": time.perf_counter() - t}}
+
+    def evaluate(self, iterations_done: int, version: int) -> EvalResult | None:
+        """spec.eval, when due after `iterations_done` iterations: pass@1/pass@k on the live rollouts."""
+        if self.evaluator is None or self.rollouts is None or not self.evaluator.due(iterations_done):
+            return None
+        self.report("eval", iterations_done, version)
+        result = self.evaluator.run(self.rollouts, iterations_done, version)
+        self.last_eval = result
+        if self.prom is not None:
+            self.prom.observe_eval(result.row())
+        if self.tracker is not None:
+            self.tracker.log(iterations_done, {"eval": result.row()})
+        if self.env.output_dir is not None:
+            with open(self.env.output_dir / "eval.jsonl", "a") as f:
+                f.write(json.dumps(result.row()) + "\n")
+        log.info("eval after %d iterations (version %d): pass@1 %.3f pass@%d %.3f on %d prompts", iterations_done,
+                 version, result.pass_at_1, result.samples, result.pass_at_k, result.prompts)
+        return result
 
     def sync(self, version: int, initial: bool = False) -> float:
         """Every rollout loads `version` (restarting vLLM first if it was terminated)."""
@@ -220,7 +269,7 @@ class TrainerContext:
         longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
         return max(64, math.ceil(longest / 64) * 64)
 
-    def inference(self, samples: list[Sample]) -> dict[str, Any]:
+    def inference(self, samples: list[Sample], inputs: list[RewardInput]) -> dict[str, Any]:
         """Reference log-probs (collective) overlapped with rewards (driver); fills the samples.
 
         With data parallelism each dp rank runs the forwards on its share of the packed rows and
@@ -239,7 +288,7 @@ class TrainerContext:
 
         info: dict[str, Any] = {}
         if self.is_driver:
-            result = overlapped(self.rewards, self.pending, model_work)
+            result = overlapped(self.rewards, inputs, model_work)
             (ref, old, values), rewards = result.model_result, result.rewards
             info["overlap_fraction"] = result.timings.overlap_fraction
             info["reward_components"] = {k: sum(v) / len(v) for k, v in result.components.items()}
@@ -264,6 +313,7 @@ class TrainerContext:
             return {"skipped_train": 1.0}
         steps = max(1, math.ceil(len(samples) / spec.trainer.global_batch_size))
         sums: dict[str, float] = {}
+        first: dict[str, float] = {}
         n = 0
         for _ in range(spec.algorithm.epochs):
             for part in batch.split(steps):
@@ -274,8 +324,11 @@ class TrainerContext:
                           "critic_grad_norm": c["grad_norm"]}
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
+                first = first or dict(m)
                 n += 1
         out = {k: v / n for k, v in sums.items()} | {f"prepare_{k}": v for k, v in batch.stats.items()}
+        # the rollout/trainer mismatch is measured before any update: the first step's weights
+        out |= {k: v for k, v in first.items() if k.startswith(("mismatch_", "tis_"))}
         self.last_kl = out.get("kl")
         return out
 
@@ -305,11 +358,18 @@ class TrainerContext:
             return
         p = Progress(phase=phase, iteration=iteration, iterations=self.job.spec.algorithm.iterations,
                      weight_version=version, last_sync_seconds=self.last_sync, reward_mean=reward,
-                     kl=self.last_kl, message=message, updated_at=time.time())
+                     kl=self.last_kl, message=message, updated_at=time.time(), eval=self._eval_summary())
         if reward is None:
             old = self.registry.get_json(keys.progress(self.env.namespace, self.env.job))
             p.reward_mean = None if old is None else old.get("rewardMean")
         self.registry.put_json(keys.progress(self.env.namespace, self.env.job), json.loads(p.to_json()))
+
+    def _eval_summary(self) -> EvalSummary | None:
+        e = self.last_eval
+        if e is None:
+            return None
+        return EvalSummary(iteration=e.iteration, weight_version=e.version, pass_at_1=e.pass_at_1,
+                           pass_at_k=e.pass_at_k, k=e.samples, prompts=e.prompts)
 
     def record(self, iteration: int, version: int, info: dict[str, Any], timer: PhaseTimer) -> None:
         if not self.is_driver:
@@ -319,6 +379,8 @@ class TrainerContext:
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release"))}
         if self.prom is not None:
             self.prom.observe(row)
+        if self.tracker is not None:
+            self.tracker.log(iteration, row)
         if self.env.output_dir is not None:
             with open(self.env.output_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -1,8 +1,9 @@
 """The RL loop of a job: one screen, top to bottom. Trainer rank 0 drives; every rank trains.
 
 Rollout (trainer offloaded) → Onload → Inference (reference log-probs overlapped with rewards)
-→ Train → Publish (HF layout in shared memory, registered in etcd) → Offload → Sync (every
-rollout loads the new version). Phase, iteration and metrics go to etcd (`Progress`) and, when
+→ Train → Publish (HF layout in shared memory, registered in etcd) → [Persist, Export] → Offload →
+Sync (every rollout loads the new version) → [Eval on the live rollouts: at the start, every
+`eval.every` iterations and at the end]. Phase, iteration and metrics go to etcd (`Progress`) and, when
 TANDEM_OUTPUT_DIR is set, to metrics.jsonl. The phase work lives in `context.TrainerContext`.
 Caller: `python -m tandem.sidecars.trainer`.
 """
@@ -18,6 +19,7 @@ from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer import resume
 from tandem.sidecars.trainer.context import TrainerContext
+from tandem.sidecars.trainer.dataset import Prompt
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 
@@ -30,28 +32,39 @@ def run_rank(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
 
     from tandem.sidecars.trainer import cpu_compat
 
-    if not torch.cuda.is_available():
-        cpu_compat.apply()
-    else:
+    if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
     os.environ.update(RANK=str(env.pod_index * ranks_per_pod + local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(env.replicas * ranks_per_pod), MASTER_ADDR=env.master_addr,
                       MASTER_PORT=str(env.master_port))
+    if not torch.cuda.is_available():
+        cpu_compat.apply()
+        torch.set_num_threads(cpu_threads(ranks_per_pod))
     run(env, env.load_job())
+
+
+def cpu_threads(ranks_per_pod: int) -> int:
+    """Threads of one CPU trainer rank: the pod's cores shared by its ranks. The hybrid deployment
+    time-slices the pod, so while the trainer computes, the rollout (vLLM) sits idle and the
+    active phase gets the machine (`tandem run` starts every sidecar with OMP_NUM_THREADS=1)."""
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_per_pod))
 
 
 def run(env: PodEnv, job: RLHFJob) -> None:
     ctx = TrainerContext.create(env, job)
     iterations = job.spec.algorithm.iterations
-    version = -1
+    version, it, failed = -1, ctx.first_iteration, True
     try:
         version = ctx.start_version()  # publish the initial weights, or resume the latest version
+        ctx.evaluate(ctx.first_iteration, version)  # the starting weights, before any training
         for it in range(ctx.first_iteration, iterations):
             timer = PhaseTimer()
             info: dict[str, Any] = {}
             ctx.report("rollout", it, version)
             with timer("rollout"):
-                samples = rollout(ctx, it, info) if ctx.is_driver else []
+                samples, inputs = rollout(ctx, it, info) if ctx.is_driver else ([], [])
             with timer("release"):
                 ctx.release_rollouts()
             samples = ctx.broadcast(samples)
@@ -59,7 +72,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
                 ctx.onload()
             ctx.report("inference", it, version)
             with timer("inference"):
-                info |= ctx.inference(samples)
+                info |= ctx.inference(samples, inputs)
             info |= summarize(samples)
             ctx.report("train", it, version, reward=info["reward_mean"])
             with timer("train"):
@@ -70,23 +83,32 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             if ctx.durable is not None:  # checkpointEngine.persist: training state now, weights in the background
                 with timer("persist"):
                     info |= ctx.persist(it, version)
+            if job.spec.export is not None and ctx.is_driver:
+                with timer("export"):
+                    info |= ctx.export(it, version)
             with timer("offload"):
                 ctx.offload()
             ctx.report("sync", it, version, reward=info["reward_mean"])
             with timer("sync"):
                 info["sync_seconds"] = ctx.sync(version)
+            with timer("eval"):
+                result = ctx.evaluate(it + 1, version)
+            if result is not None:
+                info["eval"] = result.row()
             ctx.record(it, version, info, timer)
             ctx.report("rollout", it + 1, version, reward=info["reward_mean"])
         ctx.report("done", iterations, version)
+        failed = False
     except Exception as e:
-        ctx.report("failed", ctx.first_iteration, version, message=f"{type(e).__name__}: {e}")
+        ctx.report("failed", it, version, message=f"{type(e).__name__}: {e}")
         raise
     finally:
-        ctx.close()
+        ctx.close(failed=failed)
 
 
-def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[Sample]:
-    """groupSize completions per prompt from the rollout sidecars, as algorithm samples."""
+def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> tuple[list[Sample], list[RewardInput]]:
+    """groupSize completions per prompt from the rollout sidecars: the algorithm's samples and what
+    the rewards judge (the user's question, the completion's text, the reference answer)."""
     spec = ctx.job.spec
     if ctx.rollouts is None:
         raise RuntimeError("only the driver rank talks to rollouts")
@@ -97,24 +119,36 @@ def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> list[S
     if ctx.registry is not None:  # rollout-only pods that registered since (scaled up)
         joined = ctx.rollouts.join(resume.rollout_addresses(ctx.registry, ctx.env.restart_generation), ctx.version)
     t = time.perf_counter()
-    groups, versions = ctx.rollouts.generate([p.text for p in prompts], opts, n=spec.algorithm.group_size)
+    groups, versions = ctx.rollouts.generate(model_inputs(prompts), opts, n=spec.algorithm.group_size)
     seconds = time.perf_counter() - t
     if len(versions) != 1:
         raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
-    probe_prompt = ctx.dataset.prompts[0].text  # the same prompt every iteration: greedy output tracks weights
-    probe, _ = ctx.rollouts.generate([probe_prompt], opts.model_copy(update={"temperature": 0.0, "seed": 0}), n=1)
+    probe = ctx.dataset.prompts[0]  # the same prompt every iteration: greedy output tracks weights
+    greedy, _ = ctx.rollouts.generate(model_inputs([probe]), opts.model_copy(update={"temperature": 0.0, "seed": 0}),
+                                      n=1)
     samples: list[Sample] = []
-    ctx.pending = []
+    inputs: list[RewardInput] = []
     for g, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
         for c in group:
-            samples.append(Sample(prompt_ids=c.prompt_token_ids, completion_ids=c.token_ids or [ctx.eos_id], group=g))
-            ctx.pending.append(RewardInput(prompt.text, c.text, prompt.answer))
+            ids = c.token_ids or [ctx.eos_id]
+            samples.append(Sample(prompt_ids=c.prompt_token_ids, completion_ids=ids, group=g,
+                                  rollout_logprobs=c.logprobs if len(c.logprobs) == len(ids) else None))
+            inputs.append(RewardInput(prompt.question, c.text, prompt.answer))
+    if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
+        for s in samples:
+            s.rollout_logprobs = None
     info.update(completions=len(samples), generate_seconds=seconds, rollout_version=versions.pop(),
                 rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
-                probe={"prompt": probe_prompt, "greedy": probe[0][0].text},
+                probe={"prompt": probe.question, "greedy": greedy[0][0].text},
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
-    return samples
+    return samples, inputs
+
+
+def model_inputs(prompts: list[Prompt]) -> list[Any]:
+    """What vLLM is asked to continue: the prompt's token ids (chat template applied, special tokens
+    exactly once), or its text when no tokenizer rendered it."""
+    return [p.token_ids if p.token_ids is not None else p.text for p in prompts]
 
 
 def summarize(samples: list[Sample]) -> dict[str, float]:

@@ -3,7 +3,8 @@
 Role: `LoopMetrics.observe(row)` takes each iteration's metrics row (the one written to
 metrics.jsonl) and updates: tandem_trainer_iteration, _reward_mean, _kl, _switch_share (gauges),
 tandem_trainer_phase_seconds{phase} and tandem_trainer_iteration_seconds (histograms),
-tandem_trainer_completions_total and _completion_tokens_total (counters). Its registry is handed to
+tandem_trainer_completions_total and _completion_tokens_total (counters), _logprob_mismatch; and
+`observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
 `checkpoint_engine.api.create_app`, which adds the engine's own collector. Caller: `TrainerContext`
 (driver rank only).
 """
@@ -33,10 +34,19 @@ class LoopMetrics:
                                registry=r)
         self.completions = Counter("tandem_trainer_completions", "Completions generated", registry=r)
         self.tokens = Counter("tandem_trainer_completion_tokens", "Completion tokens generated", registry=r)
+        self.eval_pass1 = Gauge("tandem_trainer_eval_pass_at_1", "pass@1 of the latest held-out evaluation",
+                                registry=r)
+        self.eval_passk = Gauge("tandem_trainer_eval_pass_at_k", "pass@k (k = eval.samples) of the latest held-out "
+                                "evaluation", registry=r)
+        self.eval_iteration = Gauge("tandem_trainer_eval_iteration", "Iterations completed at the latest evaluation",
+                                    registry=r)
+        self.mismatch = Gauge("tandem_trainer_logprob_mismatch", "Mean |log p_rollout - log p_trainer| of the sampled "
+                              "tokens in the latest iteration", registry=r)
 
     def observe(self, row: dict[str, Any]) -> None:
         self.iteration.set(row["iteration"] + 1)
-        for gauge, key in ((self.reward, "reward_mean"), (self.kl, "kl"), (self.switch, "switch_share")):
+        for gauge, key in ((self.reward, "reward_mean"), (self.kl, "kl"), (self.switch, "switch_share"),
+                           (self.mismatch, "mismatch_mean")):
             if row.get(key) is not None:
                 gauge.set(float(row[key]))
         for name, seconds in row.get("seconds", {}).items():
@@ -45,3 +55,9 @@ class LoopMetrics:
             self.total.observe(float(row["total_seconds"]))
         self.completions.inc(int(row.get("completions", 0)))
         self.tokens.inc(int(row.get("completion_tokens", 0)))
+
+    def observe_eval(self, result: dict[str, Any]) -> None:
+        """A held-out evaluation's `EvalResult.row()`."""
+        self.eval_pass1.set(float(result["pass_at_1"]))
+        self.eval_passk.set(float(result["pass_at_k"]))
+        self.eval_iteration.set(int(result["iteration"]))

@@ -1,0 +1,254 @@
+"""Experiment tracking of the trainer's metrics rows: TensorBoard event files, and MLflow when configured.
+
+Role: the driver rank hands each row it appends to metrics.jsonl to `Tracker.log(iteration, row)`.
+Nested dicts are flattened with dots (`seconds.train`, `reward_components.answerMatch`,
+`eval.pass_at_1`) and only finite numbers are logged (bools, strings, lists, NaN and inf are
+skipped), with the iteration as the step. Callers: the trainer driver (`tandem.sidecars.trainer.driver`
+/ `context`): `Tracker.create(spec.tracking, run_dir, job_name, params)` once, `log` per iteration,
+`close` at the end. Settings: `spec.tracking` (`tandem.spec.models.Tracking`).
+
+- TensorBoard: torch.utils.tensorboard's SummaryWriter in `<run_dir>/tensorboard/` (tags use `/`
+  instead of `.`, so TensorBoard groups `seconds/*`); off when `tracking.tensorboard` is false or the
+  trainer has no run directory.
+- MLflow: an `MlflowClient` (no process-global fluent run) logging to `tracking.mlflow.trackingUri`,
+  a server or a `file:///` store (MLFLOW_ALLOW_FILE_STORE is defaulted to true for it): one run per
+  Tracker (tag `tandem.job`), `params` flattened as run params.
+  Every MLflow call runs on one background thread behind a bounded queue, so a slow or unreachable
+  server never blocks or fails training: the first failure logs one warning, later ones are
+  retried with the next row (debug log), a full queue drops the oldest row, and `close` waits at most
+  `close_timeout` seconds. mlflow's own HTTP settings apply per request
+  (MLFLOW_HTTP_REQUEST_TIMEOUT, MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tandem.spec.models import MLflow, Tracking
+
+log = logging.getLogger(__name__)
+
+QUEUE_ROWS = 1024  # rows waiting for MLflow before the oldest is dropped
+CLOSE_TIMEOUT_S = 30.0
+_MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+_MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH
+_BAD_NAME_CHARS = re.compile(r"[^\w\-. :/]")  # mlflow accepts alphanumerics, _ - . space : /
+
+
+def flatten_metrics(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Finite numeric leaves of `row` by dotted name; bools and non-numbers are left out."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_metrics(value, name + "."))
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            number = float(value)
+            if math.isfinite(number):
+                out[name] = number
+    return out
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Leaves of `params` by dotted name as strings (lists and None as JSON)."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_params(value, name + "."))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
+
+
+def mlflow_name(name: str) -> str:
+    """`name` with the characters MLflow refuses in metric and param keys replaced by `_`."""
+    return _BAD_NAME_CHARS.sub("_", name).strip("/")[:_MAX_KEY] or "_"
+
+
+class _MLflowWorker:
+    """One MLflow run fed from a queue by a daemon thread; never raises into the caller."""
+
+    def __init__(self, spec: MLflow, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
+        self.spec, self.run_name, self.params, self.tags = spec, run_name, params, tags
+        self.run_id: str | None = None
+        self.failures = self.dropped = self.logged = 0
+        self._client: Any = None
+        self._warned = False
+        self._queue: queue.Queue[tuple[int, dict[str, float], int] | None] = queue.Queue(maxsize=QUEUE_ROWS)
+        self._status = "FINISHED"
+        self._thread = threading.Thread(target=self._loop, name="tandem-mlflow", daemon=True)
+        self._thread.start()
+
+    def submit(self, step: int, metrics: dict[str, float]) -> None:
+        self._put((step, metrics, int(time.time() * 1000)))
+
+    def close(self, failed: bool, timeout: float) -> None:
+        self._status = "FAILED" if failed else "FINISHED"
+        self._put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("MLflow at %s: gave up waiting after %.0f s; %d row(s) not logged", self.spec.tracking_uri,
+                        timeout, self._queue.qsize())
+        elif self.failures or self.dropped:
+            log.info("MLflow at %s: %d row(s) logged, %d failed, %d dropped (queue full)", self.spec.tracking_uri,
+                     self.logged, self.failures, self.dropped)
+
+    def _put(self, item: tuple[int, dict[str, float], int] | None) -> None:
+        while True:
+            try:
+                self._queue.put_nowait(item)
+                return
+            except queue.Full:
+                try:
+                    self._queue.get_nowait()  # the oldest row goes: training must not wait for MLflow
+                    self.dropped += 1
+                except queue.Empty:
+                    pass
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            step, metrics, stamp = item
+            try:
+                self._log(step, metrics, stamp)
+                self.logged += 1
+            except Exception as e:  # noqa: BLE001 - any MLflow failure must leave training alone
+                self._failed(f"logging iteration {step}", e)
+        if self.run_id is not None:
+            try:
+                self._client.set_terminated(self.run_id, status=self._status)
+            except Exception as e:  # noqa: BLE001
+                self._failed("ending the run", e)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        self.failures += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("MLflow at %s failed while %s (%s: %s); training goes on, later rows are retried "
+                        "(further failures are logged at debug level)", self.spec.tracking_uri, what,
+                        type(e).__name__, str(e).splitlines()[0][:300] if str(e) else "")
+        else:
+            log.debug("MLflow at %s failed while %s: %s", self.spec.tracking_uri, what, e)
+
+    def _start_run(self) -> str:
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        if self._client is None:
+            if self.spec.tracking_uri.startswith("file:"):
+                # mlflow 3 refuses file stores unless opted in; asking for file:// is that opt-in
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            self._client = MlflowClient(tracking_uri=self.spec.tracking_uri)
+        client = self._client
+        experiment = client.get_experiment_by_name(self.spec.experiment)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            try:
+                experiment_id = client.create_experiment(self.spec.experiment)
+            except MlflowException:  # created meanwhile by another job
+                experiment = client.get_experiment_by_name(self.spec.experiment)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        params = [Param(mlflow_name(k), v[:_MAX_PARAM_VALUE]) for k, v in sorted(self.params.items())]
+        for i in range(0, len(params), 100):  # MAX_PARAMS_TAGS_PER_BATCH
+            client.log_batch(run.info.run_id, params=params[i : i + 100])
+        self.run_id = str(run.info.run_id)
+        log.info("MLflow run %s (%s) in experiment %r at %s", self.run_id, self.run_name, self.spec.experiment,
+                 self.spec.tracking_uri)
+        return self.run_id
+
+    def _log(self, step: int, metrics: dict[str, float], stamp: int) -> None:
+        from mlflow.entities import Metric
+
+        run_id = self.run_id if self.run_id is not None else self._start_run()
+        entries = [Metric(mlflow_name(k), v, stamp, step) for k, v in metrics.items()]
+        for i in range(0, len(entries), 1000):  # MAX_METRICS_PER_BATCH
+            self._client.log_batch(run_id, metrics=entries[i : i + 1000])
+
+
+class Tracker:
+    """TensorBoard and/or MLflow sinks of the driver's metrics rows; either may be absent."""
+
+    def __init__(self, tensorboard: Any = None, mlflow: _MLflowWorker | None = None,
+                 tensorboard_dir: Path | None = None) -> None:
+        self._tb = tensorboard
+        self._mlflow = mlflow
+        self._closed = False
+        self.tensorboard_dir = tensorboard_dir if tensorboard is not None else None
+
+    @classmethod
+    def create(cls, spec: Tracking, run_dir: Path | None, job_name: str, params: Mapping[str, Any]) -> Tracker:
+        """Open the sinks `spec` asks for; a sink that cannot start logs why and stays off."""
+        writer, tb_dir = None, None
+        if spec.tensorboard and run_dir is not None:
+            tb_dir = Path(run_dir) / "tensorboard"
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                tb_dir.mkdir(parents=True, exist_ok=True)
+                writer = SummaryWriter(log_dir=str(tb_dir), flush_secs=30)
+                text = json.dumps(dict(params), indent=1, sort_keys=True, default=str)
+                writer.add_text("params", "```json\n" + text + "\n```", 0)
+            except (ImportError, OSError) as e:
+                log.error("tracking.tensorboard: cannot write TensorBoard events to %s (%s); it is off", tb_dir, e)
+                writer = None
+        worker = None
+        if spec.mlflow is not None:
+            try:
+                import mlflow.tracking  # noqa: F401 - fail here, once, when the image lacks it
+            except ImportError as e:
+                log.error("tracking.mlflow: mlflow is not installed in this image (%s); MLflow is off", e)
+            else:
+                worker = _MLflowWorker(spec.mlflow, spec.mlflow.run_name or job_name, flatten_params(params),
+                                       {"tandem.job": job_name})
+        return cls(writer, worker, tb_dir)
+
+    @property
+    def enabled(self) -> bool:
+        return self._tb is not None or self._mlflow is not None
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The MLflow run's id once the background thread has created it."""
+        return None if self._mlflow is None else self._mlflow.run_id
+
+    def log(self, iteration: int, row: Mapping[str, Any]) -> dict[str, float]:
+        """Log `row`'s finite numbers at step `iteration` (its own "iteration" key is the step); returns them."""
+        metrics = flatten_metrics({k: v for k, v in row.items() if k != "iteration"})
+        if self._tb is not None:
+            try:
+                for name, value in metrics.items():
+                    self._tb.add_scalar(name.replace(".", "/"), value, iteration)
+            except OSError as e:
+                log.error("tracking.tensorboard: writing to %s failed (%s); it is off", self.tensorboard_dir, e)
+                self._tb = None
+        if self._mlflow is not None and metrics and not self._closed:
+            self._mlflow.submit(iteration, metrics)
+        return metrics
+
+    def close(self, failed: bool = False, close_timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Flush TensorBoard, end the MLflow run (FAILED when `failed`), waiting at most `close_timeout` s."""
+        if self._tb is not None:
+            try:
+                self._tb.close()
+            except OSError as e:
+                log.error("tracking.tensorboard: closing %s failed: %s", self.tensorboard_dir, e)
+            self._tb = None
+        if self._mlflow is not None and not self._closed:
+            self._mlflow.close(failed, close_timeout)
+        self._closed = True
