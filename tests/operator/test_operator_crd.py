@@ -26,7 +26,20 @@ def test_crd_shape() -> None:
     version = doc["spec"]["versions"][0]
     assert doc["metadata"]["name"] == "rlhfjobs.tandem.dev" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Iteration", "Reward", "Sync(s)", "Age"]
+    assert columns == ["Phase", "Iteration", "Reward", "Eval", "Sync(s)", "Age"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for col in version["additionalPrinterColumns"]:
+        # every .status column names a field the status schema keeps (the API server prunes the rest),
+        # with the column's type
+        if not col["jsonPath"].startswith(".status."):
+            continue
+        node = status
+        for part in col["jsonPath"].removeprefix(".status.").split("."):
+            assert part in node.get("properties", {}), f"{col['name']}: {col['jsonPath']} not in the status schema"
+            node = node["properties"][part]
+        assert node["type"] == col["type"], col["name"]
+    evaluated = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Eval")
+    assert evaluated["jsonPath"] == ".status.eval.passAt1" and evaluated["type"] == "number"
     assert "rlhf" in doc["spec"]["names"]["shortNames"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     rules = [v["rule"] for v in spec.get("x-kubernetes-validations", [])]

@@ -9,7 +9,7 @@ from tandem.operator.observe import PodState
 from tandem.operator.plan import Observation, Plan, decide
 from tandem.spec.load import parse_job
 from tandem.spec.models import JobStatus
-from tandem.spec.progress import Progress
+from tandem.spec.progress import EvalSummary, Progress
 
 
 def value(name: str, **labels: str) -> float | None:
@@ -70,3 +70,22 @@ def test_pass_timing_counts_failures_by_type() -> None:
         pass
     assert value("tandem_reconcile_seconds_count") == before + 2
     assert value("tandem_reconcile_errors_total", error="RuntimeError") == errors + 1
+
+
+def test_eval_pass_at_1_shows_once_evaluated_and_is_forgotten() -> None:
+    running = [PodWrapper("m-eval", i).running().state() for i in range(2)]
+    job = {"namespace": "ns", "rlhfjob": "m-eval"}
+    plan = plan_for("m-eval", StatusWrapper().phase("Running").get(), running,
+                    Progress(phase="train", iteration=1, iterations=10))
+    metrics.record("ns", "m-eval", plan)
+    assert value("tandem_rlhfjob_eval_pass_at_1", **job) is None  # not evaluated yet: no sample, not 0
+    summary = EvalSummary(iteration=0, weight_version=1, pass_at_1=0.0, pass_at_k=0.25, k=4, prompts=8)
+    plan = plan_for("m-eval", plan.status, running, Progress(phase="train", iteration=2, eval=summary))
+    metrics.record("ns", "m-eval", plan)
+    assert value("tandem_rlhfjob_eval_pass_at_1", **job) == 0.0  # a measured 0 is a sample
+    better = summary.model_copy(update={"iteration": 5, "pass_at_1": 0.625})
+    plan = plan_for("m-eval", plan.status, running, Progress(phase="train", iteration=6, eval=better))
+    metrics.record("ns", "m-eval", plan)
+    assert value("tandem_rlhfjob_eval_pass_at_1", **job) == 0.625
+    metrics.forget("ns", "m-eval")
+    assert value("tandem_rlhfjob_eval_pass_at_1", **job) is None

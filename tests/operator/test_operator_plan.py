@@ -12,7 +12,7 @@ from tandem.operator.observe import PodState, pod_state
 from tandem.operator.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_job
 from tandem.spec.models import JobStatus
-from tandem.spec.progress import Progress
+from tandem.spec.progress import EvalSummary, Progress
 
 
 def observe(
@@ -194,6 +194,31 @@ def test_progress_is_copied_into_status() -> None:
     st = plan.status
     assert (st.iteration, st.weight_version, st.last_sync_seconds, st.reward_mean) == (7, 6, 1.5, 0.25)
     assert st.phase == "Running"
+    assert st.eval is None  # no evaluation reported yet
+
+
+def test_eval_summary_is_copied_into_status_and_survives_a_round_trip() -> None:
+    summary = EvalSummary(iteration=10, weight_version=11, pass_at_1=0.375, pass_at_k=0.625, k=4, prompts=16)
+    progress = Progress(phase="train", iteration=12, weight_version=12, reward_mean=0.5, eval=summary)
+    plan = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1), progress))
+    st = plan.status
+    assert st.eval is not None
+    assert (st.eval.iteration, st.eval.pass_at_1, st.eval.pass_at_k, st.eval.k) == (10, 0.375, 0.625, 4)
+    assert st.iteration == 12  # the evaluation's iteration is its own, not the loop's
+    # what the API server stores: camelCase under .status.eval (the CRD's Eval column reads passAt1)
+    dumped = status.dump_status(st)
+    assert dumped["eval"] == {"iteration": 10, "passAt1": 0.375, "passAtK": 0.625, "k": 4}
+    assert status.read_status(dumped).eval == st.eval
+    # the driver's record travels through etcd as camelCase JSON
+    wire = Progress.model_validate_json(progress.model_dump_json(by_alias=True))
+    assert wire.eval == summary
+    # a later record without an evaluation keeps the last one; a newer evaluation replaces it
+    keep = decide(observe(JobWrapper(), st, pods("demo", 1), Progress(phase="train", iteration=13)))
+    assert keep.status.eval == st.eval and keep.status.iteration == 13
+    newer = summary.model_copy(update={"iteration": 20, "pass_at_1": 0.5})
+    plan = decide(observe(JobWrapper(), keep.status, pods("demo", 1),
+                          Progress(phase="train", iteration=21, eval=newer)))
+    assert plan.status.eval is not None and (plan.status.eval.iteration, plan.status.eval.pass_at_1) == (20, 0.5)
 
 
 @pytest.mark.parametrize(

@@ -28,3 +28,36 @@ def test_rows_become_gauges_counters_and_histograms() -> None:
     assert get("tandem_trainer_phase_seconds_count", {"phase": "train"}) == 1
     assert get("tandem_trainer_iteration_seconds_count") == 2
     assert get("tandem_trainer_phase_seconds_bucket", {"phase": "rollout", "le": "2.5"}) == 1
+
+
+def test_rows_set_the_logprob_mismatch_and_keep_it_when_absent() -> None:
+    m = LoopMetrics()
+    get = m.registry.get_sample_value
+    m.observe(row(0))
+    assert get("tandem_trainer_logprob_mismatch") == 0.0  # never measured yet: the gauge's initial 0
+    m.observe(row(1, mismatch_mean=0.031, mismatch_max=0.9, tis_clip_frac=0.02))
+    assert get("tandem_trainer_logprob_mismatch") == 0.031  # the mean, not the max
+    m.observe(row(2))  # e.g. rollouts without log-probs: the last value stays
+    assert get("tandem_trainer_logprob_mismatch") == 0.031
+    m.observe(row(3, mismatch_mean=0.004))
+    assert get("tandem_trainer_logprob_mismatch") == 0.004
+
+
+def test_eval_results_become_gauges() -> None:
+    from tandem.sidecars.trainer.evaluate import EvalResult
+
+    m = LoopMetrics()
+    get = m.registry.get_sample_value
+    first = EvalResult(iteration=0, version=1, prompts=8, samples=4, pass_at_1=0.125, pass_at_k=0.375,
+                       reward_mean=0.125, seconds=2.0)
+    m.observe_eval(first.row())
+    assert (get("tandem_trainer_eval_pass_at_1"), get("tandem_trainer_eval_pass_at_k"),
+            get("tandem_trainer_eval_iteration")) == (0.125, 0.375, 0)
+    m.observe(row(9))  # an iteration's row leaves the evaluation alone
+    assert get("tandem_trainer_eval_pass_at_1") == 0.125
+    later = EvalResult(iteration=10, version=11, prompts=8, samples=4, pass_at_1=0.5, pass_at_k=0.75,
+                       reward_mean=0.5, seconds=2.0)
+    m.observe_eval(later.row())
+    assert (get("tandem_trainer_eval_pass_at_1"), get("tandem_trainer_eval_pass_at_k"),
+            get("tandem_trainer_eval_iteration")) == (0.5, 0.75, 10)
+    assert get("tandem_trainer_iteration") == 10  # observe_eval does not move the loop's iteration

@@ -7,7 +7,8 @@ on completion, failure or Ctrl-C. Caller: `tandem.cli.main.run`.
 
 Run directory layout (`<workdir>/<job>/`): job.yaml (the resolved spec the sidecars read),
 logs/<pod>-<container>.log, metrics.jsonl (one line per iteration, written by the driver),
-progress.png (reward and phase timings), etcd/ (removed at the end unless --keep-etcd), job-uid
+progress.png (reward, eval pass@1 and phase timings), eval.jsonl (held-out evaluations,
+`spec.eval`), tensorboard/ (event files of every metric), etcd/ (removed at the end unless --keep-etcd), job-uid
 (the run's stand-in for metadata.uid: durable checkpoints of `checkpointEngine.persist` are kept
 per uid, and `--resume` reuses it), generation (each `--resume` starts the next gang generation, as a
 gang restart in a cluster does, so the trainer ignores records the killed run's rollouts left in
@@ -109,15 +110,16 @@ def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list
 def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[LocalContainer]) -> Table:
     t = Table(title=f"RLHFJob {job.metadata.name} ({job.spec.algorithm.name}) — {time.monotonic() - started:.0f}s",
               show_header=True, header_style="bold")
-    for col in ("phase", "iteration", "version", "reward", "kl", "sync s"):
+    for col in ("phase", "iteration", "version", "reward", "eval pass@1", "kl", "sync s"):
         t.add_column(col)
     if p is None:
-        t.add_row("starting", "-", "-", "-", "-", "-")
+        t.add_row("starting", "-", "-", "-", "-", "-", "-")
     else:
         def f(x: float | None, fmt: str = ".3f") -> str:
             return "-" if x is None else format(x, fmt)
-        t.add_row(p.phase, f"{p.iteration}/{p.iterations}", str(p.weight_version), f(p.reward_mean), f(p.kl, ".4f"),
-                  f(p.last_sync_seconds, ".2f"))
+        ev = "-" if p.eval is None else f"{p.eval.pass_at_1:.3f} @{p.eval.iteration}"
+        t.add_row(p.phase, f"{p.iteration}/{p.iterations}", str(p.weight_version), f(p.reward_mean), ev,
+                  f(p.kl, ".4f"), f(p.last_sync_seconds, ".2f"))
     t.caption = "  ".join(f"{c.label}: {'up' if c.exit_code() is None else 'exit ' + str(c.exit_code())}"
                           for c in containers)
     return t
@@ -153,7 +155,9 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
     etcd_dir = run_dir / "etcd"
     if not resume:
         shutil.rmtree(etcd_dir, ignore_errors=True)
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
     etcd = LocalEtcd(etcd_dir / "data").start()
     containers: list[LocalContainer] = []
     previous = signal.getsignal(signal.SIGTERM)
@@ -188,9 +192,12 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists() and metrics.stat().st_size:
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        png = plot.plot_metrics(rows, run_dir / "progress.png", title=job.metadata.name)
+        evals_file = run_dir / "eval.jsonl"
+        evals = [json.loads(line) for line in evals_file.read_text().splitlines() if line.strip()] \
+            if evals_file.exists() else []
+        png = plot.plot_metrics(rows, run_dir / "progress.png", title=job.metadata.name, evals=evals)
         console.print(f"metrics: {metrics}  plot: {png}")
-        plot.print_summary(rows, console)
+        plot.print_summary(rows, console, evals)
     state = result.phase if result else "no progress"
     console.print("[green]done[/green]" if ok else f"[red]job did not finish[/red] ({state})")
     return 0 if ok else 1

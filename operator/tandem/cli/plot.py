@@ -1,6 +1,7 @@
 """Plots and summaries of a run's metrics.jsonl (one JSON object per iteration).
 
-Caller: `tandem.cli.local` after a run; bench scripts reuse `plot_metrics`. Rows carry
+Caller: `tandem.cli.local` after a run (with eval.jsonl's held-out evaluations when the job has
+`spec.eval`); bench scripts reuse `plot_metrics`. Rows carry
 `iteration`, `reward_mean`, `kl` and `seconds` (a mapping phase -> seconds), as the trainer
 driver writes them.
 """
@@ -14,7 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 
-def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "",
+                 evals: list[dict[str, Any]] | None = None) -> Path:
+    """Reward per iteration (and held-out pass@1 after N iterations, from eval.jsonl) beside the
+    phase timings; the rollout/trainer log-prob mismatch on a second axis when measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,9 +31,18 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "") -> Pat
         lo = [r["reward_mean"] - r["reward_std"] for r in rows]
         hi = [r["reward_mean"] + r["reward_std"] for r in rows]
         ax1.fill_between(its, lo, hi, alpha=0.15)
+    if evals:
+        ax1.plot([e["iteration"] for e in evals], [e["pass_at_1"] for e in evals], marker="s", ms=5, color="C3",
+                 label="eval pass@1 (after N iterations)")
+    if any(r.get("mismatch_mean") is not None for r in rows):
+        ax3 = ax1.twinx()
+        ax3.plot(its, [r.get("mismatch_mean") for r in rows], color="C2", alpha=0.5, lw=1,
+                 label="|logp rollout - trainer|")
+        ax3.set_ylabel("log-prob mismatch", color="C2")
     ax1.set_xlabel("iteration")
     ax1.set_ylabel("reward")
     ax1.set_title(f"{title}: reward")
+    ax1.legend(fontsize=8, loc="upper left")
     ax1.grid(alpha=0.3)
     phases = sorted({p for r in rows for p in r.get("seconds", {})})
     bottom = [0.0] * len(rows)
@@ -47,7 +60,7 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "") -> Pat
     return path
 
 
-def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
+def print_summary(rows: list[dict[str, Any]], console: Console, evals: list[dict[str, Any]] | None = None) -> None:
     if not rows:
         return
     k = max(1, len(rows) // 5)
@@ -59,6 +72,13 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
     t.add_row("iterations", str(len(rows)))
     t.add_row(f"reward mean, first {k}", f"{first:.3f}")
     t.add_row(f"reward mean, last {k}", f"{last:.3f}")
+    for e in (evals[0], evals[-1]) if evals and len(evals) > 1 else evals or []:
+        t.add_row(f"eval pass@1 after {e['iteration']} it. (pass@{e['k']})",
+                  f"{e['pass_at_1']:.3f} ({e['pass_at_k']:.3f})")
+    mismatch = [r["mismatch_mean"] for r in rows if r.get("mismatch_mean") is not None]
+    if mismatch:
+        worst = max(r.get("mismatch_max", 0.0) for r in rows)
+        t.add_row("log-prob mismatch, mean (max)", f"{sum(mismatch) / len(mismatch):.2e} ({worst:.2e})")
     phases: dict[str, float] = {}
     for r in rows:
         for p, s in r.get("seconds", {}).items():

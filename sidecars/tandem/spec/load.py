@@ -75,9 +75,23 @@ def load_job(path: str | Path) -> RLHFJob:
         raise SpecError(str(p), [("<yaml>", str(e).replace("\n", " "))]) from None
     if len(docs) != 1:
         raise SpecError(str(p), [("<root>", f"expected exactly one document, found {len(docs)}")])
-    job = parse_job(docs[0], str(p))
-    base = p.resolve().parent
-    for ref in (job.spec.model, job.spec.dataset, job.spec.reference):
-        if ref.path and not ref.path.startswith("/"):
-            ref.path = str(base / ref.path)
-    return job
+    return parse_job(resolve_paths(docs[0], p.resolve().parent), str(p))
+
+
+# Fields naming files of the job (dotted paths under `spec`) that a job file may give relative to itself.
+RELATIVE_PATHS = ("model.path", "dataset.path", "reference.path", "eval.dataset.path")
+
+
+def resolve_paths(doc: Any, base: Path) -> Any:
+    """`doc` with the relative paths of RELATIVE_PATHS made absolute against `base`, before validation
+    (so checks that read the files, like model.family against config.json, see the real ones)."""
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    for dotted in RELATIVE_PATHS:
+        *parents, leaf = dotted.split(".")
+        node = spec
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(leaf) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(value, str) and value and not value.startswith("/"):
+            node[leaf] = str(base / value)
+    return doc

@@ -150,7 +150,8 @@ class Rollout(Base):
     image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/rollout:0.1.0"
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     max_tokens: Annotated[int, Field(ge=1, le=131_072)] = 1024
-    temperature: Annotated[float, Field(ge=0, le=4)] = 1.0
+    temperature: Annotated[float, Field(gt=0, le=4, description="Sampling temperature; above 0, since every "
+                                        "algorithm compares groupSize different completions of a prompt.")] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     prompts_per_iteration: Annotated[int, Field(ge=1, le=100_000)] = 64
     between_rollouts: Literal["terminate", "sleep", "keep"] = Field(

@@ -6,8 +6,10 @@ many prompts (the first N of the file, the same every time), how many samples pe
 sampling temperature. A sample is correct when every verifiable reward of the job (`answerMatch`,
 `codeExec`) gives it full marks; pass@1 is the mean share of correct samples per prompt and pass@k
 (k = samples) the unbiased estimator of Chen et al. (2021), which with n = k samples is the share
-of prompts with at least one correct sample. Generation runs on whatever version the rollouts
-serve (the driver calls it right after a sync), so no weights move for it.
+of prompts with at least one correct sample. Greedy evaluation (temperature 0) generates one
+sample per prompt and counts it `samples` times: greedy samples are all the same, and vLLM refuses
+n > 1 with greedy sampling. Generation runs on whatever version the rollouts serve (the driver
+calls it right after a sync), so no weights move for it.
 Caller: `tandem.sidecars.trainer.driver` (driver rank only).
 """
 
@@ -80,13 +82,16 @@ class Evaluator:
         opts = SamplingOptions(temperature=self.spec.temperature, top_p=1.0, max_tokens=self.max_tokens,
                                seed=self.spec.seed)
         inputs: list[Any] = [p.token_ids if p.token_ids is not None else p.text for p in self.prompts]
-        groups, _ = generator.generate(inputs, opts, n=self.spec.samples)
+        k = self.spec.samples
+        drawn = 1 if self.spec.temperature == 0 else k  # greedy: one sample stands for all k
+        groups, _ = generator.generate(inputs, opts, n=drawn)
+        if any(len(group) != drawn for group in groups):
+            raise RuntimeError(f"eval: asked for {drawn} completions per prompt, got {[len(g) for g in groups]}")
         items = [RewardInput(p.question, c.text, p.answer) for p, group in zip(self.prompts, groups, strict=True)
                  for c in group]
         components = self.rewards.score_rules(items)
-        k = self.spec.samples
         passed = [all(components[name][i] >= 1.0 for name in components) for i in range(len(items))]
-        per_prompt = [sum(passed[j * k:(j + 1) * k]) for j in range(len(self.prompts))]
+        per_prompt = [sum(passed[j * drawn:(j + 1) * drawn]) * (k // drawn) for j in range(len(self.prompts))]
         totals = self.rewards.combine(components)
         n = len(self.prompts)
         return EvalResult(

@@ -1,0 +1,224 @@
+"""Rollout/trainer log-prob mismatch and truncated importance sampling (algorithm.tisCap).
+
+`F.rollout_mismatch` by hand on small tensors; GRPO and PPO losses with `Sample.rollout_logprobs`
+against the weighted surrogate computed here token by token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tandem.sidecars.algorithms import GRPO, PPO, AlgorithmError, Sample, make_algorithm
+from tandem.sidecars.algorithms import functional as F
+from tandem.spec.models import Algorithm as AlgorithmSpec
+
+# ---- F.rollout_mismatch --------------------------------------------------------------------------
+
+
+def test_mismatch_metrics_count_only_masked_tokens() -> None:
+    # position 3 is padding/prompt: a huge gap there must not show in any metric
+    trainer = torch.tensor([[-1.0, -0.5, -2.0, 5.0]])
+    rollout = torch.tensor([[-1.2, -0.5, -1.0, -30.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    weights, m = F.rollout_mismatch(trainer, rollout, mask, cap=None)
+    assert m["mismatch_mean"] == pytest.approx((0.2 + 0.0 + 1.0) / 3, rel=1e-6)
+    assert m["mismatch_max"] == pytest.approx(1.0, rel=1e-6)
+    assert "tis_clip_frac" not in m  # no cap: measurement only
+    assert torch.equal(weights, torch.ones_like(trainer))
+
+
+def test_truncated_weights_and_clip_fraction_by_hand() -> None:
+    trainer = torch.tensor([[-1.0, -0.5, -2.0, 5.0], [-0.1, -3.0, 0.0, 0.0]])
+    rollout = torch.tensor([[-1.2, -0.5, -1.0, -30.0], [-1.0, -1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    cap = 1.5
+    weights, m = F.rollout_mismatch(trainer, rollout, mask, cap=cap)
+    # masked tokens: d = trainer - rollout = 0.2, 0, -1, 0.9, -2
+    d = [0.2, 0.0, -1.0, 0.9, -2.0]
+    want = [min(math.exp(x), cap) for x in d]
+    got = weights[mask > 0].tolist()
+    assert got == pytest.approx(want, rel=1e-6)
+    assert m["mismatch_mean"] == pytest.approx(sum(abs(x) for x in d) / 5, rel=1e-6)
+    assert m["mismatch_max"] == pytest.approx(2.0, rel=1e-6)
+    # exp(0.2) = 1.22 and exp(0.9) = 2.46: only the second exceeds 1.5 (padding's e^35 does not count)
+    assert m["tis_clip_frac"] == pytest.approx(1 / 5, rel=1e-6)
+    assert float(weights.max()) <= cap
+
+
+def test_weights_carry_no_gradient() -> None:
+    trainer = torch.tensor([[-1.0, -0.5]], requires_grad=True)
+    weights, _ = F.rollout_mismatch(trainer, torch.tensor([[-1.5, -0.4]]), torch.ones(1, 2), cap=2.0)
+    assert not weights.requires_grad
+
+
+def test_empty_mask_gives_zero_metrics() -> None:
+    trainer = torch.tensor([[-1.0, 4.0]])
+    rollout = torch.tensor([[-9.0, -9.0]])
+    _, m = F.rollout_mismatch(trainer, rollout, torch.zeros(1, 2), cap=2.0)
+    assert m == {"mismatch_mean": 0.0, "mismatch_max": 0.0, "tis_clip_frac": 0.0}
+
+
+# ---- GRPO / PPO ----------------------------------------------------------------------------------
+
+# per completion token: the rollout engine's log-probs, the trainer's old log-probs, and the current
+# policy's log-probs (the loss input); rewards make both groups informative
+ROLLOUT = [[-1.0, -0.3], [-2.5], [-0.1, -0.1], [-3.0]]
+OLD = [[-1.0, -1.0], [-1.0], [-0.5, -0.5], [-1.0]]
+CURRENT = [[-0.9, -1.3], [-1.0], [-0.5, -0.2], [-1.1]]
+REWARDS = [1.0, 0.0, 0.0, 1.0]
+GROUPS = [0, 0, 1, 1]
+PROMPTS = [[1, 2], [1, 2], [6], [6]]
+COMPLETIONS = [[3, 4], [5], [7, 8], [9]]
+
+
+def samples(*, rollout: bool = True, old: bool = True) -> list[Sample]:
+    return [Sample(PROMPTS[i], COMPLETIONS[i], group=GROUPS[i], reward=REWARDS[i],
+                   old_logprobs=OLD[i] if old else None, rollout_logprobs=ROLLOUT[i] if rollout else None)
+            for i in range(4)]
+
+
+def grpo_advantages() -> list[float]:
+    # each group: rewards (1, 0) or (0, 1) -> mean 0.5, unbiased std sqrt(0.5)
+    a = 0.5 / math.sqrt(0.5)
+    return [a, -a, -a, a]
+
+
+def surrogate(lp: float, old: float, adv: float, clip: float) -> float:
+    ratio = math.exp(lp - old)
+    return -min(ratio * adv, max(min(ratio, 1 + clip), 1 - clip) * adv)
+
+
+def expected_loss(advs: list[list[float]], cap: float | None, clip: float, *, current: list[list[float]],
+                  old: list[list[float]], rollout: list[list[float]] | None) -> float:
+    """Token-mean of the clipped surrogate, each token weighed by min(p_old / p_rollout, cap)."""
+    total, tokens = 0.0, 0
+    for i in range(4):
+        for j, lp in enumerate(current[i]):
+            w = 1.0
+            if rollout is not None and cap is not None:
+                w = min(math.exp(old[i][j] - rollout[i][j]), cap)
+            total += surrogate(lp, old[i][j], advs[i][j], clip) * w
+            tokens += 1
+    return total / tokens
+
+
+def test_grpo_loss_with_tis_cap_is_the_weighted_surrogate() -> None:
+    cap, clip = 2.0, 0.2
+    algo = GRPO(clip=clip, kl_coef=0.0, tis_cap=cap)
+    batch = algo.prepare(samples(), token_budget=8)
+    assert "rollout_logprobs" in batch.token_fields
+    unpacked = batch.unpack(batch.token_fields["rollout_logprobs"])
+    assert [unpacked[i].tolist() for i in range(4)] == [pytest.approx(r) for r in ROLLOUT]
+    lp = batch.scatter(CURRENT).requires_grad_(True)
+    loss, m = algo.loss(lp, batch)
+    advs = [[a] * len(c) for a, c in zip(grpo_advantages(), COMPLETIONS, strict=True)]
+    want = expected_loss(advs, cap, clip, current=CURRENT, old=OLD, rollout=ROLLOUT)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    # the weights are against the trainer's OLD log-probs: d = old - rollout per token
+    d = [o - r for os_, rs in zip(OLD, ROLLOUT, strict=True) for o, r in zip(os_, rs, strict=True)]
+    assert m["mismatch_mean"] == pytest.approx(sum(abs(x) for x in d) / len(d), rel=1e-5)
+    assert m["mismatch_max"] == pytest.approx(max(abs(x) for x in d), rel=1e-5)
+    assert m["tis_clip_frac"] == pytest.approx(sum(math.exp(x) > cap for x in d) / len(d), rel=1e-5)
+    # d/d lp of token (0, 0): inside the clip range the surrogate is -A * ratio, times the constant weight
+    loss.backward()
+    assert lp.grad is not None
+    p = batch.placements[next(k for k, pl in enumerate(batch.placements) if pl.sample == 0)]
+    pos = p.start + p.prompt_len - 1
+    ratio = math.exp(CURRENT[0][0] - OLD[0][0])
+    w = min(math.exp(OLD[0][0] - ROLLOUT[0][0]), cap)
+    assert lp.grad[p.row, pos].item() == pytest.approx(-grpo_advantages()[0] * ratio * w / 6, rel=1e-5)
+    assert (lp.grad[batch.loss_mask == 0] == 0).all()
+
+
+def test_grpo_without_old_logprobs_weighs_by_the_current_policy() -> None:
+    """On-policy GRPO (no old_logprobs): ratio 1, pg = -A, weight min(p_current / p_rollout, cap)."""
+    cap = 1.5
+    algo = GRPO(kl_coef=0.0, tis_cap=cap)
+    batch = algo.prepare(samples(old=False), token_budget=8)
+    loss, m = algo.loss(batch.scatter(CURRENT), batch)
+    advs = [[a] * len(c) for a, c in zip(grpo_advantages(), COMPLETIONS, strict=True)]
+    want = expected_loss(advs, cap, 0.2, current=CURRENT, old=CURRENT, rollout=ROLLOUT)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    assert m["ratio_mean"] == pytest.approx(1.0)
+    d = [c - r for cs, rs in zip(CURRENT, ROLLOUT, strict=True) for c, r in zip(cs, rs, strict=True)]
+    assert m["tis_clip_frac"] == pytest.approx(sum(math.exp(x) > cap for x in d) / len(d), rel=1e-5)
+
+
+@pytest.mark.parametrize("algo", [GRPO(kl_coef=0.05), PPO(kl_coef=0.0)], ids=["grpo", "ppo"])
+def test_without_cap_the_loss_is_unchanged_and_mismatch_is_measured(algo: GRPO | PPO) -> None:
+    ref = {"ref_logprobs": [[-1.2, -0.8], [-1.5], [-0.4, -0.6], [-0.9]]}
+    with_r = samples()
+    without = samples(rollout=False)
+    for s, r in zip(with_r + without, ref["ref_logprobs"] * 2, strict=True):
+        s.ref_logprobs = r
+    a = algo.prepare(with_r, token_budget=8)
+    b = algo.prepare(without, token_budget=8)
+    assert "rollout_logprobs" not in b.token_fields
+    la, ma = algo.loss(a.scatter(CURRENT), a)
+    lb, mb = algo.loss(b.scatter(CURRENT), b)
+    assert la.item() == pytest.approx(lb.item(), rel=1e-6)
+    assert "mismatch_mean" in ma and "mismatch_mean" not in mb and "tis_clip_frac" not in ma
+    d = [o - r for os_, rs in zip(OLD, ROLLOUT, strict=True) for o, r in zip(os_, rs, strict=True)]
+    assert ma["mismatch_mean"] == pytest.approx(sum(abs(x) for x in d) / len(d), rel=1e-5)
+
+
+def test_ppo_loss_with_tis_cap_is_the_weighted_surrogate() -> None:
+    cap, clip = 1.2, 0.2
+    algo = PPO(clip=clip, kl_coef=0.0, gamma=1.0, lam=1.0, whiten=False, tis_cap=cap)
+    batch = algo.prepare(samples(), token_budget=8)
+    lp = batch.scatter(CURRENT)
+    loss, m = algo.loss(lp, batch)
+    # group baseline, gamma = lam = 1: A_t = reward - group mean (0.5) on every token
+    advs = [[r - 0.5] * len(c) for r, c in zip(REWARDS, COMPLETIONS, strict=True)]
+    want = expected_loss(advs, cap, clip, current=CURRENT, old=OLD, rollout=ROLLOUT)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    d = [o - r for os_, rs in zip(OLD, ROLLOUT, strict=True) for o, r in zip(os_, rs, strict=True)]
+    assert m["tis_clip_frac"] == pytest.approx(sum(math.exp(x) > cap for x in d) / len(d), rel=1e-5)
+    # the cap changes the loss (some weights are < 1 and some truncated): not the unweighted surrogate
+    plain = expected_loss(advs, None, clip, current=CURRENT, old=OLD, rollout=None)
+    assert abs(want - plain) > 1e-3
+
+
+@pytest.mark.parametrize("algo", [GRPO(kl_coef=0.0, tis_cap=2.0), PPO(kl_coef=0.0, tis_cap=2.0)],
+                         ids=["grpo", "ppo"])
+def test_split_micro_batches_sum_to_the_full_weighted_loss(algo: GRPO | PPO) -> None:
+    torch.manual_seed(3)
+    many = [Sample([1, 2, 3][: 1 + i % 3], [4] * (1 + i % 4), group=i // 4, reward=float(i % 3),
+                   rollout_logprobs=(-torch.rand(1 + i % 4) * 2).tolist(),
+                   old_logprobs=(-torch.rand(1 + i % 4) * 2).tolist()) for i in range(16)]
+    batch = algo.prepare(many, token_budget=10)
+    lp = -torch.rand(batch.num_rows, batch.row_length) * 2
+    full, _ = algo.loss(lp, batch)
+    parts = batch.split(3)
+    offs = [0]
+    for p in parts:
+        offs.append(offs[-1] + p.num_rows)
+    total = sum(float(algo.loss(lp[offs[i]:offs[i + 1]], p)[0]) for i, p in enumerate(parts))
+    assert total == pytest.approx(float(full), rel=1e-5)
+
+
+@pytest.mark.parametrize("algo", [GRPO(kl_coef=0.0), PPO(kl_coef=0.0)], ids=["grpo", "ppo"])
+def test_rollout_logprobs_on_some_samples_only_are_refused(algo: GRPO | PPO) -> None:
+    mixed = samples()
+    mixed[2].rollout_logprobs = None
+    with pytest.raises(AlgorithmError, match="rollout_logprobs"):
+        algo.prepare(mixed, token_budget=8)
+    short = samples()
+    short[0].rollout_logprobs = [-1.0]  # two completion tokens
+    with pytest.raises(AlgorithmError, match="rollout_logprobs"):
+        algo.prepare(short, token_budget=8)
+
+
+def test_tis_cap_comes_from_the_spec() -> None:
+    for name, cls in (("grpo", GRPO), ("ppo", PPO)):
+        algo = make_algorithm(AlgorithmSpec.model_validate({"name": name, "tisCap": 3.0}))
+        assert isinstance(algo, cls) and algo.tis_cap == 3.0
+        plain = make_algorithm(AlgorithmSpec.model_validate({"name": name}))
+        assert isinstance(plain, cls) and plain.tis_cap is None
+    with pytest.raises(ValueError, match="tisCap"):
+        AlgorithmSpec.model_validate({"name": "dpo", "tisCap": 2.0})
+    with pytest.raises(ValueError, match="tisCap|tis_cap"):
+        AlgorithmSpec.model_validate({"tisCap": 0.5})  # a cap below 1 would down-weigh every token
