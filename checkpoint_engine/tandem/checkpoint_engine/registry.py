@@ -27,17 +27,10 @@ import aetcd.exceptions
 from aetcd.utils import prefix_range_end
 
 from tandem.checkpoint_engine import errors, keys
+from tandem.checkpoint_engine.endpoints import parse_endpoint
 from tandem.checkpoint_engine.layout import VersionIndex
 
 log = logging.getLogger(__name__)
-
-
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    rest = endpoint.split("://", 1)[-1].rstrip("/")
-    host, _, port = rest.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"etcd endpoint {endpoint!r} is not host:port or http://host:port")
-    return host, int(port)
 
 
 def _b(s: str) -> bytes:

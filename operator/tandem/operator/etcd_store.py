@@ -9,23 +9,16 @@ are tried in order until one answers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 import aetcd
 
 from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.endpoints import parse_endpoint
 from tandem.spec.progress import Progress
 
 
 class EtcdUnavailable(RuntimeError):
     """No endpoint of the list answered."""
-
-
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    url = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if not url.hostname:
-        raise ValueError(f"not an etcd endpoint: {endpoint!r}")
-    return url.hostname, url.port or 2379
 
 
 class EtcdStore:

@@ -42,7 +42,6 @@ class Plan:
     delete: list[str] = field(default_factory=list)  # pod names to delete
     ensure_objects: bool = False  # Service, ConfigMap, Secret must exist
     events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None  # wake again sooner than the timer interval
 
     @property
     def restart_generation(self) -> int:
@@ -126,7 +125,6 @@ def decide(obs: Observation) -> Plan:
         policy = spec.failure_policy
         wait = restart_policy.backoff_remaining(status.restart_began(new), policy.backoff_seconds, now)
         if stale or wait > 0:
-            plan.requeue_after = max(wait, 0.5)
             return _finish(obs, plan, before)
         status.set_phase(new, "Pending", f"restart {new.restarts}: creating pods", now)
         plan.create = list(range(len(expected)))
@@ -142,7 +140,6 @@ def decide(obs: Observation) -> Plan:
             new.restarts += 1
             status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}; {_resumes(obs.job)}",
                              now)
-            plan.requeue_after = max(float(spec.failure_policy.backoff_seconds), 0.5)
         else:
             status.set_phase(new, "Failed", f"{what}; maxRestarts ({limit}) reached", now)
         return _finish(obs, plan, before)

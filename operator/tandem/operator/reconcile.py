@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,7 +36,6 @@ class JobMemory:
     error: SpecError | None = None
     objects_ensured: bool = False
     written_rv: int = 0  # resourceVersion returned by our last status patch
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

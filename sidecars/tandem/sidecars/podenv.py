@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.spec.load import load_job
 from tandem.spec.models import RLHFJob
 
@@ -55,7 +56,7 @@ class PodEnv(BaseModel):
 
     @property
     def etcd(self) -> list[str]:
-        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
+        return split_endpoints(self.etcd_endpoints)
 
     @property
     def address(self) -> str:

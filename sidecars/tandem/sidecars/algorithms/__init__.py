@@ -5,22 +5,22 @@ engine (`Algorithm.loss(logprobs, micro_batch)`, `token_logprobs`, `PackedBatch`
 per-iteration flow and `packing` for the token alignment convention.
 """
 
-from tandem.sidecars.algorithms import base, dpo, functional, grpo, packing, ppo
+from tandem.sidecars.algorithms import base, dpo, functional, grpo, packing, ppo, registry
 from tandem.sidecars.algorithms.base import (
     Algorithm,
     AlgorithmError,
     Metrics,
     Sample,
-    make_algorithm,
     pack_samples,
 )
 from tandem.sidecars.algorithms.dpo import DPO, preference_pairs
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.packing import PackedBatch, PackingError, Placement, pack, token_logprobs
 from tandem.sidecars.algorithms.ppo import PPO
+from tandem.sidecars.algorithms.registry import make_algorithm
 
 __all__ = [
     "DPO", "GRPO", "PPO", "Algorithm", "AlgorithmError", "Metrics", "PackedBatch", "PackingError",
     "Placement", "Sample", "base", "dpo", "functional", "grpo", "make_algorithm", "pack", "pack_samples",
-    "packing", "ppo", "preference_pairs", "token_logprobs",
+    "packing", "ppo", "preference_pairs", "registry", "token_logprobs",
 ]

@@ -1,7 +1,7 @@
 """The common interface of the RL algorithms, the sample record, and the one place choosing them.
 
-Role: `Algorithm` is the Protocol the driver and the trainer engine program against;
-`make_algorithm(spec)` maps the job's `algorithm.name` to its class. Callers: the driver
+Role: `Algorithm` is the Protocol the driver and the trainer engine program against (the
+algorithms import this module; `registry.make_algorithm` above them picks one). Callers: the driver
 (prepare after rollouts and rewards), the Megatron engine (calls `loss` per micro-batch).
 
 Flow per iteration:
@@ -22,14 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from tandem.sidecars.algorithms.packing import PackedBatch, pack
-
-if TYPE_CHECKING:
-    from tandem.spec.models import Algorithm as AlgorithmSpec
 
 
 class AlgorithmError(ValueError):
@@ -109,19 +106,3 @@ def per_token(samples: Sequence[Sample], attr: str) -> list[list[float]] | None:
             raise AlgorithmError(f"sample {i}: {attr} must have one value per completion token")
         out.append(list(v))
     return out
-
-
-def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0) -> Algorithm:
-    """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec.
-
-    Knobs the spec does not carry (reduction, advantage scaling, whitening) keep their documented
-    defaults; build the class directly to change them.
-    """
-    from tandem.sidecars.algorithms.dpo import DPO
-    from tandem.sidecars.algorithms.grpo import GRPO
-    from tandem.sidecars.algorithms.ppo import PPO
-
-    classes: dict[str, type[GRPO] | type[PPO] | type[DPO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO}
-    if spec.name not in classes:
-        raise AlgorithmError(f"algorithm.name: unknown algorithm {spec.name!r}")
-    return classes[spec.name].from_spec(spec, pad_id=pad_id)

@@ -26,9 +26,9 @@ from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.durable import DurableStore
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.sidecars.algorithms.base import Algorithm, Sample, make_algorithm
+from tandem.sidecars.algorithms.base import Algorithm, Sample
 from tandem.sidecars.algorithms.packing import PackedBatch
-from tandem.sidecars.algorithms.ppo import PPO
+from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.trainer import persist, resume, sharded, train_state
@@ -340,10 +340,11 @@ class TrainerContext:
         global), hence reduction="sum"; each of the `steps` optimizer steps sees 1/steps of them.
         """
         loss_of: Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, dict[str, float]]] = self.algorithm.loss
-        if critic:
-            if not isinstance(self.algorithm, PPO):
-                raise TypeError(f"{type(self.algorithm).__name__} has no critic loss")
-            loss_of = self.algorithm.critic_loss
+        if critic:  # the capability that comes with needs_values (PPO with a learned critic)
+            critic_loss = getattr(self.algorithm, "critic_loss", None)
+            if not self.algorithm.needs_values or critic_loss is None:
+                raise TypeError(f"{self.algorithm.name} has no critic loss")
+            loss_of = critic_loss
 
         def loss_fn(out: torch.Tensor, mb: PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
             loss, metrics = loss_of(shift_to_labels(out), mb)
@@ -353,7 +354,7 @@ class TrainerContext:
 
     # ---- reporting ---------------------------------------------------------------------------
     def report(self, phase: Phase, iteration: int, version: int, *, reward: float | None = None,
-               message: str = "", final: bool = False) -> None:
+               message: str = "") -> None:
         if not self.is_driver or self.registry is None:
             return
         p = Progress(phase=phase, iteration=iteration, iterations=self.job.spec.algorithm.iterations,

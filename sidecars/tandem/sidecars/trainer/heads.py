@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer import packing
+from tandem.sidecars.trainer import micro_batches
 from tandem.sidecars.trainer.megatron_build import Parallelism
 
 
 def _aligned(per_position: torch.Tensor, mb: Any) -> torch.Tensor:
     """`per_position[:, t-1]` (computed at token t-1, about token t) placed at t within each sample."""
-    seg = packing.require(mb, "segment_ids")
+    seg = micro_batches.require(mb, "segment_ids")
     same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
     scored = torch.where(same, per_position, torch.zeros_like(per_position))
     return torch.cat([torch.zeros_like(scored[:, :1]), scored], dim=1)
@@ -35,7 +35,7 @@ def logprobs(logits: torch.Tensor, mb: Any, shape: ModelShape, par: Parallelism)
         start = par.tp_rank * logits.shape[-1]
         column = torch.arange(start, start + logits.shape[-1], device=logits.device)
         logits = logits.masked_fill(column >= shape.vocab, torch.finfo(logits.dtype).min)
-    ids = packing.require(mb, "input_ids")
+    ids = micro_batches.require(mb, "input_ids")
     nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
     return _aligned(-nll, mb)
 

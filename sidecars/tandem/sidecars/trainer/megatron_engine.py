@@ -7,7 +7,7 @@ arguments (the batch may differ across data-parallel ranks). Runs on GPUs (NCCL)
 gradient accumulation over micro-batches and pipeline parallelism share one path.
 
 Batches are packed: the algorithms' ``PackedBatch`` or a mapping with ``input_ids`` and
-``segment_ids`` of shape ``[rows, row_len]`` (see :mod:`.packing`); attention never crosses a
+``segment_ids`` of shape ``[rows, row_len]`` (see :mod:`.micro_batches`); attention never crosses a
 ``segment_ids`` boundary (a block-diagonal causal mask). Megatron's rotary embedding numbers the
 positions of the whole row, which gives the same attention scores as per-sample positions
 because RoPE scores depend only on relative positions (packed == unpacked is tested).
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer import heads, megatron_build, megatron_export, packing
+from tandem.sidecars.trainer import heads, megatron_build, megatron_export, micro_batches
 from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
 from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
 
@@ -155,35 +155,35 @@ class MegatronEngine:
     # ----- forward -----
     def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
         mbs = micro_batch_size or self.micro_batch_size
-        rows = packing.require(batch, "input_ids").shape[0]
+        rows = micro_batches.require(batch, "input_ids").shape[0]
         if self.par.pp > 1 and rows % mbs:
             raise EngineError(f"with pipeline parallelism, rows ({rows}) must be a multiple of {mbs}")
         device = megatron_build.device()
-        return [packing.to_device(mb, device) for mb in packing.split_rows(batch, mbs)]
+        return [micro_batches.to_device(mb, device) for mb in micro_batches.split_rows(batch, mbs)]
 
     def _forward_step(
         self, loss_fn: Callable[..., Any] | None, data_iterator: Iterator[Any], model: Any
     ) -> tuple[torch.Tensor, Any]:
         mb = next(data_iterator)
-        seg = packing.require(mb, "segment_ids")
-        positions = packing.field(mb, "position_ids")
+        seg = micro_batches.require(mb, "segment_ids")
+        positions = micro_batches.field(mb, "position_ids")
         if positions is None:
-            positions = packing.position_ids(seg)
-        output = model(packing.require(mb, "input_ids"), positions, packing.attention_mask(seg))
+            positions = micro_batches.position_ids(seg)
+        output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg))
         return output, (partial(loss_fn, mb) if loss_fn is not None else None)
 
     def _run(
-        self, micro_batches: list[Any], loss: Callable[..., Any] | None, forward_only: bool
+        self, batches: list[Any], loss: Callable[..., Any] | None, forward_only: bool
     ) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        rows, cols = packing.require(micro_batches[0], "input_ids").shape
+        rows, cols = micro_batches.require(batches[0], "input_ids").shape
         return list(
             get_forward_backward_func()(
                 forward_step_func=partial(self._forward_step, loss),
-                data_iterator=iter(micro_batches),
+                data_iterator=iter(batches),
                 model=[self.model],
-                num_microbatches=len(micro_batches),
+                num_microbatches=len(batches),
                 seq_length=cols,
                 micro_batch_size=rows,
                 forward_only=forward_only,
@@ -210,7 +210,7 @@ class MegatronEngine:
                 mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._outputs(logits, mb)}), True
             )
         result = torch.cat([o["lp"] for o in outs]) if outs else torch.empty(0)
-        size = tuple(packing.require(batch, "input_ids").shape)
+        size = tuple(micro_batches.require(batch, "input_ids").shape)
         return self._from_last_stage(result, size, torch.float32).cpu()
 
     def logits(self, batch: Any) -> torch.Tensor:
@@ -218,7 +218,7 @@ class MegatronEngine:
         from megatron.core import tensor_parallel as mtp
 
         self.model.eval()
-        rows, cols = packing.require(batch, "input_ids").shape
+        rows, cols = micro_batches.require(batch, "input_ids").shape
         mbs = self._micro_batches(batch, rows)
         with torch.no_grad():
             outs = self._run(mbs, lambda mb, lg: (torch.zeros(()), {"lg": lg.float()}), True)
@@ -266,7 +266,7 @@ class MegatronEngine:
         """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
 
         ``batch`` is the global batch: with data parallelism each dp rank trains on its own
-        contiguous share of the rows (``packing.dp_share``; gradients meet in DDP's all-reduce),
+        contiguous share of the rows (``micro_batches.dp_share``; gradients meet in DDP's all-reduce),
         split into micro-batches of ``micro_batch_size`` rows (default: the
         engine's), each in the batch's own type (``PackedBatch.rows``); the loss of each is
         ``loss_fn(logprobs, micro_batch)`` with ``logprobs`` as :meth:`token_logprobs` but with
@@ -281,12 +281,12 @@ class MegatronEngine:
             raise EngineError("this engine was built with trainable=False")
         start = time.perf_counter()
         self.model.train()
-        rows = packing.require(batch, "input_ids").shape[0]
-        lo, hi = packing.dp_share(rows, self.par.dp, self.par.dp_rank)
+        rows = micro_batches.require(batch, "input_ids").shape[0]
+        lo, hi = micro_batches.dp_share(rows, self.par.dp, self.par.dp_rank)
         self.last_step_rows = hi - lo
         # a data-parallel rank left without rows runs one row with weight 0: the gradient
         # all-reduce is collective, so every rank takes part in the step
-        mbs = self._micro_batches(packing.take_rows(batch, lo, max(hi, lo + 1)), micro_batch_size)
+        mbs = self._micro_batches(micro_batches.take_rows(batch, lo, max(hi, lo + 1)), micro_batch_size)
         counted = len(mbs) if hi > lo else 0
         total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
         self.model.zero_grad_buffer()

@@ -2,7 +2,7 @@
 
 Role: the Inference phase (reference and old-policy log-probs, critic values) needs per-sample
 results on every rank. Each dp rank runs the forwards on its share of the packed rows
-(`packing.dp_share`, the same split the train step uses), turns them into per-sample lists in the
+(`micro_batches.dp_share`, the same split the train step uses), turns them into per-sample lists in the
 algorithms' layout, and the lists are gathered over the dp group — so N model copies do 1/N of the
 work each instead of all of it. Tensor- and pipeline-parallel ranks of one copy share a share.
 Caller: `TrainerContext.inference` (every rank).
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tandem.sidecars.trainer import megatron_build, packing
+from tandem.sidecars.trainer import megatron_build, micro_batches
 from tandem.sidecars.trainer.heads import shift_to_labels
 from tandem.sidecars.trainer.megatron_build import Parallelism
 
@@ -26,7 +26,7 @@ def per_sample_outputs(
     forwards: Sequence[Forward | None], packed: Any, par: Parallelism
 ) -> list[dict[int, list[float]]]:
     """For each forward (None: skipped, gives {}), sample index → per-completion-token values."""
-    lo, hi = packing.dp_share(packed.num_rows, par.dp, par.dp_rank)
+    lo, hi = micro_batches.dp_share(packed.num_rows, par.dp, par.dp_rank)
     local = packed.rows(lo, hi)
     mine: list[dict[int, list[float]]] = []
     for forward in forwards:

@@ -1,0 +1,30 @@
+"""The one place choosing an algorithm: the job's `algorithm.name` -> its class, configured from the spec.
+
+Role: sits above the algorithm modules (they import `base`, never this), so no import cycle joins
+them. Caller: the trainer context (`make_algorithm(spec.algorithm, pad_id=...)`), tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tandem.sidecars.algorithms.base import Algorithm, AlgorithmError
+from tandem.sidecars.algorithms.dpo import DPO
+from tandem.sidecars.algorithms.grpo import GRPO
+from tandem.sidecars.algorithms.ppo import PPO
+
+if TYPE_CHECKING:
+    from tandem.spec.models import Algorithm as AlgorithmSpec
+
+CLASSES: dict[str, type[GRPO] | type[PPO] | type[DPO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO}
+
+
+def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0) -> Algorithm:
+    """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec.
+
+    Knobs the spec does not carry (reduction, advantage scaling, whitening) keep their documented
+    defaults; build the class directly to change them.
+    """
+    if spec.name not in CLASSES:
+        raise AlgorithmError(f"algorithm.name: unknown algorithm {spec.name!r}")
+    return CLASSES[spec.name].from_spec(spec, pad_id=pad_id)
