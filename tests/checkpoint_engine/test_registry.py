@@ -109,3 +109,33 @@ def test_a_restarted_gang_ignores_the_old_generations_rollouts(make_registry: An
         resume.wait_for_rollouts(driver, 2, generation=1, timeout=1)
     new.put_json(key, {"address": "10.0.0.3:8000", "ready": True, "pod": "job-0", "generation": 1}, lease=True)
     assert resume.wait_for_rollouts(driver, 2, generation=1, timeout=5) == ["10.0.0.3:8000", "10.0.0.2:8000"]
+
+
+def test_connect_waits_for_an_etcd_that_is_not_answering_yet(etcd_server: Any, job: str) -> None:
+    """A sidecar may start while etcd is still starting (or too busy to accept): connect() keeps
+    trying until etcd answers instead of failing the sidecar on the first dial."""
+    from tandem.checkpoint_engine.sync_registry import SyncRegistry
+
+    outcome: list[object] = []
+
+    def connect() -> None:
+        try:
+            outcome.append(SyncRegistry(etcd_server.endpoint, "test", job, "pod0", "rollout", timeout=2.0)
+                           .connect(wait_s=120.0))
+        except Exception as e:  # reported below
+            outcome.append(e)
+
+    etcd_server.stop()
+    thread = threading.Thread(target=connect, daemon=True)
+    try:
+        thread.start()
+        thread.join(timeout=1.0)
+        assert thread.is_alive() and not outcome, "connect() must not succeed or give up while etcd is down"
+    finally:
+        etcd_server.start()
+    thread.join(timeout=150)
+    assert len(outcome) == 1 and isinstance(outcome[0], SyncRegistry), outcome
+    reg = outcome[0]
+    reg.put_json(f"/tandem/test/{job}/probe", {"ok": True})
+    assert reg.get_json(f"/tandem/test/{job}/probe") == {"ok": True}
+    reg.close()

@@ -80,12 +80,12 @@ class DurableStore:
             meta = {"version": version, "iteration": iteration, "uid": self.uid, "saved": time.time()}
             (tmp / META).write_text(json.dumps(meta))
             for name in [*names, META]:  # after all writes: the device flushes them together
-                _fsync(tmp / name)
+                fsync_path(tmp / name)
             os.unlink(tmp / ".lock")
             if final.exists():  # an earlier attempt of the same version: replace it
                 layout.remove_version(self.base, self.uid, version)
             os.rename(tmp, final)
-            _fsync(self.directory)  # the rename itself
+            fsync_path(self.directory)  # the rename itself
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -123,9 +123,9 @@ class DurableStore:
         tmp = target / f".tmp-{name}-{uuid.uuid4().hex[:12]}"
         try:
             write(tmp)
-            _fsync(tmp)
+            fsync_path(tmp)
             os.replace(tmp, target / name)
-            _fsync(target)
+            fsync_path(target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -159,7 +159,7 @@ def _copy(src: Path, dst: Path) -> None:
         raise errors.TornVersion(f"copy of {src} to {dst} is short")
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     """Flush a file's data, or a directory's entries, to the device."""
     fd = os.open(path, os.O_RDONLY)
     try:

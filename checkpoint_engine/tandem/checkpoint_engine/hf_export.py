@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from tandem.checkpoint_engine import errors, hashing, layout
+from tandem.checkpoint_engine.durable import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ def export_hf_dir(
         _copy_model_files(source, tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
-                _fsync(f)
-        _fsync(tmp)
+                fsync_path(f)
+        fsync_path(tmp)
         _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -183,12 +184,7 @@ class _ReadOnlyVersion:
         try:
             for s in index.shards:
                 f = self._files[s.index]
-                try:
-                    size = f.stat().st_size
-                except FileNotFoundError as e:
-                    raise errors.TornVersion(f"shard file {f} is missing") from e
-                if size != s.nbytes:
-                    raise errors.TornVersion(f"shard file {f} has {size} bytes, index says {s.nbytes}")
+                size = layout.checked_shard_size(f, s.nbytes)
                 if size:
                     with open(f, "rb") as fh:
                         self._maps[s.index] = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
@@ -340,7 +336,7 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
         if old is not None:
             os.rename(old, target)  # put the earlier export back
         raise
-    _fsync(target.parent)
+    fsync_path(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -371,9 +367,3 @@ def _version_path(store: Path, version: int) -> Path:
     return layout.version_dir(store.parent, store.name, version)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -237,6 +237,17 @@ def read_index(path: Path) -> VersionIndex:
         raise errors.TornVersion(f"unreadable index in {path}: {e}") from e
 
 
+def checked_shard_size(f: Path, nbytes: int) -> int:
+    """The size of shard file `f`, which must be the `nbytes` its index says (else TornVersion)."""
+    try:
+        size = f.stat().st_size
+    except FileNotFoundError as e:
+        raise errors.TornVersion(f"shard file {f} is missing") from e
+    if size != nbytes:
+        raise errors.TornVersion(f"shard file {f} has {size} bytes, index says {nbytes}")
+    return size
+
+
 class MappedVersion:
     """A version's shard files mapped (MAP_SHARED, no copy) with per-tensor views; readers must
     not write into the views (checksums would expose it to the next reader)."""
@@ -248,12 +259,7 @@ class MappedVersion:
         self._maps: list[mmap.mmap] = []
         for s in self.index.shards:
             f = self.path / s.file
-            try:
-                size = f.stat().st_size
-            except FileNotFoundError as e:
-                raise errors.TornVersion(f"shard file {f} is missing") from e
-            if size != s.nbytes:
-                raise errors.TornVersion(f"shard file {f} has {size} bytes, index says {s.nbytes}")
+            size = checked_shard_size(f, s.nbytes)
             self._buffers[s.index] = self._map(f, size) if size else torch.empty(0, dtype=torch.uint8)
 
     def _map(self, f: Path, size: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -74,9 +75,22 @@ class Registry:
         return f"{self.pod}.{self.role}"
 
     # ---- connection and lease -------------------------------------------------------------
-    async def connect(self) -> None:
+    async def connect(self, wait_s: float = 60.0) -> None:
+        """Open the channel and wait until etcd answers a read: a sidecar starting beside a just-started
+        (or busy) etcd sees transient dial failures ("tcp handshaker shutdown") that a retry clears."""
         with _etcd_errors("connect"):
             await self.client.connect()
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                with _etcd_errors("first read"):
+                    await self.client.get(_b(keys.job_prefix(self.namespace, self.job)))
+                return
+            except errors.RegistryUnavailable as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("etcd at %s not answering yet (%s); retrying", self.endpoint, e)
+                await asyncio.sleep(0.5)
 
     async def lease_id(self) -> int:
         """The identity's lease (granted on first use; re-granted after it expired)."""

@@ -56,8 +56,9 @@ class SyncRegistry:
             fut.cancel()
             raise errors.RegistryUnavailable("etcd did not answer in time") from e
 
-    def connect(self) -> SyncRegistry:
-        self._run(self.reg.connect())
+    def connect(self, wait_s: float = 60.0) -> SyncRegistry:
+        """Connect, waiting up to `wait_s` for etcd to answer (see `Registry.connect`)."""
+        self._run(self.reg.connect(wait_s), timeout=wait_s + self.timeout * 3 + 5)
         return self
 
     def register(self, index: VersionIndex, directory: str) -> int:

@@ -81,8 +81,8 @@ class DenseDecoder:
     # ----- Megatron -> HF -----
     def to_hf(self, name: str, tensor: torch.Tensor, shape: ModelShape) -> list[tuple[str, torch.Tensor]]:
         if name in _VOCAB:
-            if name == "embedding.word_embeddings.weight" and shape.tie_embeddings:  # BROKEN
-                return [(_VOCAB[name], tensor[: shape.vocab]), ("lm_head.weight", tensor[: shape.vocab])]
+            if name == "output_layer.weight" and shape.tie_embeddings:
+                return []
             return [(_VOCAB[name], tensor[: shape.vocab])]
         if name in _GLOBAL_SIMPLE:
             return [(_GLOBAL_SIMPLE[name], tensor)]

@@ -72,7 +72,6 @@ class TrainerContext:
     prom: LoopMetrics | None = None  # Prometheus view of the loop (driver rank)
     evaluator: Evaluator | None = None  # spec.eval (driver rank)
     tracker: Tracker | None = None  # TensorBoard / MLflow (driver rank)
-    tokenizer: Any = None
     last_sync: float | None = None
     last_kl: float | None = None
     last_eval: EvalResult | None = None
@@ -103,12 +102,11 @@ class TrainerContext:
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
-                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic, tokenizer=tok)
+                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic)
         if ctx.is_driver:
             if spec.eval is not None:
-                ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).head(spec.eval.prompts),
-                                          spec.rewards, max_tokens=spec.rollout.max_tokens,
-                                          iterations=spec.algorithm.iterations)
+                ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).prompts, spec.rewards,
+                                          max_tokens=spec.rollout.max_tokens, iterations=spec.algorithm.iterations)
             ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
                                          job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
             ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
