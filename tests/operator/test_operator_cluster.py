@@ -17,7 +17,7 @@ from harness import MANIFESTS, OperatorProcess, etcd_keys, etcd_put, get_json, w
 from wrappers import JobWrapper
 
 from tandem.checkpoint_engine import keys
-from tandem.spec.progress import Progress
+from tandem.spec.progress import EvalSummary, Progress
 
 pytestmark = pytest.mark.k8s
 OUT = Path("/tmp/tandem-operator-evidence")
@@ -107,18 +107,20 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
         weight_version=11,
         last_sync_seconds=2.5,
         reward_mean=0.75,
+        eval=EvalSummary(iteration=10, weight_version=10, pass_at_1=0.4, pass_at_k=0.6, k=4, prompts=256),
     )
     etcd_put(etcd_server.endpoint, keys.progress(ns, name), progress.to_json())
     st = wait_for(
         "status from etcd", lambda: phase_is(k8s, ns, name, "Running", iteration=12, rewardMean=0.75), 30
     )
     assert st["weightVersion"] == 11 and st["lastSyncSeconds"] == 2.5
+    assert st["eval"] == {"iteration": 10, "passAt1": 0.4, "passAtK": 0.6, "k": 4}
     assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
 
     table = k8s.kubectl("get", "rlhfjobs", "-n", ns).stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "ITERATION", "REWARD", "SYNC(S)", "AGE"]
-    assert row.split()[:5] == [name, "Running", "12", "0.75", "2.5"]
+    assert header.split() == ["NAME", "PHASE", "ITERATION", "REWARD", "EVAL", "SYNC(S)", "AGE"]
+    assert row.split()[:6] == [name, "Running", "12", "0.75", "0.4", "2.5"]
     OUT.mkdir(exist_ok=True)
     pods_table = k8s.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
     (OUT / "kubectl-get-rlhfjobs.txt").write_text(
