@@ -14,7 +14,7 @@ Tandem's phase-switch share of an iteration (offload/onload/publish/sync/release
 Sizes: `tiny` is the demo's model (fixed per-iteration costs dominate; report only); `100m` is a
 ~100M-parameter random Qwen2 with the toy tokenizer and 64-token completions (reward meaningless,
 throughput only). Not a test; needs TRL in the venv (see `TRL_HINT`). Run:
-    /root/.cache/tandem/venv/bin/python bench/rl_vs_trl.py --size tiny [--iterations 20] [--out DIR]
+    /root/.cache/tandem/venv/bin/python bench/rl_vs_trl.py --size tiny|100m|smollm2 [--iterations N] [--out DIR]
 It prints a table and writes DIR/rl_vs_trl-<size>.json (default DIR: /tmp/tandem-bench/rl_vs_trl).
 
 Measured here (2 cores shared with other work, TRL 1.16.0): tiny, 20 iterations x 256 completions:
@@ -23,16 +23,33 @@ the last 5 iterations 0.350 (Tandem) vs 0.435 (TRL), switch share 6.0%. 100m (10
 completions of ~60 tokens: Tandem 0.64 completions/s vs TRL 0.74 (2 threads): 0.87x, 0.84x against
 TRL on 1 thread; Tandem's train phase (26-34 s of ~50-60 s per iteration) dominates; switch share 3-4%.
 
-`smollm2` is the pretrained SmolLM2-135M-Instruct on examples/smollm2-grpo.yaml's task (chat-format
-single-digit sums, flexible answer match, 24 held-out prompts x 4 samples at temperature 1 scored
-before and after for both; TRL's trained model is scored by bench/rl_vs_trl_eval.py on the same
-path). Measured here, 10 iterations x 8 prompts x 4 completions x <=48 tokens, back to back:
-Tandem 0.95 completions/s in the loop (0.80 with start-up) vs TRL 0.50 (0.50): 1.88x (1.61x), tokens/s
-1.93x; mean s/iteration Tandem train 23.8, rollout 6.9, eval 1.4, onload 1.1, publish 0.9, sync 0.9,
-switch share 9.2% — TRL generate 24.7, train 38.9. Held-out pass@1 before -> after: Tandem 0.19 ->
-0.29 (0.33 scored like TRL's), TRL 0.14 -> 0.45; the same untrained model measured 0.19 and 0.14 in
-one run, so +-0.05 is sampling noise (CPU sampling is unseeded) and 10 iterations is too short to
-call accuracy: the throughput target (>= 1.5x) is met, "equal or better accuracy" was not shown here.
+`smollm2` is the pretrained SmolLM2-135M-Instruct (134.5M params, float32) on examples/smollm2-grpo.yaml's
+task: chat-format single-digit sums (examples/arith, TRL gets the same messages and applies the same chat
+template: identical prompt token ids), answerMatch `flexible`, group 4, 8 prompts, <=48 tokens, lr 1e-5,
+KL 0, clip 0.2, token-mean, 10 iterations; ~14 min on 2 cores. Held-out pass@1/pass@4 on the first 24
+prompts of test.jsonl, 4 samples at temperature 1, before and after, for both: Tandem's own spec.eval
+(eval.jsonl, on its live vLLM); TRL's base model and saved trained model, plus Tandem's exported last
+version as a cross-check, by bench/rl_vs_trl_eval.py: the same `Evaluator` + `RolloutEngine` (vLLM)
+code, started on each HF directory. Eval/export time is left out of Tandem's seconds (31.6 s here).
+Measured here (run 1, quiet machine): Tandem 1.15 completions/s in the loop (1.01 with start-up) vs
+TRL 0.88 (0.87): 1.30x (1.16x); completion tokens/s 38.0 vs 34.2: 1.11x (Tandem's policy answered
+shorter: 33.1 vs 38.7 tokens/completion). Pass@1 before -> after: Tandem 0.135 -> 0.490 (pass@4
+0.458 -> 0.917; its export scored like TRL's: 0.521), TRL 0.094 -> 0.396 (pass@4 0.292 -> 0.833).
+Tandem s/iteration: train 20.2 (73%; 31-32 s in the first two iterations, 14-22 s after), rollout 5.2
+(vLLM generate 4.8, rest the greedy probe), onload 0.9, sync 0.7, publish 0.7, offload 0.1; switch
+share 8.9%. TRL s/step (its run is deterministic, so a quiet re-run reproduced it and was timed by
+phase: 332 s): generate 9.2 (transformers generate, 2 threads), train 24.0. So the target (>= 1.5x
+completions/s at equal or better accuracy) is MISSED on throughput: the CPU training step dominates
+both loops and is only ~1.2x faster in Tandem; vLLM saves ~4.4 s/iteration while running on ONE of the
+2 cores (vLLM's CPU worker reserves a core: `reserved_cpus=[1]` in the rollout log), and the phase
+switches give back ~2.4 s. Even with free generation and switches the ratio would be 33.2/20.2 = 1.64x.
+Run 2 (same settings) is not usable for the ratio: TRL's half overlapped a test suite (635 s vs 332 to
+362 s quiet; its training was identical, loss and rewards equal to run 1), while Tandem's half was
+quiet: 0.95 completions/s (39.7 tokens/completion, 37.6 tokens/s: the same token rate as run 1),
+pass@1 0.188 -> 0.292 (export 0.333). Re-scoring TRL's identical weights gave 0.448 instead of 0.396
+and the untrained model 0.094-0.188 across runs: +-0.05 is sampling noise (CPU sampling is unseeded),
+and Tandem's run-to-run spread after 10 iterations (0.29-0.49) is larger, so "equal or better
+accuracy" held in run 1 but is not established by this short run.
 """
 
 from __future__ import annotations
