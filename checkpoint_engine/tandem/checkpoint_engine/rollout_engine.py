@@ -273,7 +273,7 @@ class RolloutEngine:
     # ---- generation -----------------------------------------------------------------------------
     def generate(
         self,
-        prompts: Sequence[str] | Sequence[Sequence[int]],
+        prompts: Sequence[str | Sequence[int]],
         options: SamplingOptions | None = None,
         n: int = 1,
     ) -> list[list[Completion]]:

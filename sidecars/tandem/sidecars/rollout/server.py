@@ -20,7 +20,7 @@ from tandem.checkpoint_engine.rollout_engine import RolloutEngine
 
 
 class GenerateRequest(BaseModel):
-    prompts: list[str] | list[list[int]] = Field(min_length=1)
+    prompts: list[str | list[int]] = Field(min_length=1)
     options: SamplingOptions = Field(default_factory=SamplingOptions)
     n: int = Field(1, ge=1, le=1024)
 

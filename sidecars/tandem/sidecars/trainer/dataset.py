@@ -71,6 +71,12 @@ class Prompt:
         if not self.question:
             object.__setattr__(self, "question", self.text)
 
+    @property
+    def model_input(self) -> str | list[int]:
+        """What vLLM is asked to continue: the token ids (chat template applied, special tokens exactly
+        once), or the text when no tokenizer rendered it."""
+        return self.token_ids if self.token_ids is not None else self.text
+
 
 class PromptDataset:
     def __init__(self, prompts: list[Prompt], seed: int = 0):

@@ -19,7 +19,6 @@ from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer import resume
 from tandem.sidecars.trainer.context import TrainerContext
-from tandem.sidecars.trainer.dataset import Prompt
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 
@@ -119,12 +118,12 @@ def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> tuple[
     if ctx.registry is not None:  # rollout-only pods that registered since (scaled up)
         joined = ctx.rollouts.join(resume.rollout_addresses(ctx.registry, ctx.env.restart_generation), ctx.version)
     t = time.perf_counter()
-    groups, versions = ctx.rollouts.generate(model_inputs(prompts), opts, n=spec.algorithm.group_size)
+    groups, versions = ctx.rollouts.generate([p.model_input for p in prompts], opts, n=spec.algorithm.group_size)
     seconds = time.perf_counter() - t
     if len(versions) != 1:
         raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
     probe = ctx.dataset.prompts[0]  # the same prompt every iteration: greedy output tracks weights
-    greedy, _ = ctx.rollouts.generate(model_inputs([probe]), opts.model_copy(update={"temperature": 0.0, "seed": 0}),
+    greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
                                       n=1)
     samples: list[Sample] = []
     inputs: list[RewardInput] = []
@@ -143,12 +142,6 @@ def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> tuple[
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
     return samples, inputs
-
-
-def model_inputs(prompts: list[Prompt]) -> list[Any]:
-    """What vLLM is asked to continue: the prompt's token ids (chat template applied, special tokens
-    exactly once), or its text when no tokenizer rendered it."""
-    return [p.token_ids if p.token_ids is not None else p.text for p in prompts]
 
 
 def summarize(samples: list[Sample]) -> dict[str, float]:

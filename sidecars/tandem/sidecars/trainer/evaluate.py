@@ -31,7 +31,7 @@ VERIFIABLE = ("answerMatch", "codeExec")
 
 
 class Generator(Protocol):
-    def generate(self, prompts: Sequence[str] | Sequence[list[int]], options: SamplingOptions,
+    def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions,
                  n: int) -> tuple[list[list[Completion]], set[int | None]]: ...
 
 
@@ -81,7 +81,7 @@ class Evaluator:
         t = time.perf_counter()
         opts = SamplingOptions(temperature=self.spec.temperature, top_p=1.0, max_tokens=self.max_tokens,
                                seed=self.spec.seed)
-        inputs: list[Any] = [p.token_ids if p.token_ids is not None else p.text for p in self.prompts]
+        inputs: list[Any] = [p.model_input for p in self.prompts]
         k = self.spec.samples
         drawn = 1 if self.spec.temperature == 0 else k  # greedy: one sample stands for all k
         groups, _ = generator.generate(inputs, opts, n=drawn)

@@ -57,7 +57,7 @@ class RolloutClient:
         with ThreadPoolExecutor(len(self.addresses)) as pool:
             return list(pool.map(lambda a: self._call(a, path, body), self.addresses))
 
-    def generate(self, prompts: Sequence[str] | Sequence[list[int]], options: SamplingOptions,
+    def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions,
                  n: int) -> tuple[list[list[Completion]], set[int | None]]:
         """n completions per prompt, spread over the rollouts in contiguous slices of prompts.
 
