@@ -29,7 +29,7 @@ test: setup
 	scripts/test.sh
 
 lint: setup-python
-	$(VENV)/bin/ruff check operator sidecars checkpoint_engine tests bench
+	$(VENV)/bin/ruff check operator sidecars spec checkpoint_engine tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("checkpoint_engine", "sidecars", "operator"):
+for sub in ("checkpoint_engine", "spec", "sidecars", "operator"):
     sys.path.insert(0, str(ROOT / sub))
 
 import torch  # noqa: E402

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / r) for r in ("operator", "sidecars", "checkpoint_engine")]
+sys.path[:0] = [str(ROOT / r) for r in ("operator", "sidecars", "spec", "checkpoint_engine")]
 
 import torch  # noqa: E402
 

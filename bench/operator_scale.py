@@ -32,7 +32,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [
     str(ROOT / "tests" / "operator"),
-    *(str(ROOT / r) for r in ("operator", "sidecars", "checkpoint_engine")),
+    *(str(ROOT / r) for r in ("operator", "sidecars", "spec", "checkpoint_engine")),
 ]
 
 from controlplane import ControlPlane, free_port, missing_binaries  # noqa: E402

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOTS = ("operator", "sidecars", "checkpoint_engine")
+ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 sys.path[:0] = [str(ROOT / r) for r in ROOTS]
 
 TRL_HINT = ('TRL is not installed. Install it beside the venv\'s torch/transformers without upgrading them:\n'

@@ -99,7 +99,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
-        roots = os.pathsep.join(str(ROOT / r) for r in ("operator", "sidecars", "checkpoint_engine"))
+        roots = os.pathsep.join(str(ROOT / r) for r in ("operator", "sidecars", "spec", "checkpoint_engine"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "TANDEM_"))}
         env.update(
             KUBECONFIG=str(self.kubeconfig),

@@ -21,7 +21,7 @@ from tandem.sidecars.toy.model import accuracy, generate, random_model
 from tandem.sidecars.toy.tokenizer import SPLIT_REGEX
 from tandem.spec.models import Reward
 
-ROOTS = ("operator", "sidecars", "checkpoint_engine")
+ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,25 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.trainer import train_state
 from tandem.spec.progress import Progress
 
-if TYPE_CHECKING:
-    from tandem.sidecars.trainer.context import TrainerContext
+
+class Resumable(train_state.TrainerParts, Protocol):
+    """What resuming needs of its caller (`TrainerContext` passes itself in; no import back)."""
+
+    @property
+    def env(self) -> PodEnv: ...
+    @property
+    def registry(self) -> SyncRegistry | None: ...
+    @property
+    def is_driver(self) -> bool: ...
+    def broadcast(self, obj: Any) -> Any: ...
 
 
 log = logging.getLogger(__name__)
@@ -57,7 +67,7 @@ def wait_for_rollouts(registry: SyncRegistry, count: int, generation: int, timeo
     raise ResumeError(f"only {len(found)} of {count} rollout sidecars registered in etcd within {timeout:.0f}s")
 
 
-def resume_point(ctx: TrainerContext) -> tuple[int, int] | None:
+def resume_point(ctx: Resumable) -> tuple[int, int] | None:
     """Load the newest verified version into the model: (version, first iteration), or None.
 
     Two places may hold one: this pod's shared memory (a trainer restarted in its pod, or
@@ -83,7 +93,7 @@ def resume_point(ctx: TrainerContext) -> tuple[int, int] | None:
     return version, iteration
 
 
-def _from_shm(ctx: TrainerContext) -> tuple[int, int, str] | None:
+def _from_shm(ctx: Resumable) -> tuple[int, int, str] | None:
     local = layout.list_versions(ctx.env.shm_dir, ctx.env.job)
     if not local or ctx.registry is None:
         return None
@@ -95,12 +105,12 @@ def _from_shm(ctx: TrainerContext) -> tuple[int, int, str] | None:
     return newest, iteration, str(layout.version_dir(ctx.env.shm_dir, ctx.env.job, newest))
 
 
-def _from_durable(ctx: TrainerContext) -> tuple[int, int, str] | None:
+def _from_durable(ctx: Resumable) -> tuple[int, int, str] | None:
     got = ctx.durable.latest() if ctx.durable is not None else None
     return None if got is None else (got.version, got.iteration, str(got.path))
 
 
-def load_version(ctx: TrainerContext, version: int, path: Path) -> None:
+def load_version(ctx: Resumable, version: int, path: Path) -> None:
     """Copy version `version` (HF names, at `path`: shm or durable) into the Megatron model.
 
     A rank in another pod than the driver's may not see `path` (another pod's shm, a volume

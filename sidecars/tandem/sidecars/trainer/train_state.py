@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -30,10 +30,25 @@ import torch.distributed as dist
 from tandem.sidecars.trainer import megatron_build
 
 if TYPE_CHECKING:
-    from tandem.sidecars.trainer.context import TrainerContext
+    from tandem.checkpoint_engine.durable import DurableStore
     from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 
 log = logging.getLogger(__name__)
+
+
+class TrainerParts(Protocol):
+    """What the trainer state needs of its caller: the engines and the durable store.
+
+    `TrainerContext` satisfies it structurally and passes itself in; this module never imports
+    the context back (no import cycle).
+    """
+
+    @property
+    def engine(self) -> MegatronEngine: ...
+    @property
+    def critic(self) -> MegatronEngine | None: ...
+    @property
+    def durable(self) -> DurableStore | None: ...
 
 
 def file_name(rank: int) -> str:
@@ -44,7 +59,7 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def layout_of(ctx: TrainerContext) -> dict[str, int]:
+def layout_of(ctx: TrainerParts) -> dict[str, int]:
     """What must match between the run that wrote a state and the run that reads it."""
     par = ctx.engine.par
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -57,7 +72,7 @@ def _optimizer(engine: MegatronEngine) -> Any:
     return engine.optimizer
 
 
-def save(ctx: TrainerContext, version: int) -> dict[str, float]:
+def save(ctx: TrainerParts, version: int) -> dict[str, float]:
     """Write this rank's training state for `version` (weights published as `version`); row metrics."""
     if ctx.durable is None:
         return {}
@@ -72,7 +87,7 @@ def save(ctx: TrainerContext, version: int) -> dict[str, float]:
     return {"train_state_s": time.perf_counter() - t, "train_state_bytes": float(path.stat().st_size)}
 
 
-def _read(ctx: TrainerContext, version: int) -> tuple[dict[str, Any] | None, str]:
+def _read(ctx: TrainerParts, version: int) -> tuple[dict[str, Any] | None, str]:
     """This rank's state for `version` if it can be used, else (None, why not)."""
     if ctx.durable is None:
         return None, "checkpointEngine.persist is not set"
@@ -114,7 +129,7 @@ def _everyone(ok: bool) -> bool:
     return bool(flag.item())
 
 
-def restore(ctx: TrainerContext, version: int) -> bool:
+def restore(ctx: TrainerParts, version: int) -> bool:
     """Restore every rank's state for `version`, or none (collective); call after loading its weights."""
     payload, why = _read(ctx, version)
     if not _everyone(payload is not None):

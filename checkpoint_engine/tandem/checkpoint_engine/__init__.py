@@ -1,0 +1,1 @@
+"""Checkpoint engine: HF-layout conversion, shm shards, etcd registry, transports, in-place vLLM updates."""
