@@ -6,7 +6,7 @@ import pytest
 
 from tandem.checkpoint_engine.endpoints import EndpointError, parse_endpoint, split_endpoints
 from tandem.operator import etcd_store
-from tandem.sidecars.podenv import PodEnv
+from tandem.spec.podenv import PodEnv
 
 
 @pytest.mark.parametrize(("endpoint", "expected"), [
@@ -37,4 +37,4 @@ def test_lists_and_every_component_use_the_same_parser() -> None:
     env = PodEnv.model_validate({"TANDEM_JOB": "j", "TANDEM_ROLE": "trainer", "TANDEM_POD": "p",
                                  "TANDEM_JOB_FILE": "/x", "TANDEM_ETCD_ENDPOINTS": "http://e1,e2:12379",
                                  "TANDEM_CE_PORT": "8700"})
-    assert [parse_endpoint(e) for e in env.etcd] == [("e1", 2379), ("e2", 12379)]
+    assert [parse_endpoint(e) for e in split_endpoints(env.etcd_endpoints)] == [("e1", 2379), ("e2", 12379)]

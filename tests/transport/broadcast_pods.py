@@ -29,7 +29,8 @@ class Pod:
     def __init__(self, name: str, root: Path, argv: list[str]) -> None:
         self.name, self.root = name, root
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("checkpoint_engine", "spec", "sidecars", "operator"))
+        roots = ("checkpoint_engine", "spec", "sidecars", "operator")
+        env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in roots)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )

@@ -4,7 +4,8 @@ Role: turn what a job spec (`checkpointEngine.etcd.endpoints`), the chart or `TA
 says into (host, port) pairs for the etcd clients. Accepted: `host`, `host:port`,
 `http://host[:port]`, `https://host[:port]`, IPv6 as `[::1]:2379`; no port means etcd's client
 port 2379; a path, query or user part is refused. Callers: `registry.Registry` (sidecars),
-`transport.rdma` (Mooncake's metadata server), `tandem.operator.etcd_store`, `tandem.sidecars.podenv`.
+`transport.rdma` (Mooncake's metadata server), `tandem.operator.etcd_store`, the sidecars (trainer
+context, rollout entry).
 """
 
 from __future__ import annotations

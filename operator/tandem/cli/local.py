@@ -38,6 +38,7 @@ from tandem.cli import plot
 from tandem.cli.procs import LocalContainer, containers_of
 from tandem.operator import builders
 from tandem.spec.models import RLHFJob
+from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress
 
 console = Console(stderr=True)
@@ -86,10 +87,9 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
     def overrides(pod: str, container: str) -> dict[str, str]:
         port = ports.setdefault((pod, container), free_port())
         return {
-            "TANDEM_JOB_FILE": str(job_file), "TANDEM_ETCD_ENDPOINTS": etcd_endpoint,
-            "TANDEM_SHM_DIR": str(shm_root / pod), "TANDEM_CE_PORT": str(port), "TANDEM_POD_IP": "127.0.0.1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "TANDEM_TOKEN": token,
-            "TANDEM_OUTPUT_DIR": str(run_dir),
+            **PodEnv.environ(job_file=job_file, etcd_endpoints=etcd_endpoint, shm_dir=shm_root / pod, port=port,
+                             pod_ip="127.0.0.1", master_addr="127.0.0.1", master_port=master_port, token=token,
+                             output_dir=run_dir),
             "OMP_NUM_THREADS": "1",  # measured: 1.07 s/iteration vs 2.12 s without (sidecars share 2 cores)
             **(extra or {}),
         }
@@ -101,7 +101,7 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
 
 
 def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
-    extra = {"TANDEM_RESUME": "1" if resume else "0", "TANDEM_JOB_UID": _job_uid(run_dir, resume)}
+    extra = PodEnv.environ(resume=resume, job_uid=_job_uid(run_dir, resume))
     pods = builders.build_pods(job, restart_generation=_generation(run_dir, resume))
     return processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
                          shm_root=shm_root_of(job), extra=extra)

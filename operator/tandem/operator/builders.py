@@ -18,31 +18,16 @@ answers at `<job>-0.<job>.<ns>.svc`.
 Container contract (stable; the sidecars and `tandem run` rely on it). Commands:
   trainer  ["python", "-m", "tandem.sidecars.trainer"]
   rollout  ["python", "-m", "tandem.sidecars.rollout"]
-Environment of both containers:
-  TANDEM_JOB                 job name
-  TANDEM_NAMESPACE           job namespace
-  TANDEM_ROLE                trainer | rollout (the container's role)
-  TANDEM_POD                 pod name (`<job>-<i>`)
-  TANDEM_POD_INDEX           i
-  TANDEM_REPLICAS            spec.replicas (pods holding a trainer)
-  TANDEM_ROLLOUT_ONLY        1 in rollout-only pods, else 0
-  TANDEM_JOB_FILE            /etc/tandem/job.yaml (the ConfigMap, mounted read-only)
-  TANDEM_ETCD_ENDPOINTS      comma-separated; spec.checkpointEngine.etcd.endpoints or the
-                             operator's default (the chart's `tandem-etcd` service)
-  TANDEM_SHM_DIR             /dev/shm/tandem (a memory-backed emptyDir of checkpointEngine.shmSize)
-  TANDEM_CE_PORT             checkpoint-engine HTTP port: checkpointEngine.port for the trainer,
-                             port + 1 for the rollout
-  TANDEM_TOKEN               checkpoint-engine API token (secretKeyRef `<job>-token`/token)
-  TANDEM_POD_IP              the pod's IP (downward API status.podIP)
-  MASTER_ADDR                `<job>-0.<job>.<ns>.svc`
-  MASTER_PORT                29500
-  TANDEM_RESTART_GENERATION  gang restart generation (0 on first start)
-  TANDEM_RESUME              1: a gang-restarted or recreated pod's driver continues from the newest
-                             checkpoint of this job (its pod shm or the durable store of
-                             checkpointEngine.persist); a first start finds none and begins at 0
-  TANDEM_JOB_UID             the RLHFJob's metadata.uid (set only when the builders get owner_uid):
-                             durable copies live under `<persist.path>/<ns>/<job>/<uid>/`, so a new
-                             job of the same name never resumes from an old one's copies
+Environment of both containers: the pod env contract, `tandem.spec.podenv.PodEnv` (one field per
+variable, with its meaning), written here with `PodEnv.environ`. Values in a cluster: TANDEM_JOB_FILE
+/etc/tandem/job.yaml (the ConfigMap); TANDEM_ETCD_ENDPOINTS spec.checkpointEngine.etcd.endpoints or
+the operator's default (the chart's `tandem-etcd` service); TANDEM_SHM_DIR /dev/shm/tandem (an
+emptyDir of checkpointEngine.shmSize); TANDEM_CE_PORT checkpointEngine.port for the trainer, port + 1
+for the rollout; TANDEM_TOKEN from secretKeyRef `<job>-token`/token; TANDEM_POD_IP from the downward
+API; MASTER_ADDR `<job>-0.<job>.<ns>.svc`; TANDEM_RESUME 1 (a recreated pod's driver continues from
+the newest checkpoint: its pod shm or the durable store; a first start finds none); TANDEM_JOB_UID the
+RLHFJob's metadata.uid when the builders get owner_uid (durable copies live under
+`<persist.path>/<ns>/<job>/<uid>/`, so a new job of the same name never resumes an old one's copies).
 Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap). Each
 spec.volumes entry `<name>` becomes pod volume `vol-<name>` (the prefix keeps user names apart from
 the pod's own), a `persistentVolumeClaim` (claimName, readOnly) or a `hostPath` (type
@@ -62,6 +47,7 @@ from typing import Any
 import yaml
 
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
+from tandem.spec.podenv import PodEnv
 
 Manifest = dict[str, Any]
 SAFE_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster, same documents
@@ -217,33 +203,18 @@ def _env(
     job: RLHFJob, *, role: str, index: int, generation: int, ce_port: int, etcd: str, owner_uid: str | None
 ) -> list[Manifest]:
     name, ns = job.metadata.name, job.metadata.namespace
-    plain = {
-        "TANDEM_JOB": name,
-        "TANDEM_NAMESPACE": ns,
-        "TANDEM_ROLE": role,
-        "TANDEM_POD": pod_name(name, index),
-        "TANDEM_POD_INDEX": str(index),
-        "TANDEM_REPLICAS": str(job.spec.replicas),
-        "TANDEM_ROLLOUT_ONLY": "1" if index >= job.spec.replicas else "0",
-        "TANDEM_JOB_FILE": JOB_FILE,
-        "TANDEM_ETCD_ENDPOINTS": etcd,
-        "TANDEM_SHM_DIR": SHM_DIR,
-        "TANDEM_CE_PORT": str(ce_port),
-        "MASTER_ADDR": f"{pod_name(name, 0)}.{service_name(name)}.{ns}.svc",
-        "MASTER_PORT": str(MASTER_PORT),
-        "TANDEM_RESTART_GENERATION": str(generation),
-        "TANDEM_RESUME": "1",
-    }
-    if owner_uid is not None:
-        plain["TANDEM_JOB_UID"] = owner_uid
-    env: list[Manifest] = [{"name": k, "value": v} for k, v in plain.items()]
-    env.append(
-        {
-            "name": "TANDEM_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_KEY}},
-        }
+    plain = PodEnv.environ(
+        job=name, namespace=ns, role=role, pod=pod_name(name, index), pod_index=index,
+        replicas=job.spec.replicas, rollout_only=index >= job.spec.replicas, job_file=JOB_FILE,
+        etcd_endpoints=etcd, shm_dir=SHM_DIR, port=ce_port,
+        master_addr=f"{pod_name(name, 0)}.{service_name(name)}.{ns}.svc", master_port=MASTER_PORT,
+        restart_generation=generation, resume=True,
+        **({"job_uid": owner_uid} if owner_uid is not None else {}),
     )
-    env.append({"name": "TANDEM_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    env: list[Manifest] = [{"name": k, "value": v} for k, v in plain.items()]
+    env.append({"name": PodEnv.var("token"),
+                "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_KEY}}})
+    env.append({"name": PodEnv.var("pod_ip"), "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     return env
 
 

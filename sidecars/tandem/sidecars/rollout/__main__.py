@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
-from tandem.sidecars.podenv import start_sidecar
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
+from tandem.sidecars.startup import start_sidecar
 
 log = logging.getLogger("tandem.rollout")
 
@@ -41,7 +42,8 @@ def main() -> int:
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec
-    registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "rollout").connect()
+    etcd = split_endpoints(env.etcd_endpoints)[0]
+    registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "rollout").connect()
     node = BroadcastNode(registry, env.shm_dir, transport=spec.checkpoint_engine.transport,
                          advertise=env.pod_ip).start()
     node.announce_local()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from tandem.sidecars.podenv import start_sidecar
+from tandem.sidecars.startup import start_sidecar
 from tandem.sidecars.trainer.driver import run_rank
 
 log = logging.getLogger("tandem.trainer")

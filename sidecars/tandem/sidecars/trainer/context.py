@@ -24,12 +24,12 @@ import torch.distributed as dist
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.durable import DurableStore
+from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Algorithm, Sample
 from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.registry import make_algorithm
-from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.trainer import persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
@@ -43,6 +43,7 @@ from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.sidecars.trainer.tracking import Tracker
 from tandem.spec.models import RLHFJob
+from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import EvalSummary, Phase, Progress
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class TrainerContext:
                                           max_tokens=spec.rollout.max_tokens, iterations=spec.algorithm.iterations)
             ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
                                          job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
-            ctx.registry = SyncRegistry(env.etcd[0], env.namespace, env.job, env.pod, "trainer").connect()
+            etcd = split_endpoints(env.etcd_endpoints)[0]
+            ctx.registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
         saving = spec.checkpoint_engine.persist

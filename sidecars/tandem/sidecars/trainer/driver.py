@@ -15,12 +15,12 @@ from typing import Any
 
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
-from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer import resume
 from tandem.sidecars.trainer.context import TrainerContext
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
+from tandem.spec.podenv import PodEnv
 
 
 def run_rank(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.sidecars.podenv import PodEnv
 from tandem.sidecars.trainer import train_state
+from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress
 
 
