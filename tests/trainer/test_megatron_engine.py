@@ -178,6 +178,37 @@ def test_grpo_packed_batch_sums_micro_batch_losses(model_dirs: dict[str, Path]) 
         assert torch.allclose(p1[name], p2[name], atol=1e-6), name
 
 
+@pytest.mark.parametrize("family", FAMILIES)  # qwen2 untied, llama tied: the head's gradient reaches the embedding
+def test_output_layer_on_scored_positions_only_gives_the_full_step(family: str, model_dirs: dict[str, Path]) -> None:
+    """A train step that runs the output layer on the completion tokens only (the default for a
+    batch with a loss_mask) has the loss, metrics and gradients of the step that runs it everywhere."""
+    gen = torch.Generator().manual_seed(5)
+    samples = [Sample(prompt_ids=torch.randint(1, 128, (int(p),), generator=gen).tolist(),
+                      completion_ids=torch.randint(1, 128, (int(n),), generator=gen).tolist(),
+                      group=i // 2, reward=float(i % 3), rollout_logprobs=[-1.0] * int(n))
+               for i, (p, n) in enumerate(zip(torch.randint(2, 9, (6,), generator=gen),
+                                              torch.randint(1, 6, (6,), generator=gen), strict=True))]
+    algo = GRPO(kl_coef=0.0)
+    batch = algo.prepare(samples, token_budget=16)
+    assert float(batch.loss_mask.sum()) < batch.num_rows * batch.row_length / 2  # mostly prompt and padding
+
+    def grpo_loss(logprobs: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return algo.loss(torch.cat([logprobs[:, 1:], torch.zeros_like(logprobs[:, :1])], dim=1), mb)
+
+    results = []
+    for sparse in (True, False):
+        engine = MegatronEngine.from_hf(model_dirs[family], lr=1e-2, seed=0)
+        engine.score_only_loss_positions = sparse
+        metrics = engine.train_step(batch, grpo_loss, micro_batch_size=2, reduction="sum")
+        results.append((metrics, _grads(engine)))
+    (m1, g1), (m2, g2) = results
+    assert m1["grad_norm"] > 0
+    for key in ("loss", "grad_norm", "mismatch_mean", "ratio_mean"):
+        assert abs(m1[key] - m2[key]) < 1e-5, key
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-6), name
+
+
 def _snapshot(engine: MegatronEngine) -> list[torch.Tensor]:
     return [t.detach().clone() for t in engine._state_tensors()]
 

@@ -9,6 +9,8 @@ labels layout without its last column; `shift_to_labels` converts). Callers: `Me
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,14 +32,67 @@ def logprobs(logits: torch.Tensor, mb: Any, shape: ModelShape, par: Parallelism)
     """Token log-probs from this rank's vocab shard (vocab-parallel cross entropy, padding masked)."""
     from megatron.core import tensor_parallel as mtp
 
-    logits = logits.float()
-    if shape.megatron_vocab != shape.vocab:  # padded rows never win the softmax
-        start = par.tp_rank * logits.shape[-1]
-        column = torch.arange(start, start + logits.shape[-1], device=logits.device)
-        logits = logits.masked_fill(column >= shape.vocab, torch.finfo(logits.dtype).min)
+    logits = _mask_padded_vocab(logits.float(), shape, par)
     ids = micro_batches.require(mb, "input_ids")
     nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
     return _aligned(-nll, mb)
+
+
+def scored_positions(mb: Any) -> torch.Tensor | None:
+    """Flat indices, in the decoder's `[len, rows]` order, of the positions whose next token the
+    loss scores (`loss_mask` > 0, labels layout); None when the micro-batch has no `loss_mask`."""
+    mask = micro_batches.field(mb, "loss_mask")
+    if mask is None:
+        return None
+    return torch.nonzero(mask.t().reshape(-1) > 0).squeeze(1)
+
+
+@contextmanager
+def only_scored(decoder: torch.nn.Module, index: torch.Tensor | None) -> Iterator[None]:
+    """While active, the decoder's output `[len, rows, hidden]` is cut to the scored positions
+    `[n, 1, hidden]`, so the output layer and the softmax run on the tokens the loss reads only
+    (in RL, the completions: most of a packed row is prompt or padding). Gradients flow through
+    the selection. Used by `MegatronEngine.train_step` on the last pipeline stage."""
+    if index is None:
+        yield
+        return
+
+    def cut(_module: torch.nn.Module, _args: Any, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index.to(hidden.device)).unsqueeze(1)
+
+    handle = decoder.register_forward_hook(cut)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def scored_logprobs(logits: torch.Tensor, mb: Any, shape: ModelShape, par: Parallelism) -> torch.Tensor:
+    """`logprobs` for logits of the scored positions only (`[1, n, V/tp]` from `only_scored`):
+    the same `[rows, len]` layout, with the log-probs of the scored tokens and 0 elsewhere."""
+    from megatron.core import tensor_parallel as mtp
+
+    index = scored_positions(mb)
+    labels = micro_batches.require(mb, "labels")
+    if index is None:
+        raise ValueError("scored_logprobs needs a micro-batch with loss_mask")
+    logits = _mask_padded_vocab(logits.float(), shape, par)
+    target = labels.t().reshape(-1).index_select(0, index.to(labels.device)).to(logits.device)
+    nll = mtp.vocab_parallel_cross_entropy(logits.contiguous(), target.unsqueeze(0).contiguous())
+    rows, length = labels.shape
+    flat = torch.zeros(rows * length, dtype=nll.dtype, device=nll.device)
+    flat = flat.index_copy(0, index.to(nll.device), -nll.reshape(-1))
+    per_label = flat.reshape(length, rows).t()  # labels layout: position t scores token t+1
+    return torch.cat([torch.zeros_like(per_label[:, :1]), per_label[:, :-1]], dim=1)
+
+
+def _mask_padded_vocab(logits: torch.Tensor, shape: ModelShape, par: Parallelism) -> torch.Tensor:
+    """Padded vocabulary rows (TP padding) never win the softmax."""
+    if shape.megatron_vocab == shape.vocab:
+        return logits
+    start = par.tp_rank * logits.shape[-1]
+    column = torch.arange(start, start + logits.shape[-1], device=logits.device)
+    return logits.masked_fill(column >= shape.vocab, torch.finfo(logits.dtype).min)
 
 
 def values(logits: torch.Tensor, mb: Any, par: Parallelism) -> torch.Tensor:

@@ -64,6 +64,10 @@ class MegatronEngine:
         self.micro_batch_size = micro_batch_size
         self.last_export_seconds = 0.0
         self._offloader = HostOffloader()
+        # train steps run the output layer on the loss's positions only (see heads.only_scored);
+        # False runs it everywhere (the reference the tests compare against)
+        self.score_only_loss_positions = True
+        self._scoring = False  # inside a train step that does
 
     # ----- construction -----
     @classmethod
@@ -169,7 +173,9 @@ class MegatronEngine:
         positions = micro_batches.field(mb, "position_ids")
         if positions is None:
             positions = micro_batches.position_ids(seg)
-        output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg))
+        index = heads.scored_positions(mb) if self._scoring else None
+        with heads.only_scored(self.gpt.decoder, index):
+            output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg))
         return output, (partial(loss_fn, mb) if loss_fn is not None else None)
 
     def _run(
@@ -194,6 +200,8 @@ class MegatronEngine:
         """What the losses and forwards see: values for a critic, token log-probs otherwise."""
         if self.value_head:
             return heads.values(logits, mb, self.par)
+        if self._scoring and heads.scored_positions(mb) is not None:
+            return heads.scored_logprobs(logits, mb, self.shape, self.par)
         return heads.logprobs(logits, mb, self.shape, self.par)
 
     def token_logprobs(self, batch: Any, micro_batch_size: int | None = None) -> torch.Tensor:
@@ -266,16 +274,17 @@ class MegatronEngine:
         """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
 
         ``batch`` is the global batch: with data parallelism each dp rank trains on its own
-        contiguous share of the rows (``micro_batches.dp_share``; gradients meet in DDP's all-reduce),
-        split into micro-batches of ``micro_batch_size`` rows (default: the
-        engine's), each in the batch's own type (``PackedBatch.rows``); the loss of each is
-        ``loss_fn(logprobs, micro_batch)`` with ``logprobs`` as :meth:`token_logprobs` but with
-        gradient. The optimised loss is the ``reduction`` of the micro-batch losses: ``"mean"``
-        (Megatron's own), or ``"sum"`` for losses already weighted for the whole batch (the
-        algorithms' ``PackedBatch.weights``), over every micro-batch of every dp rank. Returns
-        (same on every rank) ``loss`` (that reduction), the mean of each metric over micro-batches,
-        ``grad_norm``, ``update_ok`` (0 when the step was skipped, e.g. a non-finite gradient) and
-        ``step_seconds``.
+        contiguous share of the rows (``micro_batches.dp_share``; gradients meet in DDP's
+        all-reduce), split into micro-batches of ``micro_batch_size`` rows (default: the engine's),
+        each in the batch's own type (``PackedBatch.rows``); the loss of each is ``loss_fn(logprobs,
+        micro_batch)`` with ``logprobs`` as :meth:`token_logprobs` but with gradient; when the batch
+        has a ``loss_mask`` (labels layout), only the tokens it scores get log-probs (0 elsewhere)
+        and the output layer runs on those positions only. The optimised loss is the ``reduction``
+        of the micro-batch losses: ``"mean"`` (Megatron's own), or ``"sum"`` for losses already
+        weighted for the whole batch (the algorithms' ``PackedBatch.weights``), over every
+        micro-batch of every dp rank. Returns (same on every rank) ``loss`` (that reduction), the
+        mean of each metric over micro-batches, ``grad_norm``, ``update_ok`` (0 when the step was
+        skipped, e.g. a non-finite gradient) and ``step_seconds``.
         """
         if self.optimizer is None:
             raise EngineError("this engine was built with trainable=False")
@@ -301,7 +310,12 @@ class MegatronEngine:
             values["loss"] = float(loss.detach())
             return loss * scale, values
 
-        outs = self._run(mbs, micro_loss, False)
+        # a batch with a loss_mask (the algorithms' PackedBatch): logits of the scored tokens only
+        self._scoring = self.score_only_loss_positions and not self.value_head and bool(self.gpt.post_process)
+        try:
+            outs = self._run(mbs, micro_loss, False)
+        finally:
+            self._scoring = False
         update_ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {}
         if outs:  # the last pipeline stage: means over every micro-batch of every dp rank
