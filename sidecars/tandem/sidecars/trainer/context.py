@@ -161,13 +161,20 @@ class TrainerContext:
         return version
 
     def onload(self) -> None:
-        """Bring the trainer's models back to the accelerator (policy, and critic if any)."""
+        """Bring the trainer's models back to the accelerator (policy, and critic if any), unless
+        the job says `trainer.offload: false`."""
+        if not self.job.spec.trainer.offload:
+            return
         for engine in (self.engine, self.critic):
             if engine is not None:
                 engine.onload()
 
     def offload(self) -> None:
-        """Free the accelerator for the rollouts: policy and critic state to host memory."""
+        """Free the accelerator for the rollouts: policy and critic state to host memory. With
+        `trainer.offload: false` the state stays where it is (on a CPU-only pod there is nothing
+        to free: host memory is where it would go)."""
+        if not self.job.spec.trainer.offload:
+            return
         for engine in (self.engine, self.critic):
             if engine is not None:
                 engine.offload()
