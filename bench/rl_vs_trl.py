@@ -164,7 +164,8 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path) -> 
                                    "iterations": iterations},
                      "replicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
-                                 "microBatchSize": s.micro_batch, "offload": True},
+                                 # a CPU pod has nothing to free (the state would move RAM to RAM); TRL keeps it too
+                                 "microBatchSize": s.micro_batch, "offload": False},
                      "rollout": {"tensorParallel": 1, "maxTokens": s.max_tokens, "temperature": 1.0,
                                  "promptsPerIteration": s.prompts, "betweenRollouts": "keep"},
                      "rewards": REWARDS[s.task],
