@@ -31,7 +31,7 @@ def test_register_is_one_transaction(make_registry: Any, shm_root: Path, job: st
     assert [s["digest"] for s in reg.shard_records(1)] == [s.digest for s in rep.index.shards]
 
     async def revisions() -> set[int]:
-        rng = await reg.reg.client.get_prefix(keys.job_prefix("test", job).encode())
+        rng = await reg.reg.etcd.call("list", lambda c: c.get_prefix(keys.job_prefix("test", job).encode()))
         return {kv.mod_revision for kv in rng if b"/engines/" not in kv.key}
 
     assert len(reg._run(revisions())) == 1, "shards, version, latest and holder must share one revision"

@@ -3,7 +3,8 @@
 Role: turn what a job spec (`checkpointEngine.etcd.endpoints`), the chart or `TANDEM_ETCD_ENDPOINTS`
 says into (host, port) pairs for the etcd clients. Accepted: `host`, `host:port`,
 `http://host[:port]`, `https://host[:port]`, IPv6 as `[::1]:2379`; no port means etcd's client
-port 2379; a path, query or user part is refused. Callers: `registry.Registry` (sidecars),
+port 2379; a path, query or user part is refused. Callers: `registry.Registry` (sidecars; it
+uses every endpoint, failing over among them in `etcd_failover`),
 `transport.rdma` (Mooncake's metadata server), `tandem.operator.etcd_store`, the sidecars (trainer
 context, rollout entry).
 """

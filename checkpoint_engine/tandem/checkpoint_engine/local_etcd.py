@@ -1,8 +1,10 @@
-"""A private etcd server process on loopback: for `tandem run` and the test suite.
+"""A private etcd server process on loopback, or a cluster of them: for `tandem run` and the tests.
 
 Role: start/stop/restart a real etcd (Debian's etcd-server, or any binary passed in) with its own
-data dir and free ports. Callers: `tandem.cli.local` (the job's metadata store on one machine) and
-tests/conftest.py (the session's etcd). In a cluster the chart's etcd is used instead.
+data dir and free ports; `LocalEtcdCluster` starts several members that form one cluster (each
+with its own client and peer ports and data dir). Callers: `tandem.cli.local` (the job's metadata
+store on one machine), tests/conftest.py (the session's etcd) and the member-loss test
+(tests/checkpoint_engine/test_etcd_failover.py). In a cluster the chart's etcd is used instead.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from tandem.checkpoint_engine.ports import free_port
 
-__all__ = ["EtcdNotFound", "LocalEtcd", "free_port"]
+__all__ = ["EtcdNotFound", "LocalEtcd", "LocalEtcdCluster", "free_port"]
 
 
 class EtcdNotFound(RuntimeError):
@@ -24,9 +26,19 @@ class EtcdNotFound(RuntimeError):
 
 
 class LocalEtcd:
-    """One etcd member on 127.0.0.1; `endpoint` is its client URL."""
+    """One etcd member on 127.0.0.1; `endpoint` is its client URL. Alone by default; a member of
+    a cluster when `name`, `peer_port` and `initial_cluster` (name=peer-url,...) are given."""
 
-    def __init__(self, data_dir: Path, *, port: int | None = None, binary: str | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        binary: str | None = None,
+        name: str = "tandem",
+        peer_port: int | None = None,
+        initial_cluster: str | None = None,
+    ):
         found = binary or shutil.which("etcd")
         if found is None:
             raise EtcdNotFound("etcd binary not found: run scripts/setup.sh (installs Debian's etcd-server)")
@@ -35,28 +47,38 @@ class LocalEtcd:
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.endpoint = f"http://{self.host}:{self.port}"
+        self.name, self.peer_port, self.initial_cluster = name, peer_port, initial_cluster
         self.log_path = data_dir.parent / f"etcd-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> LocalEtcd:
         """(Re)start on the same port and data dir; returns once it answers requests."""
+        self.launch()
+        self.wait_healthy(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting (members of a cluster answer only once a quorum runs)."""
         self.stop()
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        peer = free_port()
+        peer_url = f"http://127.0.0.1:{self.peer_port or free_port()}"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "--data-dir", str(self.data_dir), "--name", "tandem",
+                [self.binary, "--data-dir", str(self.data_dir), "--name", self.name,
                  "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
-                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                 "--initial-cluster", f"tandem=http://127.0.0.1:{peer}"],
+                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                 "--initial-cluster", self.initial_cluster or f"{self.name}={peer_url}"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        """Return once the member answers requests (it has a leader); raise naming its log if not."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"etcd exited with {code}; see {self.log_path}")
             if self._healthy():
-                return self
+                return
             time.sleep(0.05)
         raise RuntimeError(f"etcd did not listen on {self.endpoint} within {timeout}s; see {self.log_path}")
 
@@ -86,6 +108,38 @@ class LocalEtcd:
         self.proc = None
 
     def __enter__(self) -> LocalEtcd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalEtcdCluster:
+    """`size` etcd members on 127.0.0.1 forming one cluster; `endpoints` are their client URLs."""
+
+    def __init__(self, root: Path, size: int = 3, *, binary: str | None = None):
+        peers = [free_port() for _ in range(size)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
+        self.members = [
+            LocalEtcd(root / f"m{i}" / "data", binary=binary, name=f"m{i}", peer_port=p, initial_cluster=initial)
+            for i, p in enumerate(peers)
+        ]
+        self.endpoints = [m.endpoint for m in self.members]
+
+    def start(self, timeout: float = 60.0) -> LocalEtcdCluster:
+        """Start every member, then wait until each answers (a quorum has elected a leader)."""
+        for m in self.members:
+            m.launch()
+        deadline = time.monotonic() + timeout
+        for m in self.members:
+            m.wait_healthy(max(1.0, deadline - time.monotonic()))
+        return self
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+
+    def __enter__(self) -> LocalEtcdCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

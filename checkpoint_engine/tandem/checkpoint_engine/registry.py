@@ -2,6 +2,8 @@
 
 Callers: publisher.py (register, gc), rollout_engine.py (latest, pin/unpin, status), api.py (ops),
 transports of other pods (shard records), through `SyncRegistry` when the caller is not async.
+Every listed etcd endpoint is used: requests go through `etcd_failover.EtcdCluster`, which moves to
+another member when one dies (the lease lives in the cluster's raft state and survives that).
 
 Protocol (keys.py holds the paths):
 - register(v): ONE transaction puts every shard record, the version record and `latest`, all on
@@ -11,6 +13,9 @@ Protocol (keys.py holds the paths):
 - pin(v): a transaction puts `readers/<v>/<me>` on the reader's lease only if version v exists.
 - gc(keep): deletes a version's records in a transaction guarded by "no reader key in
   readers/<v>/" (a range compare), so a pin and a deletion cannot interleave.
+- A transaction retried on another member after its first attempt failed may find its own
+  earlier attempt committed: register and gc then read the outcome back (the version record on
+  this writer's lease / the version gone) instead of reporting a conflict.
 """
 
 from __future__ import annotations
@@ -19,8 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aetcd
@@ -28,7 +32,8 @@ import aetcd.exceptions
 from aetcd.utils import prefix_range_end
 
 from tandem.checkpoint_engine import errors, keys
-from tandem.checkpoint_engine.endpoints import parse_endpoint
+from tandem.checkpoint_engine.endpoints import split_endpoints
+from tandem.checkpoint_engine.etcd_failover import EtcdCluster
 from tandem.checkpoint_engine.layout import VersionIndex
 
 log = logging.getLogger(__name__)
@@ -43,32 +48,30 @@ class Registry:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoints: str | Sequence[str],
         namespace: str,
         job: str,
         pod: str,
         role: str,
         ttl: int = 10,
         timeout: float = 5.0,
+        failover_s: float | None = None,
     ) -> None:
-        self.endpoint, self.namespace, self.job, self.pod, self.role = endpoint, namespace, job, pod, role
+        """`endpoints`: the cluster's members, a list or comma-separated (as TANDEM_ETCD_ENDPOINTS
+        carries them); `timeout`: seconds per request on one member; `failover_s`: how long a
+        request keeps trying members (default 2 x timeout)."""
+        self.endpoints = split_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
+        self.etcd = EtcdCluster(self.endpoints, timeout=timeout, failover_s=failover_s)
+        self.namespace, self.job, self.pod, self.role = namespace, job, pod, role
         self.ttl = ttl
-        host, port = parse_endpoint(endpoint)
-        # short reconnect backoff: after an etcd restart the channel must dial again within a
-        # second, not after gRPC's default exponential backoff (up to two minutes)
-        self.client = aetcd.Client(
-            host=host,
-            port=port,
-            timeout=max(1, int(timeout)),
-            options={
-                "grpc.initial_reconnect_backoff_ms": 100,
-                "grpc.min_reconnect_backoff_ms": 100,
-                "grpc.max_reconnect_backoff_ms": 1000,
-            },
-        )
         self._lease: Any = None
         self._keepalive: asyncio.Task[None] | None = None
         self.lease_lost = asyncio.Event()
+
+    @property
+    def endpoint(self) -> str:
+        """The member answering now (for single-endpoint consumers: Mooncake's metadata server)."""
+        return self.etcd.current
 
     @property
     def me(self) -> str:
@@ -76,46 +79,37 @@ class Registry:
 
     # ---- connection and lease -------------------------------------------------------------
     async def connect(self, wait_s: float = 60.0) -> None:
-        """Open the channel and wait until etcd answers a read: a sidecar starting beside a just-started
-        (or busy) etcd sees transient dial failures ("tcp handshaker shutdown") that a retry clears."""
-        with _etcd_errors("connect"):
-            await self.client.connect()
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                with _etcd_errors("first read"):
-                    await self.client.get(_b(keys.job_prefix(self.namespace, self.job)))
-                return
-            except errors.RegistryUnavailable as e:
-                if time.monotonic() >= deadline:
-                    raise
-                log.info("etcd at %s not answering yet (%s); retrying", self.endpoint, e)
-                await asyncio.sleep(0.5)
+        """Wait until some member answers a read: a sidecar starting beside a just-started (or busy)
+        etcd sees transient dial failures ("tcp handshaker shutdown") that a retry clears."""
+        key = _b(keys.job_prefix(self.namespace, self.job))
+        await self.etcd.call("first read", lambda c: c.get(key), budget=wait_s)
 
     async def lease_id(self) -> int:
-        """The identity's lease (granted on first use; re-granted after it expired)."""
+        """The identity's lease (granted on first use; re-granted after it expired). A grant retried
+        on another member may leave an unused lease behind: it has no keys and expires after `ttl`."""
         if self._lease is None:
-            with _etcd_errors("lease grant"):
-                self._lease = await self.client.lease(self.ttl)
+            self._lease = await self.etcd.call("lease grant", lambda c: c.lease(self.ttl))
             self.lease_lost.clear()
             if self._keepalive is None or self._keepalive.done():
                 self._keepalive = asyncio.create_task(self._keep_alive())
         return int(self._lease.id)
 
     async def _keep_alive(self) -> None:
+        """Refresh the lease every ttl/3 on whichever member answers (each refresh is its own
+        short keepalive stream, so a dead member's stream is simply not used again)."""
         while self._lease is not None:
             await asyncio.sleep(max(self.ttl / 3, 0.2))
             lease = self._lease
             if lease is None:
                 return
             try:
-                reply = await lease.refresh()
+                reply = await self.etcd.call("lease keepalive", lambda c: c.refresh_lease(lease.id))  # noqa: B023
                 if reply is not None and reply.TTL <= 0:
                     log.warning("etcd lease %x expired; keys bound to it are gone", lease.id)
                     self._lease = None
                     self.lease_lost.set()
                     return
-            except aetcd.exceptions.ClientError as e:  # etcd down: keep trying until TTL passes
+            except errors.RegistryUnavailable as e:  # etcd down: keep trying until TTL passes
                 log.warning("lease keepalive failed: %s", e)
 
     async def close(self, revoke: bool = True) -> None:
@@ -126,9 +120,8 @@ class Registry:
                 await self._keepalive
         if lease is not None and revoke:
             with contextlib.suppress(Exception):
-                await lease.revoke()
-        with contextlib.suppress(Exception):
-            await self.client.close()
+                await self.etcd.call("lease revoke", lambda c: c.revoke_lease(lease.id))
+        await self.etcd.close()
 
     # ---- versions ----------------------------------------------------------------------------
     def _k(self) -> tuple[str, str]:
@@ -139,7 +132,7 @@ class Registry:
         ns, job = self._k()
         v = index.version
         lease = await self.lease_id()
-        tx = self.client.transactions
+        tx = self.etcd.transactions
         ops = [
             tx.put(
                 _b(keys.shard(ns, job, v, s.index)),
@@ -179,175 +172,152 @@ class Registry:
             compare.append(tx.value(_b(keys.latest(ns, job))) == _b(str(cur)))
         else:
             compare.append(tx.version(_b(keys.latest(ns, job))) == 0)
-        with _etcd_errors("register"):
-            ok, _ = await self.client.transaction(compare=compare, success=ops, failure=[])
+        ok, uncertain = await self.etcd.transaction("register", compare, ops)
+        if not ok and uncertain:  # a first attempt on a member that then failed may have committed it
+            got = await self.etcd.call("get version", lambda c: c.get(_b(keys.version(ns, job, v))))
+            ok = got is not None and int(got.lease) == lease
         if not ok:
             raise errors.VersionExists(f"version {v} (or a newer one) was registered concurrently")
         return v
 
     async def latest(self) -> int | None:
-        with _etcd_errors("get latest"):
-            got = await self.client.get(_b(keys.latest(*self._k())))
+        got = await self.etcd.call("get latest", lambda c: c.get(_b(keys.latest(*self._k()))))
         return int(got.value) if got is not None else None
 
     async def version_record(self, v: int) -> dict[str, Any]:
-        with _etcd_errors("get version"):
-            got = await self.client.get(_b(keys.version(*self._k(), v)))
+        got = await self.etcd.call("get version", lambda c: c.get(_b(keys.version(*self._k(), v))))
         if got is None:
             raise errors.VersionNotFound(f"version {v} of job {self.namespace}/{self.job} is not registered")
         return dict(json.loads(got.value))
 
     async def shard_records(self, v: int) -> list[dict[str, Any]]:
-        with _etcd_errors("get shards"):
-            rng = await self.client.get_prefix(_b(keys.shards_prefix(*self._k(), v)))
+        rng = await self.etcd.call("get shards", lambda c: c.get_prefix(_b(keys.shards_prefix(*self._k(), v))))
         return [json.loads(kv.value) for kv in rng]
 
     async def versions(self) -> list[int]:
-        with _etcd_errors("list versions"):
-            rng = await self.client.get_prefix(_b(keys.versions_prefix(*self._k())), keys_only=True)
+        prefix = _b(keys.versions_prefix(*self._k()))
+        rng = await self.etcd.call("list versions", lambda c: c.get_prefix(prefix, keys_only=True))
         return sorted(keys.version_of(kv.key.decode()) for kv in rng)
 
     async def pin(self, v: int) -> None:
         """Hold version v against GC (lease-bound); VersionNotFound if it is not (or no longer) there."""
         ns, job = self._k()
-        tx = self.client.transactions
+        tx = self.etcd.transactions
         lease = await self.lease_id()
-        with _etcd_errors("pin"):
-            ok, _ = await self.client.transaction(
-                compare=[tx.version(_b(keys.version(ns, job, v))) > 0],
-                success=[tx.put(_b(keys.reader(ns, job, v, self.me)), b"1", lease)],
-                failure=[],
-            )
+        # a retry after a first attempt that did commit puts the same key again: no ambiguity
+        ok, _ = await self.etcd.transaction(
+            "pin",
+            compare=[tx.version(_b(keys.version(ns, job, v))) > 0],
+            success=[tx.put(_b(keys.reader(ns, job, v, self.me)), b"1", lease)],
+        )
         if not ok:
             raise errors.VersionNotFound(f"version {v} of job {ns}/{job} is not registered")
 
     async def unpin(self, v: int) -> None:
-        with _etcd_errors("unpin"):
-            await self.client.delete(_b(keys.reader(*self._k(), v, self.me)))
+        await self.etcd.call("unpin", lambda c: c.delete(_b(keys.reader(*self._k(), v, self.me))))
 
     async def readers(self, v: int) -> list[str]:
-        with _etcd_errors("list readers"):
-            rng = await self.client.get_prefix(_b(keys.readers_prefix(*self._k(), v)), keys_only=True)
+        prefix = _b(keys.readers_prefix(*self._k(), v))
+        rng = await self.etcd.call("list readers", lambda c: c.get_prefix(prefix, keys_only=True))
         return [kv.key.decode().rsplit("/", 1)[-1] for kv in rng]
 
     async def gc(self, keep: int) -> list[int]:
         """Unregister versions older than the newest `keep` that no reader pins; returns them."""
         ns, job = self._k()
-        tx = self.client.transactions
+        tx = self.etcd.transactions
         removed = []
         for v in (await self.versions())[:-keep] if keep > 0 else await self.versions():
             rp = _b(keys.readers_prefix(ns, job, v))
             sp = _b(keys.shards_prefix(ns, job, v))
             hp = _b(keys.holder(ns, job, v, ""))
-            with _etcd_errors("gc"):
-                ok, _ = await self.client.transaction(
-                    compare=[tx.version(rp, range_end=prefix_range_end(rp)) == 0],
-                    success=[
-                        tx.delete(_b(keys.version(ns, job, v))),
-                        tx.delete(sp, range_end=prefix_range_end(sp)),
-                        tx.delete(hp, range_end=prefix_range_end(hp)),
-                    ],
-                    failure=[],
-                )
+            vk = _b(keys.version(ns, job, v))
+            ok, uncertain = await self.etcd.transaction(
+                "gc",
+                compare=[tx.version(rp, range_end=prefix_range_end(rp)) == 0],
+                success=[
+                    tx.delete(vk),
+                    tx.delete(sp, range_end=prefix_range_end(sp)),
+                    tx.delete(hp, range_end=prefix_range_end(hp)),
+                ],
+            )
+            if not ok and uncertain:  # pinned since, or deleted by our own first attempt?
+                ok = await self.etcd.call("get version", lambda c: c.get(vk)) is None  # noqa: B023
             if ok:
                 removed.append(v)
         return removed
 
     async def watch_latest(self) -> AsyncIterator[int]:
-        """Yield each new value of `latest` (starting with the current one, if any)."""
+        """Yield each new value of `latest` (starting with the current one, if any); the watch
+        starts right after the revision of that read and survives a member loss."""
         key = _b(keys.latest(*self._k()))
-        cur = await self.latest()
+        cur, revision = await self.etcd.revision(key)
         if cur is not None:
-            yield cur
-        with _etcd_errors("watch"):
-            watch = await self.client.watch(key)
-        try:
-            async for ev in watch:
-                if ev.kind == aetcd.rtypes.EventKind.PUT:
-                    yield int(ev.kv.value)
-        finally:
-            with contextlib.suppress(Exception):
-                await watch.cancel()
+            yield int(cur.value)
+        async for ev in self.etcd.watch("watch latest", key, revision + 1):
+            if ev.kind == aetcd.rtypes.EventKind.PUT:
+                yield int(ev.kv.value)
 
     # ---- holders (pods that serve a version to others; transports) ---------------------------
     async def add_holder(self, v: int, directory: str) -> None:
         """Announce that this pod holds version v complete (lease-bound: gone when the pod dies)."""
         lease = await self.lease_id()
-        with _etcd_errors("add holder"):
-            await self.client.put(_b(keys.holder(*self._k(), v, self.pod)), _b(directory), lease)
+        key = _b(keys.holder(*self._k(), v, self.pod))
+        await self.etcd.call("add holder", lambda c: c.put(key, _b(directory), lease))
 
     async def holders(self, v: int) -> list[str]:
         """Pods holding version v complete, in the order they announced it (publisher first)."""
-        with _etcd_errors("list holders"):
-            rng = await self.client.get_prefix(_b(keys.holders_prefix(*self._k(), v)))
+        rng = await self.etcd.call("list holders", lambda c: c.get_prefix(_b(keys.holders_prefix(*self._k(), v))))
         return [kv.key.decode().rsplit("/", 1)[-1] for kv in sorted(rng, key=lambda kv: kv.create_revision)]
 
     async def list_ordered(self, prefix: str) -> list[tuple[str, int, dict[str, Any]]]:
         """(key, create revision, JSON value) of every record under `prefix`, oldest first."""
-        with _etcd_errors(f"list {prefix}"):
-            rng = await self.client.get_prefix(_b(prefix))
+        rng = await self.etcd.call(f"list {prefix}", lambda c: c.get_prefix(_b(prefix)))
         return sorted(
             ((kv.key.decode(), int(kv.create_revision), dict(json.loads(kv.value))) for kv in rng),
             key=lambda t: t[1],
         )
 
     async def delete(self, key: str) -> None:
-        with _etcd_errors(f"delete {key}"):
-            await self.client.delete(_b(key))
+        await self.etcd.call(f"delete {key}", lambda c: c.delete(_b(key)))
 
     # ---- engine status and operations -------------------------------------------------------
     async def put_status(self, status: dict[str, Any]) -> None:
         lease = await self.lease_id()
-        with _etcd_errors("put status"):
-            await self.client.put(_b(keys.engine(*self._k(), self.pod, self.role)), _b(json.dumps(status)), lease)
+        key = _b(keys.engine(*self._k(), self.pod, self.role))
+        await self.etcd.call("put status", lambda c: c.put(key, _b(json.dumps(status)), lease))
 
     async def get_status(self, pod: str, role: str) -> dict[str, Any] | None:
-        with _etcd_errors("get status"):
-            got = await self.client.get(_b(keys.engine(*self._k(), pod, role)))
+        got = await self.etcd.call("get status", lambda c: c.get(_b(keys.engine(*self._k(), pod, role))))
         return None if got is None else dict(json.loads(got.value))
 
     async def put_op(self, op_id: str, record: dict[str, Any]) -> None:
         """Record an operation on this identity's lease (its history lives as long as the engine)."""
         lease = await self.lease_id()
-        with _etcd_errors("put op"):
-            await self.client.put(_b(keys.op(*self._k(), self.pod, self.role, op_id)), _b(json.dumps(record)), lease)
+        key = _b(keys.op(*self._k(), self.pod, self.role, op_id))
+        await self.etcd.call("put op", lambda c: c.put(key, _b(json.dumps(record)), lease))
 
     async def ops(self) -> list[dict[str, Any]]:
         """This identity's operations, oldest first (ids start with a nanosecond timestamp)."""
         prefix = _b(keys.op(*self._k(), self.pod, self.role, ""))
-        with _etcd_errors("list ops"):
-            rng = await self.client.get_prefix(prefix)
+        rng = await self.etcd.call("list ops", lambda c: c.get_prefix(prefix))
         return [dict(json.loads(kv.value), id=kv.key.decode().rsplit("/", 1)[-1]) for kv in rng]
 
     async def get_op(self, op_id: str) -> dict[str, Any] | None:
-        with _etcd_errors("get op"):
-            got = await self.client.get(_b(keys.op(*self._k(), self.pod, self.role, op_id)))
+        got = await self.etcd.call("get op", lambda c: c.get(_b(keys.op(*self._k(), self.pod, self.role, op_id))))
         return None if got is None else dict(json.loads(got.value))
 
     # ---- plain JSON records (progress, endpoints) --------------------------------------------
     async def put_json(self, key: str, value: dict[str, Any], lease: bool = False) -> None:
         """Store a JSON record; with `lease`, it vanishes when this identity's lease expires."""
         lease_id = await self.lease_id() if lease else None
-        with _etcd_errors(f"put {key}"):
-            await self.client.put(_b(key), _b(json.dumps(value)), lease_id)
+        await self.etcd.call(f"put {key}", lambda c: c.put(_b(key), _b(json.dumps(value)), lease_id))
 
     async def get_json(self, key: str) -> dict[str, Any] | None:
-        with _etcd_errors(f"get {key}"):
-            got = await self.client.get(_b(key))
+        got = await self.etcd.call(f"get {key}", lambda c: c.get(_b(key)))
         return None if got is None else dict(json.loads(got.value))
 
     async def list_json(self, prefix: str) -> dict[str, dict[str, Any]]:
         """Every JSON record under `prefix`, keyed by its full key."""
-        with _etcd_errors(f"list {prefix}"):
-            got = await self.client.get_prefix(_b(prefix))
+        got = await self.etcd.call(f"list {prefix}", lambda c: c.get_prefix(_b(prefix)))
         return {kv.key.decode(): dict(json.loads(kv.value)) for kv in got}
 
-
-@contextlib.contextmanager
-def _etcd_errors(what: str) -> Any:
-    try:
-        yield
-    except aetcd.exceptions.ClientError as e:
-        raise errors.RegistryUnavailable(f"etcd {what} failed: {type(e).__name__}: {e}") from e
-    except (TimeoutError, OSError) as e:
-        raise errors.RegistryUnavailable(f"etcd {what} failed: {e!r}") from e

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
@@ -25,33 +25,46 @@ class SyncRegistry:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoints: str | Sequence[str],
         namespace: str,
         job: str,
         pod: str,
         role: str,
         ttl: int = 10,
         timeout: float = 5.0,
+        failover_s: float | None = None,
     ) -> None:
+        """`endpoints`: every member of the etcd cluster (a list, or comma-separated); see `Registry`."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"etcd-{role}", daemon=True)
         self._thread.start()
         self.timeout = timeout
-        self.reg: Registry = self._run(self._make(endpoint, namespace, job, pod, role, ttl, timeout))
+        self.reg: Registry = self._run(
+            self._make(endpoints, namespace, job, pod, role, ttl, timeout, failover_s), timeout=10
+        )
         self.namespace, self.job, self.pod, self.role = namespace, job, pod, role
-        self.endpoint = endpoint
+        self.endpoints = self.reg.endpoints
+
+    @property
+    def endpoint(self) -> str:
+        """The etcd member answering now (after `connect`, one that answered)."""
+        return self.reg.endpoint
 
     @staticmethod
-    async def _make(endpoint: str, namespace: str, job: str, pod: str, role: str, ttl: int, timeout: float) -> Registry:
+    async def _make(
+        endpoints: str | Sequence[str], namespace: str, job: str, pod: str, role: str, ttl: int, timeout: float,
+        failover_s: float | None,
+    ) -> Registry:
         # the Registry (and its asyncio.Event) must be created on the loop that uses it
-        return Registry(endpoint, namespace, job, pod, role, ttl=ttl, timeout=timeout)
+        return Registry(endpoints, namespace, job, pod, role, ttl=ttl, timeout=timeout, failover_s=failover_s)
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self._loop.is_closed():
             raise errors.RegistryUnavailable("registry is closed")
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return fut.result(timeout if timeout is not None else self.timeout * 3 + 5)
+            # a call may spend its failover budget and then one more request on the last member
+            return fut.result(timeout if timeout is not None else self.reg.etcd.failover_s + self.timeout * 3 + 5)
         except FutureTimeout as e:
             fut.cancel()
             raise errors.RegistryUnavailable("etcd did not answer in time") from e

@@ -42,7 +42,7 @@ def main() -> int:
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec
-    etcd = split_endpoints(env.etcd_endpoints)[0]
+    etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them
     registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "rollout").connect()
     node = BroadcastNode(registry, env.shm_dir, transport=spec.checkpoint_engine.transport,
                          advertise=env.pod_ip).start()

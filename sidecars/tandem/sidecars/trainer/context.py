@@ -110,7 +110,7 @@ class TrainerContext:
                                           max_tokens=spec.rollout.max_tokens, iterations=spec.algorithm.iterations)
             ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
                                          job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
-            etcd = split_endpoints(env.etcd_endpoints)[0]
+            etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them
             ctx.registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "trainer").connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
