@@ -175,6 +175,28 @@ REJECTED: list[Case] = [
         "spec.checkpointEngine.persist.keep",
     ),
     ("suspend-not-bool", lambda: W().suspend("maybe"), "spec.suspend"),  # type: ignore[arg-type]
+    (  # spec.podTemplate: the schema's enums and the CEL rules of tandem.spec.podtemplate
+        "pod-template-toleration-effect",
+        lambda: W().set("podTemplate", {"spec": {"tolerations": [{"key": "k", "effect": "NeverSchedule"}]}}),
+        "spec.podTemplate.spec.tolerations[0].effect",
+    ),
+    (
+        "pod-template-contract-env",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "trainer", "env": [
+            {"name": "TANDEM_TOKEN", "value": "mine"}]}]}}),
+        "spec.podTemplate.spec.containers[0].env[0].name",
+    ),
+    (
+        "pod-template-operator-label",
+        lambda: W().set("podTemplate", {"metadata": {"labels": {"tandem.dev/role": "x"}}}),
+        "spec.podTemplate.metadata.labels",
+    ),
+    (
+        "pod-template-mount-of-nothing",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "rollout", "volumeMounts": [
+            {"name": "nope", "mountPath": "/x"}]}]}}),
+        "spec.podTemplate.spec.containers",
+    ),
     ("unknown-field", lambda: W().set("learningRate", 0.1), "spec.learningRate"),
 ]
 

@@ -96,7 +96,8 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
 
     out: list[LocalContainer] = []
     for pod in pods:
-        out += containers_of(pod, overrides=overrides, secrets={"token": token}, logs=run_dir / "logs")
+        own = {(builders.token_secret_name(job.metadata.name), builders.TOKEN_KEY): token}
+        out += containers_of(pod, overrides=overrides, secrets=own, logs=run_dir / "logs")
     return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
 
 

@@ -72,12 +72,14 @@ class LocalContainer:
             return ""
 
 
-def _env_value(item: dict[str, Any], secrets: dict[str, str]) -> str | None:
+def _env_value(item: dict[str, Any], secrets: dict[tuple[str, str], str]) -> str | None:
+    """The value a kubelet would give `item`; None where no local value exists (a Secret other than
+    the job's own, a ConfigMap: the process keeps what the shell exports, e.g. HF_TOKEN)."""
     if "value" in item:
         return str(item["value"])
     ref = item.get("valueFrom", {})
     if "secretKeyRef" in ref:
-        return secrets.get(ref["secretKeyRef"]["key"], "")
+        return secrets.get((ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"]))
     if "fieldRef" in ref:
         path = ref["fieldRef"].get("fieldPath", "")
         return "127.0.0.1" if path.endswith("IP") else ""
@@ -87,7 +89,7 @@ def _env_value(item: dict[str, Any], secrets: dict[str, str]) -> str | None:
 Overrides = Callable[[str, str], dict[str, str]]
 
 
-def containers_of(pod: dict[str, Any], *, overrides: Overrides, secrets: dict[str, str],
+def containers_of(pod: dict[str, Any], *, overrides: Overrides, secrets: dict[tuple[str, str], str],
                   logs: Path) -> list[LocalContainer]:
     """The pod's containers (native sidecars first) as local processes.
 

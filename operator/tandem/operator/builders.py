@@ -37,6 +37,8 @@ GET /health on its checkpoint-engine port (unauthenticated; served once vLLM has
 The trainer has none (see `trainer_container`).
 The rollout container also gets NVIDIA_VISIBLE_DEVICES=all when the pod has GPUs: the trainer
 requests `nvidia.com/gpu: gpusPerPod` once and both containers see every GPU of the pod.
+spec.podTemplate (labels, scheduling, pull secrets, service account, extra env/envFrom/volumeMounts
+per container) is merged over each pod last, by `tandem.operator.pod_template`; what is named above wins.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from tandem.operator import pod_template
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -341,7 +344,7 @@ def build_pod(
         ]
     if job.spec.gpus_per_pod:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(
@@ -349,6 +352,7 @@ def build_pod(
         ),
         "spec": pod_spec,
     }
+    return pod_template.apply(pod, job)  # spec.podTemplate over all of the above
 
 
 def build_pods(

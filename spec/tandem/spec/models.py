@@ -9,50 +9,19 @@ Callers: everything that reads a job; `tandem.spec.crd` turns these models into 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE, QUANTITY, Base, Rule
+from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
-
-QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$"
-ENDPOINT = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]+)?$"
-IMAGE = r"^[a-z0-9][a-z0-9._\-/:@]*$"
-ABS_PATH = r"^(/[A-Za-z0-9_][A-Za-z0-9._\-]*)+$"  # absolute, no trailing slash, no '..' or hidden parts
-DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A cross-field rule: CEL for the API server, a Python predicate for offline checks."""
-
-    cel: str
-    message: str
-    field: str  # relative JSON path of the field blamed, e.g. ".tensorParallel"
-    check: Callable[[Any], bool]
-
-
-class Base(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True,
-        frozen=False,
-    )
-    rules: ClassVar[tuple[Rule, ...]] = ()
-
-    @model_validator(mode="after")
-    def _check_rules(self) -> Base:
-        for rule in type(self).rules:
-            if not rule.check(self):
-                raise ValueError(f"{rule.field.lstrip('.')}: {rule.message}")
-        return self
 
 
 def _family_problem(path: str, family: str, supported: tuple[str, ...]) -> str | None:
@@ -348,6 +317,10 @@ class JobSpec(Base):
                                            "(models, datasets, durable checkpoints).")] = Field(default_factory=list)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     suspend: bool = False
+    pod_template: PodTemplate | None = Field(default=None, description="Merged over every pod the operator "
+                                             "makes: labels, annotations, scheduling (nodeSelector, tolerations, "
+                                             "affinity, priorityClassName), imagePullSecrets, serviceAccountName, "
+                                             "volumes, and env/envFrom/volumeMounts per container.")
     rules = (
         Rule("self.gpusPerPod == 0 || self.gpusPerPod % self.trainer.tensorParallel == 0",
              "trainer.tensorParallel must divide gpusPerPod", ".trainer.tensorParallel",
@@ -380,6 +353,7 @@ class JobSpec(Base):
              "(self.export.path == v.mountPath || self.export.path.startsWith(v.mountPath + '/')))",
              "must lie on a writable volume (under one of volumes[].mountPath)", ".export.path",
              _export_on_volume),
+        *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
     )
 
     def trainer_ranks_per_pod(self) -> int:
@@ -392,7 +366,7 @@ class JobSpec(Base):
 # Fields that cannot change once the job exists (the CRD carries `self == oldSelf` on each).
 IMMUTABLE_FIELDS: tuple[str, ...] = (
     "model", "algorithm", "replicas", "gpusPerPod", "trainer", "rollout", "rewards", "reference",
-    "dataset", "checkpointEngine", "volumes",
+    "dataset", "checkpointEngine", "volumes", "podTemplate",
 )
 
 

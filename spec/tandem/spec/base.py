@@ -1,0 +1,48 @@
+"""The base every RLHFJob model class derives from, and the `Rule` type of cross-field rules.
+
+Role: camelCase wire names, unknown fields refused, and each class's `rules` checked in Python
+(`tandem validate`, `tandem run`, the operator) while `tandem.spec.crd` emits the same rules as CEL
+(`x-kubernetes-validations`, enforced by the API server). Callers: `tandem.spec.models` and
+`tandem.spec.podtemplate` (the model classes), `tandem.spec.crd` (finds the rules by class name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic.alias_generators import to_camel
+
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$"
+ENDPOINT = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]+)?$"
+IMAGE = r"^[a-z0-9][a-z0-9._\-/:@]*$"
+ABS_PATH = r"^(/[A-Za-z0-9_][A-Za-z0-9._\-]*)+$"  # absolute, no trailing slash, no '..' or hidden parts
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, a Python predicate for offline checks."""
+
+    cel: str
+    message: str
+    field: str  # relative JSON path of the field blamed, e.g. ".tensorParallel"
+    check: Callable[[Any], bool]
+
+
+class Base(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True,
+        frozen=False,
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Base:
+        for rule in type(self).rules:
+            if not rule.check(self):
+                raise ValueError(f"{rule.field.lstrip('.')}: {rule.message}")
+        return self

@@ -1,0 +1,386 @@
+"""spec.podTemplate: what a cluster needs of the job's pods, merged over what the builders make.
+
+Role: the typed shape of the override (Kubernetes' own field names, as Kubeflow Trainer's
+podTemplateOverrides and KubeRay's pod templates use them) and the rules that keep the pods
+working: the pod env contract (`tandem.spec.podenv`: every TANDEM_* and MASTER_* variable, and
+NVIDIA_VISIBLE_DEVICES, which lets the rollout share the trainer's GPUs), the pod's own volumes
+(`shm` at /dev/shm, `job-spec` at /etc/tandem, `vol-<name>` for spec.volumes) and the operator's
+labels (tandem.dev/*) stay the operator's. Containers are named `trainer` and `rollout` wherever
+they live in the pod (the rollout is a native sidecar in hybrid pods). GPU counts and resources
+are not overridable at all (no field). Each rule is a `Rule` (CEL for the API server, Python for
+`tandem validate`); rules that need spec.volumes live on `JobSpec` (`JOB_RULES`).
+Callers: `tandem.spec.models.JobSpec.pod_template`; `tandem.operator.pod_template` applies it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, Base, Rule
+
+RESERVED_ENV_PREFIXES = ("TANDEM_", "MASTER_")  # the pod env contract (tandem.spec.podenv.PodEnv)
+RESERVED_ENV = ("NVIDIA_VISIBLE_DEVICES",)  # set on the rollout of a hybrid pod to share the GPUs
+RESERVED_KEY_PREFIX = "tandem.dev/"
+OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component")
+RESERVED_MOUNTS = ("/dev/shm", "/etc/tandem")  # the shm emptyDir and the job-spec ConfigMap
+RESERVED_VOLUMES = ("shm", "job-spec")
+SPEC_VOLUME_PREFIX = "vol-"  # pod volumes of spec.volumes entries
+# A qualified name ([DNS-subdomain prefix/]name), as label and annotation keys; [.] avoids escapes in CEL.
+QUALIFIED = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+REL_PATH = r"^[A-Za-z0-9_][A-Za-z0-9._\-]*(/[A-Za-z0-9_][A-Za-z0-9._\-]*)*$"  # relative, no '..'
+MAP = {"x-kubernetes-list-type": "map"}
+
+Name = Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]
+Key = Annotated[str, Field(min_length=1, max_length=317)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
+Labels = Annotated[dict[str, LabelValue], Field(max_length=64)]
+Values = Annotated[list[Annotated[str, Field(max_length=317)]], Field(max_length=64)]
+
+
+def qualified(key: str) -> bool:
+    """A valid label/annotation key: [prefix/]name, prefix a DNS subdomain <= 253, name <= 63."""
+    prefix, _, name = key.rpartition("/")
+    return re.match(QUALIFIED, key) is not None and len(prefix) <= 253 and len(name) <= 63
+
+
+def reserved_env(name: str) -> bool:
+    return name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV
+
+
+def reserved_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in RESERVED_MOUNTS)
+
+
+def _one_of(*fields: str) -> str:
+    return " + ".join(f"(has(self.{f}) ? 1 : 0)" for f in fields) + " == 1"
+
+
+def _count(obj: Any, *fields: str) -> int:
+    return sum(getattr(obj, f) is not None for f in fields)
+
+
+def _key_rules(field: str, attr: str, reserved: tuple[str, ...]) -> tuple[Rule, Rule]:
+    names = " && ".join(f"k != '{k}'" for k in reserved)
+    return (
+        Rule(f"!has(self.{field}) || self.{field}.all(k, k.matches('{QUALIFIED}') && size(k) <= 317)",
+             "keys must be qualified names ([prefix/]name)", f".{field}",
+             lambda m: all(qualified(k) for k in getattr(m, attr))),
+        Rule(f"!has(self.{field}) || self.{field}.all(k, !k.startsWith('{RESERVED_KEY_PREFIX}')"
+             + (f" && {names})" if reserved else ")"),
+             f"keys {RESERVED_KEY_PREFIX}*{''.join(', ' + k for k in reserved)} are the operator's", f".{field}",
+             lambda m: not any(k.startswith(RESERVED_KEY_PREFIX) or k in reserved for k in getattr(m, attr))),
+    )
+
+
+class PodMetadata(Base):
+    labels: Labels = Field(default_factory=dict, description="Added to every pod (e.g. for Kueue or cost "
+                           "tracking); the operator's own labels win.")
+    annotations: Annotated[dict[str, Annotated[str, Field(max_length=65_536)]], Field(max_length=64)] = Field(
+        default_factory=dict, description="Added to every pod.")
+    rules = (*_key_rules("labels", "labels", OPERATOR_LABELS), *_key_rules("annotations", "annotations", ()))
+
+
+class Toleration(Base):
+    """core/v1 Toleration."""
+
+    key: Annotated[str | None, Field(max_length=317)] = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: Annotated[str | None, Field(pattern=LABEL_VALUE, max_length=63)] = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: Annotated[int | None, Field(ge=0, description="NoExecute only.")] = None
+    rules = (
+        Rule("self.operator == 'Exists' || has(self.key)", "an empty key needs operator Exists", ".key",
+             lambda t: t.operator == "Exists" or bool(t.key)),
+        Rule("self.operator != 'Exists' || !has(self.value) || self.value == ''", "operator Exists takes no value",
+             ".value", lambda t: t.operator != "Exists" or not t.value),
+        Rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+             "applies only to effect NoExecute", ".tolerationSeconds",
+             lambda t: t.toleration_seconds is None or t.effect == "NoExecute"),
+    )
+
+
+class NodeSelectorRequirement(Base):
+    key: Key
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: Values = Field(default_factory=list)
+    rules = (Rule("self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : "
+                  "self.operator in ['Gt', 'Lt'] ? has(self.values) && size(self.values) == 1 : "
+                  "!has(self.values) || size(self.values) == 0",
+                  "In and NotIn need values, Gt and Lt one, Exists and DoesNotExist none", ".values",
+                  lambda r: (len(r.values) > 0 if r.operator in ("In", "NotIn") else
+                             len(r.values) == (1 if r.operator in ("Gt", "Lt") else 0))),)
+
+
+class NodeSelectorTerm(Base):
+    match_expressions: Annotated[list[NodeSelectorRequirement], Field(max_length=32)] = Field(default_factory=list)
+    match_fields: Annotated[list[NodeSelectorRequirement], Field(max_length=32)] = Field(default_factory=list)
+
+
+class NodeSelector(Base):
+    node_selector_terms: Annotated[list[NodeSelectorTerm], Field(min_length=1, max_length=32)]
+
+
+class PreferredSchedulingTerm(Base):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(Base):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: Annotated[
+        list[PreferredSchedulingTerm], Field(max_length=32)] = Field(default_factory=list)
+
+
+class LabelSelectorRequirement(Base):
+    key: Key
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: Values = Field(default_factory=list)
+    rules = (Rule("self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : "
+                  "!has(self.values) || size(self.values) == 0",
+                  "In and NotIn need values; Exists and DoesNotExist take none", ".values",
+                  lambda r: bool(r.values) == (r.operator in ("In", "NotIn"))),)
+
+
+class LabelSelector(Base):
+    match_labels: Labels = Field(default_factory=dict)
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = Field(default_factory=list)
+
+
+class PodAffinityTerm(Base):
+    label_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    namespaces: Annotated[list[Name], Field(max_length=64)] = Field(default_factory=list)
+    topology_key: Key
+    match_label_keys: Values = Field(default_factory=list)
+    mismatch_label_keys: Values = Field(default_factory=list)
+
+
+class WeightedPodAffinityTerm(Base):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(Base):
+    required_during_scheduling_ignored_during_execution: Annotated[
+        list[PodAffinityTerm], Field(max_length=32)] = Field(default_factory=list)
+    preferred_during_scheduling_ignored_during_execution: Annotated[
+        list[WeightedPodAffinityTerm], Field(max_length=32)] = Field(default_factory=list)
+
+
+class Affinity(Base):
+    """core/v1 Affinity, typed to the depth the scheduler reads."""
+
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
+class KeyRef(Base):
+    name: Name
+    key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)]
+    optional: bool | None = None
+
+
+class FieldRef(Base):
+    field_path: Annotated[str, Field(min_length=1, max_length=256)]
+    api_version: Annotated[str | None, Field(max_length=64)] = None
+
+
+class ResourceFieldRef(Base):
+    container_name: Literal["trainer", "rollout"] | None = None
+    resource: Annotated[str, Field(min_length=1, max_length=64)]
+    divisor: Annotated[str | None, Field(pattern=QUANTITY)] = None
+
+
+SOURCES = ("secret_key_ref", "config_map_key_ref", "field_ref", "resource_field_ref")
+
+
+class EnvVarSource(Base):
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+    field_ref: FieldRef | None = None
+    resource_field_ref: ResourceFieldRef | None = None
+    rules = (Rule(_one_of("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef"),
+                  "exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef", ".secretKeyRef",
+                  lambda s: _count(s, *SOURCES) == 1),)
+
+
+class EnvVar(Base):
+    name: Annotated[str, Field(pattern=ENV_NAME, max_length=256)]
+    value: Annotated[str | None, Field(max_length=65_536)] = None
+    value_from: EnvVarSource | None = None
+    rules = (
+        Rule("!self.name.startsWith('TANDEM_') && !self.name.startsWith('MASTER_') && "
+             "self.name != 'NVIDIA_VISIBLE_DEVICES'",
+             "TANDEM_*, MASTER_* and NVIDIA_VISIBLE_DEVICES belong to the pod env contract (tandem.spec.podenv)",
+             ".name", lambda e: not reserved_env(e.name)),
+        Rule("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", ".valueFrom",
+             lambda e: e.value is None or e.value_from is None),
+    )
+
+
+class LocalRef(Base):
+    name: Name
+    optional: bool | None = None
+
+
+class EnvFromSource(Base):
+    """A Secret's or ConfigMap's keys as variables. Entries of env (the contract's included) win over
+    these in Kubernetes, so a key named like a contract variable cannot replace it."""
+
+    prefix: Annotated[str | None, Field(pattern=ENV_NAME, max_length=64)] = None
+    config_map_ref: LocalRef | None = None
+    secret_ref: LocalRef | None = None
+    rules = (Rule(_one_of("configMapRef", "secretRef"), "exactly one of configMapRef and secretRef",
+                  ".secretRef", lambda s: _count(s, "config_map_ref", "secret_ref") == 1),)
+
+
+class VolumeMount(Base):
+    name: Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A spec.volumes entry or a "
+                               "podTemplate.spec.volumes entry, by its name.")]
+    mount_path: Annotated[str, Field(pattern=ABS_PATH, max_length=256)]
+    sub_path: Annotated[str | None, Field(pattern=REL_PATH, max_length=256)] = None
+    read_only: bool = False
+    rules = (Rule("!['/dev/shm', '/etc/tandem'].exists(p, self.mountPath == p || self.mountPath.startsWith(p + '/'))",
+                  "must not be /dev/shm or /etc/tandem (the pod's own mounts)", ".mountPath",
+                  lambda m: not reserved_path(m.mount_path)),)
+
+
+class ContainerOverride(Base):
+    name: Literal["trainer", "rollout"] = Field(description="The container: trainer (hybrid pods) or rollout "
+                                                "(every pod; a native sidecar in hybrid pods).")
+    env: Annotated[list[EnvVar], Field(max_length=64, json_schema_extra={
+        **MAP, "x-kubernetes-list-map-keys": ["name"]})] = Field(default_factory=list)
+    env_from: Annotated[list[EnvFromSource], Field(max_length=16)] = Field(default_factory=list)
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=16, json_schema_extra={
+        **MAP, "x-kubernetes-list-map-keys": ["mountPath"]})] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _operator_fields(cls, data: Any) -> Any:
+        for key in ("image", "command", "args", "resources", "ports"):
+            if isinstance(data, dict) and key in data:
+                raise ValueError(f"{key}: the operator's (image and resources: spec.trainer / spec.rollout; "
+                                 "GPUs: spec.gpusPerPod); an override may add env, envFrom, volumeMounts")
+        return data
+
+    @model_validator(mode="after")
+    def _unique(self) -> ContainerOverride:
+        for field, attr, key in (("env", "env", "name"), ("volumeMounts", "volume_mounts", "mount_path")):
+            seen = [getattr(x, key) for x in getattr(self, attr)]
+            dup = next((v for i, v in enumerate(seen) if v in seen[:i]), None)
+            if dup is not None:
+                raise ValueError(f"{field}: duplicate entry {dup!r}")
+        return self
+
+
+class KeyToPath(Base):
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+    path: Annotated[str, Field(pattern=REL_PATH, max_length=256)]
+    mode: Annotated[int | None, Field(ge=0, le=0o777)] = None
+
+
+class SecretSource(Base):
+    secret_name: Name
+    items: Annotated[list[KeyToPath], Field(max_length=64)] = Field(default_factory=list)
+    default_mode: Annotated[int | None, Field(ge=0, le=0o777)] = None
+    optional: bool | None = None
+
+
+class ConfigMapSource(Base):
+    name: Name
+    items: Annotated[list[KeyToPath], Field(max_length=64)] = Field(default_factory=list)
+    default_mode: Annotated[int | None, Field(ge=0, le=0o777)] = None
+    optional: bool | None = None
+
+
+class EmptyDirSource(Base):
+    medium: Literal["", "Memory"] = ""
+    size_limit: Annotated[str | None, Field(pattern=QUANTITY)] = None
+
+
+class PodVolume(Base):
+    """An extra pod volume for the containers' volumeMounts: a Secret, a ConfigMap or an emptyDir."""
+
+    name: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
+    secret: SecretSource | None = None
+    config_map: ConfigMapSource | None = None
+    empty_dir: EmptyDirSource | None = None
+    rules = (
+        Rule(_one_of("secret", "configMap", "emptyDir"), "exactly one of secret, configMap, emptyDir", ".secret",
+             lambda v: _count(v, "secret", "config_map", "empty_dir") == 1),
+        Rule("!(self.name in ['shm', 'job-spec']) && !self.name.startsWith('vol-')",
+             "shm, job-spec and vol-* name the pod's own volumes", ".name",
+             lambda v: v.name not in RESERVED_VOLUMES and not v.name.startswith(SPEC_VOLUME_PREFIX)),
+    )
+
+
+def _names_unique(field: str, attr: str, key: str = "name") -> Rule:
+    return Rule(f"!has(self.{field}) || self.{field}.all(x, self.{field}.exists_one(y, y.{key} == x.{key}))",
+                f"{key}s must be unique", f".{field}",
+                lambda s: len({getattr(x, key) for x in getattr(s, attr)}) == len(getattr(s, attr)))
+
+
+class PodSpecOverride(Base):
+    node_selector: Labels = Field(default_factory=dict, description="Node labels the pods require "
+                                  "(e.g. a GPU type).")
+    tolerations: Annotated[list[Toleration], Field(max_length=32, description="Added to the operator's own "
+                                                   "(nvidia.com/gpu when gpusPerPod > 0).")] = Field(
+        default_factory=list)
+    affinity: Affinity | None = None
+    priority_class_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = None
+    service_account_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = None
+    image_pull_secrets: Annotated[list[LocalRef], Field(max_length=16)] = Field(default_factory=list)
+    volumes: Annotated[list[PodVolume], Field(max_length=16, json_schema_extra={
+        **MAP, "x-kubernetes-list-map-keys": ["name"]})] = Field(default_factory=list)
+    containers: Annotated[list[ContainerOverride], Field(max_length=2, json_schema_extra={
+        **MAP, "x-kubernetes-list-map-keys": ["name"]})] = Field(default_factory=list)
+    rules = (_names_unique("volumes", "volumes"), _names_unique("containers", "containers"))
+
+
+class PodTemplate(Base):
+    """Merged over every pod of the job (Kubernetes field names; see the module docstring)."""
+
+    metadata: PodMetadata = Field(default_factory=PodMetadata)
+    spec: PodSpecOverride = Field(default_factory=PodSpecOverride)
+
+
+# Rules that also read spec.volumes; `tandem.spec.models.JobSpec` carries them.
+def _mount_names_resolve(s: Any) -> bool:
+    t: PodTemplate | None = s.pod_template
+    known = {v.name for v in s.volumes} | ({v.name for v in t.spec.volumes} if t else set())
+    return t is None or all(m.name in known for c in t.spec.containers for m in c.volume_mounts)
+
+
+def _mount_paths_free(s: Any) -> bool:
+    t: PodTemplate | None = s.pod_template
+    taken = {v.mount_path for v in s.volumes}
+    return t is None or not any(m.mount_path in taken for c in t.spec.containers for m in c.volume_mounts)
+
+
+def _volume_names_free(s: Any) -> bool:
+    t: PodTemplate | None = s.pod_template
+    return t is None or not {v.name for v in s.volumes} & {v.name for v in t.spec.volumes}
+
+
+_MOUNTS = ("!has(self.podTemplate) || !has(self.podTemplate.spec.containers) || "
+           "self.podTemplate.spec.containers.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, ")
+_T_VOLUMES = "self.podTemplate.spec.volumes"
+JOB_RULES = (
+    Rule(_MOUNTS + f"(has(self.volumes) && self.volumes.exists(v, v.name == m.name)) || "
+         f"(has({_T_VOLUMES}) && {_T_VOLUMES}.exists(v, v.name == m.name))))",
+         "volumeMounts[].name must name a spec.volumes or a podTemplate.spec.volumes entry",
+         ".podTemplate.spec.containers", _mount_names_resolve),
+    Rule(_MOUNTS + "!has(self.volumes) || !self.volumes.exists(v, v.mountPath == m.mountPath)))",
+         "volumeMounts[].mountPath is already a spec.volumes mountPath", ".podTemplate.spec.containers",
+         _mount_paths_free),
+    Rule(f"!has(self.podTemplate) || !has(self.volumes) || !has({_T_VOLUMES}) || "
+         f"!{_T_VOLUMES}.exists(p, self.volumes.exists(v, v.name == p.name))",
+         "names must differ from spec.volumes names", ".podTemplate.spec.volumes", _volume_names_free),
+)
