@@ -102,12 +102,23 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
 
     progress = Progress(
         phase="train",
+        iteration=2,
+        iterations=200,
+        weight_version=1,
+        reward_mean=0.5,
+        updated_at=1000.0,
+    )
+    etcd_put(etcd_server.endpoint, keys.progress(ns, name), progress.to_json())
+    wait_for("first progress record", lambda: phase_is(k8s, ns, name, "Running", iteration=2), 30)
+    progress = Progress(  # 10 iterations in 20 s since the first record (the driver's clock)
+        phase="train",
         iteration=12,
         iterations=200,
         weight_version=11,
         last_sync_seconds=2.5,
         reward_mean=0.75,
         eval=EvalSummary(iteration=10, weight_version=10, pass_at_1=0.4, pass_at_k=0.6, k=4, prompts=256),
+        updated_at=1020.0,
     )
     etcd_put(etcd_server.endpoint, keys.progress(ns, name), progress.to_json())
     st = wait_for(
@@ -115,12 +126,15 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
     )
     assert st["weightVersion"] == 11 and st["lastSyncSeconds"] == 2.5
     assert st["eval"] == {"iteration": 10, "passAt1": 0.4, "passAtK": 0.6, "k": 4}
-    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
+    assert {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}["Ready"] == ("True", "PodsRunning")
+    assert all(c["observedGeneration"] == job["metadata"]["generation"] for c in st["conditions"])
+    assert {k: st["progress"][k] for k in ("percent", "iterationsPerSecond", "etaSeconds", "eta")} == {
+        "percent": 6.0, "iterationsPerSecond": 0.5, "etaSeconds": 376, "eta": "6m16s"}
 
     table = k8s.kubectl("get", "rlhfjobs", "-n", ns).stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "ITERATION", "REWARD", "EVAL", "SYNC(S)", "AGE"]
-    assert row.split()[:6] == [name, "Running", "12", "0.75", "0.4", "2.5"]
+    assert header.split() == ["NAME", "PHASE", "ITERATION", "REWARD", "EVAL", "SYNC(S)", "PROGRESS", "ETA", "AGE"]
+    assert row.split()[:8] == [name, "Running", "12", "0.75", "0.4", "2.5", "6", "6m16s"]
     OUT.mkdir(exist_ok=True)
     pods_table = k8s.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
     (OUT / "kubectl-get-rlhfjobs.txt").write_text(

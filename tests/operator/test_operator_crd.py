@@ -24,9 +24,13 @@ def test_committed_crd_equals_render(path: Path) -> None:
 def test_crd_shape() -> None:
     doc = yaml.safe_load(crd.render())
     version = doc["spec"]["versions"][0]
-    assert doc["metadata"]["name"] == "rlhfjobs.tandem.dev" and version["subresources"] == {"status": {}}
+    assert doc["metadata"]["name"] == "rlhfjobs.tandem.dev" and version["subresources"] == {
+        "status": {},
+        "scale": {"specReplicasPath": ".spec.rolloutOnlyReplicas", "statusReplicasPath": ".status.rolloutOnlyReplicas",
+                  "labelSelectorPath": ".status.rolloutOnlySelector"},
+    }
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Iteration", "Reward", "Eval", "Sync(s)", "Age"]
+    assert columns == ["Phase", "Iteration", "Reward", "Eval", "Sync(s)", "Progress", "ETA", "Age"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     for col in version["additionalPrinterColumns"]:
         # every .status column names a field the status schema keeps (the API server prunes the rest),

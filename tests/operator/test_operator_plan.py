@@ -47,6 +47,7 @@ def test_new_job_creates_every_pod_and_announces_pending() -> None:
     conds = {c.type: c.status for c in plan.status.conditions}
     assert conds == {
         "SpecValid": "True",
+        "Queued": "False",
         "Ready": "False",
         "Restarting": "False",
         "Suspended": "False",

@@ -99,6 +99,10 @@ class JobWrapper:
     def suspend(self, value: bool = True) -> JobWrapper:
         return self.set("suspend", value)
 
+    def queue(self, name: str) -> JobWrapper:
+        """Label the job kueue.x-k8s.io/queue-name: `name` (queued by Kueue)."""
+        return self.meta("labels", {"kueue.x-k8s.io/queue-name": name})
+
     def obj(self) -> dict[str, Any]:
         return copy.deepcopy(self.doc)
 
@@ -135,6 +139,16 @@ class PodWrapper:
 
     def deleting(self) -> PodWrapper:
         self.fields["deleting"] = True
+        return self
+
+    def gated(self) -> PodWrapper:
+        """Held at Kueue's admission gate."""
+        self.fields["gated"] = True
+        return self
+
+    def stopped(self, why: str = "WorkloadEvicted: Preempted to accommodate a workload") -> PodWrapper:
+        """Marked by Kueue's TerminationTarget condition (and, as Kueue then deletes it, deleting)."""
+        self.fields.update(stopped=why, deleting=True)
         return self
 
     def state(self) -> PodState:

@@ -12,8 +12,9 @@ Objects of a job `<job>` in namespace `<ns>`:
                               replicas <= i: rollout container only (rolloutOnlyReplicas; role rollout)
 
 Pod labels: tandem.dev/job, tandem.dev/role (hybrid|rollout), tandem.dev/index,
-tandem.dev/restart-generation. Every pod has hostname `<job>-<i>` and subdomain `<job>`, so pod 0
-answers at `<job>-0.<job>.<ns>.svc`.
+tandem.dev/restart-generation; when the job is labelled kueue.x-k8s.io/queue-name, Kueue's pod-group
+labels and annotation too (`tandem.operator.kueue`, applied last). Every pod has hostname
+`<job>-<i>` and subdomain `<job>`, so pod 0 answers at `<job>-0.<job>.<ns>.svc`.
 
 Container contract (stable; the sidecars and `tandem run` rely on it). Commands:
   trainer  ["python", "-m", "tandem.sidecars.trainer"]
@@ -48,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import pod_template
+from tandem.operator import kueue, pod_template
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -136,6 +137,11 @@ def pod_labels(job_name: str, role: str, index: int, generation: int) -> dict[st
         LABEL_INDEX: str(index),
         LABEL_GENERATION: str(generation),
     }
+
+
+def rollout_only_selector(job_name: str) -> str:
+    """Label selector of a job's rollout-only pods (the /scale subresource's labelSelectorPath)."""
+    return f"{LABEL_JOB}={job_name},{LABEL_ROLE}={ROLE_ROLLOUT}"
 
 
 def ce_ports(job: RLHFJob) -> tuple[int, int]:
@@ -352,7 +358,8 @@ def build_pod(
         ),
         "spec": pod_spec,
     }
-    return pod_template.apply(pod, job)  # spec.podTemplate over all of the above
+    pod = pod_template.apply(pod, job)  # spec.podTemplate over all of the above
+    return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group
 
 
 def build_pods(

@@ -84,7 +84,8 @@ async def reconcile_job(
     if memory is None:
         memory = memo["job"] = reconcile.JobMemory()
     ref = reconcile.JobRef(
-        namespace, name, uid, int(meta.get("generation") or 0), str(meta.get("resourceVersion") or "0")
+        namespace, name, uid, int(meta.get("generation") or 0), str(meta.get("resourceVersion") or "0"),
+        dict(meta.get("labels") or {}),
     )
     with metrics.observe_pass():
         plan = await reconcile.run(

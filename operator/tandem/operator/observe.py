@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.operator import kueue
 from tandem.operator.builders import LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, LABEL_ROLE
 
 
@@ -23,6 +24,8 @@ class PodState:
     phase: str  # Pending | Running | Succeeded | Failed | Unknown
     deleting: bool = False
     reason: str = ""
+    gated: bool = False  # still held by Kueue's admission gate (`tandem.operator.kueue`)
+    stopped: str = ""  # Kueue's stop condition on the pod (reason: message), "" when none
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -61,4 +64,6 @@ def pod_state(pod: Mapping[str, Any]) -> PodState | None:
         phase=str(status.get("phase") or "Pending"),
         deleting=meta.get("deletionTimestamp") is not None,
         reason=_reason(status),
+        gated=kueue.gated(pod),
+        stopped=kueue.stop_reason(pod),
     )

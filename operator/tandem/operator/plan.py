@@ -6,7 +6,10 @@ plan twice is harmless (creates are create-if-absent, deletes ignore missing pod
 lets the operator restart at any moment and converge without duplicate pods.
 
 Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
-suspend > restart in progress > pod failures > create what is missing.
+suspend > restart in progress > Kueue preemption (queued jobs) > pod failures > create what is
+missing (then Running, Queued while Kueue holds pods at its gate, or Pending).
+The pods' restart generation is restarts + preemptions: both start a new gang that resumes from
+the newest durable copy; only restarts count against failurePolicy.maxRestarts.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tandem.operator import builders, restart_policy, status
+from tandem.operator import admission_policy, builders, eta, kueue, restart_policy, status
 from tandem.operator.observe import PodState
 from tandem.operator.status import Event
 from tandem.spec.load import SpecError
@@ -45,7 +48,7 @@ class Plan:
 
     @property
     def restart_generation(self) -> int:
-        return self.status.restarts
+        return self.status.restarts + self.status.preemptions
 
 
 def _alive(pods: Sequence[PodState]) -> list[str]:
@@ -57,7 +60,12 @@ def _expected(job: RLHFJob) -> list[str]:
 
 
 def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
-    plan.status.observed_generation = obs.generation
+    status.stamp(plan.status, obs.generation)
+    if obs.job is not None:  # the /scale subresource reads these
+        gen, first = plan.restart_generation, obs.job.spec.replicas
+        plan.status.rollout_only_replicas = len(
+            [p for p in obs.pods if p.generation == gen and p.index >= first and not p.deleting])
+        plan.status.rollout_only_selector = builders.rollout_only_selector(obs.job.metadata.name)
     event = status.transition_event(before, plan.status)
     if event is not None:
         plan.events.append(event)
@@ -86,33 +94,35 @@ def decide(obs: Observation) -> Plan:
 
     spec = obs.job.spec
     status.apply_progress(new, obs.progress)
+    new.progress = eta.progress_block(new.progress, obs.progress, new.restarts + new.preemptions)
 
     if new.phase in status.TERMINAL:
         if new.phase == "Failed":
             plan.delete = _alive(obs.pods)
         return _finish(obs, plan, before)
 
-    generation = new.restarts
+    generation = new.restarts + new.preemptions
     expected = _expected(obs.job)
     current = [p for p in obs.pods if p.generation == generation]
     trainers = [p for p in current if p.index < spec.replicas]
 
     driver_done = obs.progress is not None and obs.progress.phase == "done"
     if driver_done or (len(trainers) == spec.replicas and all(p.phase == "Succeeded" for p in trainers)):
-        status.set_phase(new, "Succeeded", f"finished after {new.iteration} iterations", now)
+        status.set_phase(new, "Succeeded", f"finished after {new.iteration} iterations", now,
+                         reason="DriverDone" if driver_done else "TrainersSucceeded")
         plan.delete = sorted(
             p.name for p in current if p.phase not in ("Succeeded", "Failed") and not p.deleting
         )
         return _finish(obs, plan, before)
     if obs.progress is not None and obs.progress.phase == "failed":
         reason = obs.progress.message or "no message"
-        status.set_phase(new, "Failed", f"driver reported failure: {reason}", now)
+        status.set_phase(new, "Failed", f"driver reported failure: {reason}", now, reason="DriverFailed")
         plan.delete = _alive(obs.pods)
         return _finish(obs, plan, before)
 
     if spec.suspend:
         left = _alive(obs.pods)
-        if new.phase != "Suspended":
+        if new.phase != "Suspended" or status.reason_of(new, "Suspended") != "SpecSuspended":
             status.set_phase(new, "Suspended", "suspended: pods deleted", now)
         plan.delete = left
         return _finish(obs, plan, before)
@@ -128,6 +138,18 @@ def decide(obs: Observation) -> Plan:
             return _finish(obs, plan, before)
         status.set_phase(new, "Pending", f"restart {new.restarts}: creating pods", now)
         plan.create = list(range(len(expected)))
+        return _finish(obs, plan, before)
+
+    queue = kueue.queue_name(obs.job.metadata.labels)
+    why = queue and admission_policy.preemption(obs.pods, expected, generation,
+                                                all_were_running=new.phase == "Running")
+    if why:
+        plan.delete, plan.create = _alive(obs.pods), []
+        new.preemptions += 1
+        message = (f"preempted by Kueue: {why}; the pods of generation {generation + 1} wait for Kueue to admit "
+                   f"pod group {kueue.group_name(obs.name)} again (queue {queue}), then {_resumes(obs.job)}")
+        status.set_phase(new, "Suspended", message, now, reason=status.PREEMPTED)
+        plan.events.append(Event("Warning", status.PREEMPTED, message))
         return _finish(obs, plan, before)
 
     found = restart_policy.failures(obs.pods, expected, generation, all_were_running=new.phase == "Running")
@@ -150,9 +172,20 @@ def decide(obs: Observation) -> Plan:
     if running:
         if new.phase != "Running":
             status.set_phase(new, "Running", f"{len(expected)} pods running", now)
+        return _finish(obs, plan, before)
+    held = admission_policy.gated(obs.pods, generation) if queue else []
+    group = f"pod group {kueue.group_name(obs.name)} (queue {queue})"
+    if new.phase == "Suspended" and status.reason_of(new, "Suspended") == status.PREEMPTED:
+        if held:  # the replacement pods wait for re-admission: still Suspended, and queued
+            status.set_condition(new, "Queued", True, status.REASONS["Queued"],
+                                 f"{len(held)} of {len(expected)} pods wait for Kueue to admit {group}", now)
+        return _finish(obs, plan, before)
+    if held:
+        message = f"waiting for Kueue to admit {group}: {len(held)} of {len(expected)} pods gated"
+        phase: status.Phase = "Queued"
     else:
         waiting = len([p for p in current if p.phase != "Running"]) + len(plan.create)
-        message = f"waiting for {waiting} of {len(expected)} pods"
-        if new.phase != "Pending" or new.message != message or not new.conditions:
-            status.set_phase(new, "Pending", message, now)
+        message, phase = f"waiting for {waiting} of {len(expected)} pods", "Pending"
+    if new.phase != phase or new.message != message or not new.conditions:
+        status.set_phase(new, phase, message, now)
     return _finish(obs, plan, before)

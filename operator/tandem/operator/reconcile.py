@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +45,7 @@ class JobRef:
     uid: str
     generation: int
     resource_version: str
+    labels: Mapping[str, str] = field(default_factory=dict)  # kueue.x-k8s.io/queue-name queues the pods
 
 
 def parse(memory: JobMemory, ref: JobRef, spec: Mapping[str, Any]) -> None:
@@ -143,6 +144,8 @@ async def run(
     parse(memory, ref, spec)
     current = status.read_status(raw_status)
     job = memory.job
+    if job is not None:  # labels change without a new metadata.generation
+        job.metadata.labels = dict(ref.labels)
     endpoints = list(job.spec.checkpoint_engine.etcd.endpoints) if job else []
     progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if job else None
     pods = await observe_pods(kube, ref, indexed_pods, job, current.phase)

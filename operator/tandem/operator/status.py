@@ -3,14 +3,20 @@
 Callers: `tandem.operator.plan.decide` builds the next status with these helpers; the handlers
 post the returned events. Pure: the clock value is passed in.
 
-Conditions (type: meaning when True), each with reason, message and lastTransitionTime that only
-moves when the condition's status flips (Kubernetes API conventions):
+Conditions (type: meaning when True), each with a stable CamelCase reason, a message, the
+metadata.generation it was set from (observedGeneration) and lastTransitionTime that only moves
+when the condition's status flips (Kubernetes API conventions):
   SpecValid   the spec passed every rule the operator checks
+  Queued      pods of the current generation wait for Kueue to admit them (`tandem.operator.kueue`)
   Ready       every pod of the current generation is Running
   Restarting  a gang restart is under way (lastTransitionTime = when it began; backoff counts from it)
-  Suspended   spec.suspend is true and the pods are gone or going
+  Suspended   spec.suspend is true (reason SpecSuspended) or Kueue preempted the pods (Preempted)
   Complete    the job finished (the driver reported done, or every trainer pod succeeded)
   Failed      the job gave up (maxRestarts exhausted, or the driver reported failure)
+Reasons (every condition carries the reason of the current phase; `REASONS` has the defaults):
+PodsPending, AwaitingAdmission, PodsRunning, GangRestart, SpecSuspended, Preempted, DriverDone,
+TrainersSucceeded, DriverFailed, MaxRestartsReached, InvalidSpec. Events: one per phase change
+(reason: the new phase), and Preempted when Kueue stops the pods.
 """
 
 from __future__ import annotations
@@ -22,8 +28,14 @@ from typing import Any, Literal
 from tandem.spec.models import Condition, EvalStatus, JobStatus
 from tandem.spec.progress import Progress
 
-Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
-CONDITION_TYPES = ("SpecValid", "Ready", "Restarting", "Suspended", "Complete", "Failed")
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
+CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed")
+REASONS: dict[str, str] = {
+    "Pending": "PodsPending", "Queued": "AwaitingAdmission", "Running": "PodsRunning",
+    "Restarting": "GangRestart", "Suspended": "SpecSuspended", "Succeeded": "DriverDone",
+    "Failed": "MaxRestartsReached", "InvalidSpec": "InvalidSpec",
+}
+PREEMPTED = "Preempted"
 TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
 WARNING_PHASES: frozenset[str] = frozenset({"Restarting", "Failed", "InvalidSpec"})
 
@@ -90,10 +102,11 @@ def set_condition(
     status.conditions.sort(key=lambda c: order.get(c.type, len(order)))
 
 
-def set_phase(status: JobStatus, phase: Phase, message: str, now: datetime) -> None:
-    """Set the phase and derive every condition from it."""
+def set_phase(status: JobStatus, phase: Phase, message: str, now: datetime, reason: str = "") -> None:
+    """Set the phase and derive every condition from it (reason: the phase's default when empty)."""
     status.phase = phase
     status.message = message
+    reason = reason or REASONS[phase]
     invalid = phase == "InvalidSpec"
     set_condition(
         status,
@@ -103,14 +116,28 @@ def set_phase(status: JobStatus, phase: Phase, message: str, now: datetime) -> N
         message if invalid else "",
         now,
     )
-    set_condition(status, "Ready", phase == "Running", phase, message, now)
+    set_condition(status, "Ready", phase == "Running", reason, message, now)
     for type_, when in (
+        ("Queued", "Queued"),
         ("Restarting", "Restarting"),
         ("Suspended", "Suspended"),
         ("Complete", "Succeeded"),
         ("Failed", "Failed"),
     ):
-        set_condition(status, type_, phase == when, phase, message if phase == when else "", now)
+        set_condition(status, type_, phase == when, reason, message if phase == when else "", now)
+
+
+def reason_of(status: JobStatus, type_: str) -> str:
+    """The reason of a True condition, "" when it is absent or not True."""
+    cond = condition(status, type_)
+    return cond.reason if cond is not None and cond.status == "True" else ""
+
+
+def stamp(status: JobStatus, generation: int) -> None:
+    """Every condition was evaluated against metadata.generation `generation` in this pass."""
+    status.observed_generation = generation
+    for cond in status.conditions:
+        cond.observed_generation = generation
 
 
 def restart_began(status: JobStatus) -> datetime | None:

@@ -105,6 +105,11 @@ def _status_schema() -> dict[str, Any]:
     return _convert(raw, raw.get("$defs", {}), {})
 
 
+# `kubectl scale rlhfjob/NAME --replicas=N` (and an HPA) sizes the rollout-only pool.
+SCALE = {"specReplicasPath": ".spec.rolloutOnlyReplicas", "statusReplicasPath": ".status.rolloutOnlyReplicas",
+         "labelSelectorPath": ".status.rolloutOnlySelector"}
+
+
 def build_crd() -> dict[str, Any]:
     columns = [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -112,6 +117,10 @@ def build_crd() -> dict[str, Any]:
         {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
         {"name": "Eval", "type": "number", "jsonPath": ".status.eval.passAt1"},
         {"name": "Sync(s)", "type": "number", "jsonPath": ".status.lastSyncSeconds"},
+        {"name": "Progress", "type": "number", "jsonPath": ".status.progress.percent",
+         "description": "Iterations done, in percent"},
+        {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta",
+         "description": "Estimated time until the last iteration"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
         {"name": "Version", "type": "integer", "jsonPath": ".status.weightVersion", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -127,7 +136,7 @@ def build_crd() -> dict[str, Any]:
             "scope": "Namespaced",
             "versions": [{
                 "name": VERSION, "served": True, "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, "scale": SCALE},
                 "additionalPrinterColumns": columns,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",

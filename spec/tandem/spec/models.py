@@ -376,6 +376,7 @@ class Condition(Base):
     reason: str = ""
     message: str = ""
     last_transition_time: str = ""
+    observed_generation: int = Field(default=0, description="metadata.generation the condition was set from.")
 
 
 class EvalStatus(Base):
@@ -386,14 +387,33 @@ class EvalStatus(Base):
     k: int = 1
 
 
+class ProgressStatus(Base):
+    """Progress of the run, from the driver's progress record (`tandem.operator.eta`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    percent: float = Field(default=0.0, description="Iterations done of algorithm.iterations, in percent.")
+    iterations_per_second: float | None = None
+    eta_seconds: int | None = Field(default=None, description="Estimated seconds until the last iteration.")
+    eta: str = Field(default="", description="etaSeconds for people (the ETA column), e.g. 1h05m.")
+    rate_since_iteration: int = Field(default=0, description="The rate is measured from this iteration...")
+    rate_since_time: float = Field(default=0.0, description="...reached at this Unix time (driver's clock)...")
+    rate_since_generation: int = Field(default=0, description="...by this restart generation of the gang.")
+
+
 class JobStatus(Base):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-    phase: Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"] = "Pending"
+    phase: Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended",
+                   "InvalidSpec"] = "Pending"
     iteration: int = 0
     weight_version: int = 0
     last_sync_seconds: float | None = None
     reward_mean: float | None = None
     restarts: int = 0
+    preemptions: int = Field(default=0, description="Times Kueue stopped the job's pods (not counted as restarts; "
+                             "the restart generation of the pods is restarts + preemptions).")
+    progress: ProgressStatus | None = None
+    rollout_only_replicas: int = Field(default=0, description="Rollout-only pods of the current gang (/scale).")
+    rollout_only_selector: str = Field(default="", description="Label selector of the rollout-only pods (/scale).")
     eval: EvalStatus | None = None
     message: str = ""
     observed_generation: int = 0
@@ -405,6 +425,8 @@ class ObjectMeta(BaseModel):
     # A DNS-1035 label (the job name is also its headless Service name), short enough for `<name>-<index>`.
     name: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=48)]
     namespace: str = "default"
+    labels: dict[str, str] = Field(default_factory=dict, description="kueue.x-k8s.io/queue-name queues the job "
+                                   "in Kueue (`tandem.operator.kueue`).")
 
 
 class RLHFJob(BaseModel):
