@@ -1,8 +1,9 @@
 """A 3-member etcd loses the member every client talks to (and the leader) in the middle of a run.
 
-Real etcd members on loopback (`LocalEtcdCluster`), the real Publisher and SyncRegistry given all
-three endpoints. While versions are published, located, synced (pinned, shard records read,
-files checked against the recorded digests), garbage-collected and watched, member 0 is killed
+Real etcd members on loopback (`LocalEtcdCluster`), the real Publisher, SyncRegistry and
+BroadcastNode (TCP) given all three endpoints. While versions are published, located, synced to
+another "pod" (pinned, shard records read, pulled over TCP, checked against the recorded digests),
+garbage-collected and watched, member 0 — the leader, which every client talks to — is killed
 with SIGKILL. Everything must go on on the two others: no call fails, the writer keeps its lease
 (longer than its TTL after the kill), the watch misses no version and repeats none, a pinned
 version survives GC, and every version etcd lists has all its shard records.
@@ -28,6 +29,7 @@ from tandem.checkpoint_engine import errors, layout
 from tandem.checkpoint_engine.local_etcd import EtcdNotFound, LocalEtcdCluster
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.transport import BroadcastNode
 
 pytestmark = pytest.mark.etcd
 
@@ -85,15 +87,16 @@ def test_member_loss_mid_run(cluster: LocalEtcdCluster) -> None:
     shm = Path("/dev/shm") / f"tandem-test-{uuid.uuid4().hex[:8]}"
     shm.mkdir()
     eps = cluster.endpoints
+    leader_killed = make_leader(cluster, 0)  # before any client exists: the move disturbs no request
     writer = SyncRegistry(eps, "test", job, "pod0", "trainer", ttl=TTL).connect()
     reader = SyncRegistry(eps, "test", job, "pod1", "rollout", ttl=TTL).connect()
     watcher = SyncRegistry(eps, "test", job, "pod2", "watch", ttl=TTL).connect()
-    pub = Publisher(shm, job, writer, keep=2)
+    pub = Publisher(shm / "pub", job, writer, keep=2)
+    serving = BroadcastNode(writer, shm / "pub", transport="tcp").start()
+    receiving = BroadcastNode(reader, shm / "rx", transport="tcp").start()
     seen: list[int] = []
     killed_at = 0.0
     try:
-        leader_killed = make_leader(cluster, 0)
-
         async def watch() -> None:  # one watch for the whole run, across the member loss
             async for v in watcher.reg.watch_latest():
                 seen.append(v)
@@ -111,17 +114,20 @@ def test_member_loss_mid_run(cluster: LocalEtcdCluster) -> None:
         lease = writer.reg._lease.id
 
         v = 1
+        slowest = 0.0  # the longest publish+sync+list round after the kill (the failover pause)
         while v < target:
             v += 1
+            t0 = time.monotonic()
             report = pub.publish(v, tensors(v))
             assert report.version == v
             if v == KILL_AT:
                 threading.Thread(target=cluster.members[0].kill, daemon=True).start()  # lands mid-operation
                 killed_at = time.monotonic()
-            sync(reader, v)
+            sync(reader, receiving, v)
             versions = writer.versions()
             assert versions == sorted({1, v - 1, v}), f"pinned 1 and the newest two, GC took the rest: {versions}"
             if killed_at:
+                slowest = max(slowest, time.monotonic() - t0)
                 n_after += 1
                 # run on for longer than a lease TTL: the keepalive must have moved to a live member
                 if n_after >= 3 and time.monotonic() - killed_at > TTL * 1.5 and target > v:
@@ -141,26 +147,33 @@ def test_member_loss_mid_run(cluster: LocalEtcdCluster) -> None:
             rec = writer.version_record(version)
             assert len(writer.shard_records(version)) == rec["shards"] > 0
         assert writer.versions() == [target - 1, target]
-        print(f"leader killed: {leader_killed}; versions published after the kill: {n_after}")
+        print(f"leader killed: {leader_killed}; versions published after the kill: {n_after}; "
+              f"longest round after it: {slowest:.2f} s")
     finally:
+        for node in (receiving, serving):
+            node.close()
         for r in (watcher, reader):
             r.close()
         pub.close()
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def sync(reader: SyncRegistry, v: int) -> None:
-    """What a rollout does with version v: pin it, locate its shards, check them, let it go."""
+def sync(reader: SyncRegistry, node: BroadcastNode, v: int) -> None:
+    """What a rollout pod does with version v: pin it, locate its shards, pull them from the
+    holder over TCP, check them against the records, let the version go."""
     reader.pin(v)
     try:
         rec = reader.version_record(v)
         shards = reader.shard_records(v)
         assert len(shards) == rec["shards"] > 0, f"version {v} is torn: {len(shards)} of {rec['shards']} shards"
-        index = layout.read_index(Path(rec["dir"]))
+        got = node.receive(v)
+        assert got.version == v
+        index = layout.read_index(Path(got.path))
         assert sorted(s["digest"] for s in shards) == sorted(s.digest for s in index.shards)
-        layout.MappedVersion(Path(rec["dir"]), index).verify_checksums()
+        layout.MappedVersion(Path(got.path), index).verify_checksums()
     finally:
         reader.unpin(v)
+    node.prune(keep=1)
 
 
 def _wait(cond: Any, what: str, timeout: float = 120.0) -> None:
