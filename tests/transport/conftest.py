@@ -1,6 +1,7 @@
 """Fixtures of the broadcast tests: etcd once it serves, a private /dev/shm dir, a `Pods` harness.
 
-Callers: test_broadcast.py, test_netns.py (which builds its own namespaced `Pods`).
+Callers: test_broadcast.py, test_netns.py and test_shaped_fanout.py (which build their own
+namespaced `Pods` and a `net` fixture, an emunet.EmulatedNetwork; `bridge_etcd` serves it).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from broadcast_pods import Pods, wait_etcd_ready  # noqa: E402
+from emunet import EmulatedNetwork  # noqa: E402
+
+from tandem.checkpoint_engine.local_etcd import LocalEtcd  # noqa: E402
 
 
 @pytest.fixture
@@ -38,3 +43,18 @@ def pods(etcd: Any, shm_base: Path) -> Iterator[Pods]:
     p = Pods(etcd.endpoint, shm_base)
     yield p
     p.close()
+
+
+@pytest.fixture
+def bridge_etcd(net: EmulatedNetwork) -> Iterator[LocalEtcd]:
+    """A private etcd on the emulated network's bridge address, reachable from every namespace."""
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-etcd-ns-"))
+    etcd = LocalEtcd(tmp / "data")
+    etcd.host, etcd.endpoint = net.gw, f"http://{net.gw}:{etcd.port}"
+    try:
+        etcd.start()
+        wait_etcd_ready(etcd.endpoint)
+        yield etcd
+    finally:
+        etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

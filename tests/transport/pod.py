@@ -58,6 +58,13 @@ def main() -> None:
     ap.add_argument("--transport", default="tcp", help="auto|rdma|tcp|mooncake-tcp")
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--wait-go", action="store_true", help="receive only after a line on stdin")
+    ap.add_argument(
+        "--warmup-version",
+        type=int,
+        default=0,
+        help="publish/receive this version first; a receiver then releases it (steady state: the "
+        "timed version lands in the recycled pages of the previous one)",
+    )
     args = ap.parse_args()
 
     role = "trainer" if args.role == "publish" else "rollout"
@@ -78,9 +85,14 @@ def main() -> None:
     try:
         if args.role == "publish":
             pub = Publisher(Path(args.root), args.job, reg, keep=4, shard_bytes=args.shard_mib << 20)
+            if args.warmup_version:
+                pub.publish(args.warmup_version, random_tensors(args.mib, args.seed + 1))
             rep = pub.publish(args.version, random_tensors(args.mib, args.seed))
             emit(event="ready", pod=args.pod, port=node.server.port, path=rep.path, bytes=rep.bytes)
         else:
+            if args.warmup_version:
+                node.receive(args.warmup_version)
+                node.release(args.warmup_version)
             emit(event="ready", pod=args.pod, port=node.server.port)
             if args.wait_go:
                 sys.stdin.readline()
@@ -96,6 +108,9 @@ def main() -> None:
                 path=str(r.path),
                 bytes=r.bytes,
                 seconds=time.perf_counter() - t0,
+                end=time.time(),
+                transfer_s=r.transfer_s,
+                shard_retries=r.shard_retries,
                 upstreams=r.upstreams,
                 replans=r.replans,
                 verify_s=r.verify_s,

@@ -28,13 +28,17 @@ HAS_RDMA = bool(rdma_devices())
 SLOW = ("--mib", "48", "--max-rate", str(24 << 20))
 
 
-def test_plan_is_a_chain_then_holders() -> None:
+def test_plan_is_a_chain_closing_over_gaps_then_spread_holders() -> None:
     chain = ["r1", "r2", "r3"]
-    assert plan("r1", chain, ["pub"], "pub", set()) == ["pub"]
-    assert plan("r3", chain, ["pub"], "pub", set()) == ["r2", "pub", "r1"]
-    assert plan("r3", chain, ["h", "pub"], "pub", {"r2"}) == ["pub", "h", "r1"]
-    assert plan("late", [], ["pub", "r1"], "pub", {"pub"}) == ["r1"]
-    assert plan("r1", chain, [], None, {"r1"}) == []
+    assert plan("r1", chain, ["pub"], set()) == ["pub"]
+    assert plan("r3", chain, ["pub"], set()) == ["r2", "r1", "pub"]
+    assert plan("r3", chain, ["h", "pub"], {"r2"})[:1] == ["r1"]  # r2 failed: r1's uplink is free
+    assert plan("late", [], ["pub", "r1"], {"pub"}) == ["r1"]
+    assert plan("r1", chain, [], {"r1"}) == []
+    holders = [f"h{i}" for i in range(8)]
+    firsts = {plan(f"late{i}", [], holders, set())[0] for i in range(32)}
+    assert len(firsts) >= 4, firsts  # chain heads and late joiners spread over the holders
+    assert plan("x", [], holders, set()) == plan("x", [], list(reversed(holders)), set())  # order-free
 
 
 def test_discovery_without_sysfs_or_with_an_empty_one(tmp_path: Path) -> None:

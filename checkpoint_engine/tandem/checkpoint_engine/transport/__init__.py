@@ -1,9 +1,10 @@
 """Cross-pod weight broadcast: holder servers, pipelined receivers, TCP and RDMA transports.
 
 Callers: every pod's checkpoint engine (`BroadcastNode`), bench/broadcast.py. Modules: base
-(interface, errors), select (auto|rdma|tcp → transport, RDMA device
-discovery), tcp, rdma (Mooncake), wire (protocol), store (local versions), server (holder server), receiver (plan,
-pull, verify, rename), node (both, for one pod).
+(interface, errors), select (auto|rdma|tcp → transport, RDMA device discovery), tcp, rdma
+(Mooncake), wire (protocol), store (local versions, recycled shard files), server (holder
+server), receiver (plan, pull, rename), verify (per-shard checks overlapped with the pull),
+node (both, for one pod).
 """
 
 from tandem.checkpoint_engine.transport.base import (

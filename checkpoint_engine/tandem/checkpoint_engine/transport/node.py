@@ -89,7 +89,8 @@ class BroadcastNode:
 
     def prune(self, keep: int = 1) -> list[int]:
         """Delete local versions that etcd no longer registers (the publisher's GC unregistered
-        them: nobody pins them), keeping at least the newest `keep` local ones; returns them."""
+        them: nobody pins them), keeping at least the newest `keep` local ones; returns them.
+        Their shard files become spares that the next receive writes into (no fresh pages)."""
         registered = set(self.registry.versions())
         local = layout.list_versions(self.shm_root, self.job)
         newest = set(local[-keep:]) if keep > 0 else set()
@@ -97,10 +98,17 @@ class BroadcastNode:
         for v in local:
             if v not in registered and v not in newest:
                 self.store.drop(v)
-                layout.remove_version(self.shm_root, self.job, v)
+                self.store.recycle(v)  # its pages are reused by the next version received
                 removed.append(v)
         layout.clean_stale_temps(self.shm_root, self.job)
         return removed
+
+    def release(self, version: int) -> bool:
+        """Stop serving `version` (withdraw as its holder) and keep its pages as spares for the
+        next version received. For versions no local reader maps any more."""
+        self.registry.delete(keys.holder(self.registry.namespace, self.job, version, self.pod))
+        self.store.drop(version)
+        return self.store.recycle(version)
 
     def close(self) -> None:
         self.server.close()

@@ -2,19 +2,23 @@
 
 Caller: node.py (`BroadcastNode.receive`), i.e. a rollout pod's checkpoint engine before
 `RolloutEngine.update(v)`. Steps: read v's shard records from etcd; announce `receiving/<v>/<me>`
-(lease-bound; its create revision gives my place in the chain); pick an upstream (`plan`):
-the receiver just before me in the chain, else a complete holder (the publisher first), else
-any earlier receiver; stream each shard into a layout temp dir (store.Incoming, which my own
-holder server re-serves to the receiver after me while bytes arrive); on a dead or stalled
-upstream, re-plan from etcd and resume at the same byte; verify shard digests against etcd and
-every tensor checksum; rename atomically; announce `holders/<v>/<me>`.
+(lease-bound; its create revision gives my place in the chain); pick an upstream (`plan`): the
+nearest earlier receiver in the chain, else a complete holder (rendezvous-hashed, so pulls
+spread over holders); stream each shard into a layout temp dir (store.Incoming, which my own
+holder server re-serves to the receiver after me while bytes arrive); check each shard's tensor
+checksums as soon as it is complete, while the next one arrives (verify.py; the index is
+checked against etcd's shard digests); on a dead or stalled upstream, re-plan from etcd and
+resume at the same byte; on a corrupt shard, shun its sources and pull that shard again;
+rename atomically; announce `holders/<v>/<me>`.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +27,10 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.base import NoSource, Peer, PeerFailed, Transport
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
+from tandem.checkpoint_engine.transport.verify import ShardVerifier
 from tandem.checkpoint_engine.transport.wire import Connection
+
+MAX_SHARD_ATTEMPTS = 3  # a shard still corrupt after this many pulls means the version itself is bad
 
 log = logging.getLogger(__name__)
 
@@ -34,34 +41,32 @@ class ReceiveReport:
     path: Path
     bytes: int
     seconds: float
-    verify_s: float
+    verify_s: float  # from the last byte received until every shard was verified (the rest overlaps)
     transfer_s: float = 0.0  # from the first upstream chosen to the last byte received
     upstreams: list[str] = field(default_factory=list)  # every peer pulled from, in order
     replans: int = 0
+    shard_retries: int = 0  # shards pulled again after failing their checksums
     already_here: bool = False
 
 
-def plan(
-    me: str,
-    chain: list[str],
-    holders: list[str],
-    publisher: str | None,
-    bad: set[str],
-) -> list[str]:
+def _rank(me: str, holder: str) -> bytes:
+    return hashlib.blake2b(f"{me}/{holder}".encode(), digest_size=8).digest()
+
+
+def plan(me: str, chain: list[str], holders: list[str], bad: set[str]) -> list[str]:
     """Upstream candidates for `me`, best first.
 
     `chain`: pods receiving the version, in join order; `holders`: pods holding it complete.
-    The receiver just before me comes first (a chain sender→r1→r2…: each link carries the
-    bytes once, so N receivers cost about one transfer), then complete holders (the publisher
-    first), then the earlier receivers from nearest to farthest.
+    First the earlier receivers from nearest to farthest: normally the one just before me (a
+    pipelined chain sender→r1→r2…: every pod sends the bytes once and receives them once, so N
+    receivers cost one transfer plus N hops of pipeline delay, the optimum when every pod has
+    the same link), and when it failed, the one before it, whose uplink the failed pod just
+    freed (the chain closes over the gap). Then the complete holders, in an order hashed from
+    my name (rendezvous hashing): late joiners and chain heads spread over the holders instead
+    of all loading the publisher.
     """
     before = chain[: chain.index(me)] if me in chain else list(chain)
-    out: list[str] = []
-    if before:
-        out.append(before[-1])
-    ordered = sorted(holders, key=lambda p: (p != publisher,))
-    out += ordered
-    out += list(reversed(before[:-1]))
+    out = list(reversed(before)) + sorted(holders, key=lambda h: _rank(me, h))
     seen: set[str] = set()
     result = []
     for p in out:
@@ -90,10 +95,10 @@ class Receiver:
         prefix = keys.transport_endpoint(self.reg.namespace, self.reg.job, "")
         return {p.pod: p for p in (Peer.from_record(r) for r in self.reg.list_json(prefix).values())}
 
-    def _candidates(self, v: int, bad: set[str], publisher: str | None) -> list[Peer]:
+    def _candidates(self, v: int, bad: set[str]) -> list[Peer]:
         ns, job = self.reg.namespace, self.reg.job
         chain = [k.rsplit("/", 1)[-1] for k, _, _ in self.reg.list_ordered(keys.receiving_prefix(ns, job, v))]
-        names = plan(self.pod, chain, self.reg.holders(v), publisher, bad)
+        names = plan(self.pod, chain, self.reg.holders(v), bad)
         peers = self._peers()
         return [peers[n] for n in names if n in peers]
 
@@ -108,7 +113,6 @@ class Receiver:
         records = sorted(self.reg.shard_records(v), key=lambda r: str(r.get("file")))
         if not records:
             raise errors.VersionNotFound(f"version {v} is not registered")
-        publisher = str(records[0].get("holder")) if records else None
         if self.store.complete_dir(v) is not None:
             self.reg.add_holder(v, str(final))
             idx = layout.read_index(final)
@@ -117,23 +121,22 @@ class Receiver:
         inc = self.store.begin(v)
         rkey = keys.receiving(self.reg.namespace, self.reg.job, v, self.pod)
         report = ReceiveReport(v, final, 0, 0.0, 0.0)
+        verifiers: list[ShardVerifier] = []
         try:
             self.reg.put_json(rkey, {"pod": self.pod, "since": time.time()}, lease=True)
-            tp = time.perf_counter()
-            self._pull_all(inc, v, records, publisher, report, time.monotonic() + self.deadline)
-            t1 = time.perf_counter()
-            report.transfer_s = t1 - tp
+            self._pull_all(inc, v, records, report, time.monotonic() + self.deadline, verifiers)
             index = inc.index
-            if index is None:  # _pull_all returns only with the index set
-                raise errors.TornVersion(f"version {v}: no index received")
-            layout.MappedVersion(inc.tmp, index).verify_checksums()
-            report.verify_s = time.perf_counter() - t1
+            if index is None or not verifiers or not verifiers[0].all_ok():  # _pull_all returns only then
+                raise errors.TornVersion(f"version {v}: not every shard was verified")
             inc.finish(final)
         except BaseException:
             inc.abandon()
             self.store.drop(v)
             _quiet(lambda: self.reg.delete(rkey))
             raise
+        finally:
+            for ver in verifiers:
+                ver.close()
         self.reg.add_holder(v, str(final))
         _quiet(lambda: self.reg.delete(rkey))
         report.bytes = index.total_bytes
@@ -145,16 +148,27 @@ class Receiver:
         inc: Incoming,
         v: int,
         records: list[dict[str, object]],
-        publisher: str | None,
         report: ReceiveReport,
         deadline: float,
+        verifiers: list[ShardVerifier],
     ) -> None:
+        """Pull every shard, each verified as soon as its last byte lands (verify.py); a shard
+        that fails its checksums is pulled again, from another source, and its sources are
+        shunned. Returns once every shard is verified."""
         bad: set[str] = set()
-        shard = 0
+        sources: dict[int, set[str]] = defaultdict(set)
+        tp = last_byte = time.perf_counter()
         while True:
+            ver = verifiers[0] if verifiers else None
+            if ver is not None:
+                self._repull_failed(ver, inc, sources, bad, report)
+                if ver.all_ok():
+                    report.transfer_s = last_byte - tp
+                    report.verify_s = time.perf_counter() - last_byte
+                    return
             if time.monotonic() > deadline:
                 raise NoSource(f"version {v}: not received within {self.deadline}s (tried {report.upstreams})")
-            cands = self._candidates(v, bad, publisher)
+            cands = self._candidates(v, bad)
             if not cands:
                 if bad:  # every source failed once: they may have recovered (or new ones joined)
                     bad.clear()
@@ -170,6 +184,9 @@ class Receiver:
                 index = inc.index
                 if index is None:
                     raise PeerFailed("index not set")
+                if ver is None:
+                    ver = ShardVerifier(inc.tmp, index)
+                    verifiers.append(ver)
                 if not inc.addrs:
                     inc.addrs = [
                         self.transport.expose(inc.tmp / s.file, inc.dests[i].view())
@@ -178,10 +195,12 @@ class Receiver:
                         for i, s in enumerate(index.shards)
                     ]
                 transport = self.transport if self.transport.name in peer.transports else self._tcp
-                while shard < len(index.shards):
-                    s = index.shards[shard]
+                for shard, s in enumerate(index.shards):
+                    if ver.busy(shard):
+                        continue
                     have = inc.avail[shard]
                     if have < s.nbytes:
+                        sources[shard].add(peer.pod)
                         transport.pull(
                             peer,
                             self.store.job,
@@ -192,12 +211,24 @@ class Receiver:
                             functools.partial(inc.advance, shard),
                             self.stall_timeout,
                         )
-                    shard += 1
-                return
+                    ver.submit(shard)
+                last_byte = time.perf_counter()
+                ver.wait(max(0.0, deadline - time.monotonic()))  # verdicts: all good, or a shard to redo
             except PeerFailed as e:
                 log.warning("%s: upstream %s failed (%s); re-planning", self.pod, peer.pod, e)
                 bad.add(peer.pod)
                 report.replans += 1
+
+    def _repull_failed(
+        self, ver: ShardVerifier, inc: Incoming, sources: dict[int, set[str]], bad: set[str], report: ReceiveReport
+    ) -> None:
+        for shard, reason in ver.failed():
+            if ver.attempts[shard] >= MAX_SHARD_ATTEMPTS:
+                raise errors.ChecksumMismatch(f"shard {shard} failed its checks {ver.attempts[shard]} times: {reason}")
+            log.warning("%s: shard %d from %s corrupt (%s); pulling it again", self.pod, shard, sources[shard], reason)
+            bad |= sources.pop(shard, set())
+            inc.reset(shard)
+            report.shard_retries += 1
 
     def _fetch_index(self, inc: Incoming, peer: Peer, v: int, records: list[dict[str, object]]) -> None:
         conn = Connection(peer, timeout=self.stall_timeout)
