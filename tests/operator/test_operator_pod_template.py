@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane
-from harness import OperatorProcess, get_json, wait_for
+from harness import MANIFESTS, OperatorProcess, get_json, wait_for
 from wrappers import JobWrapper
 
 from tandem.operator import builders, pod_template
-from tandem.spec.load import SpecError, parse_job
+from tandem.spec.load import SpecError, load_job, parse_job
 from tandem.spec.podenv import PodEnv
 from tandem.spec.podtemplate import PodTemplate, reserved_env
 
@@ -206,3 +206,18 @@ def test_pods_carry_the_overrides_and_are_placed_by_them(
         cp.kubectl("taint", "node", node, "dedicated=rl:NoSchedule-", check=False)
         cp.kubectl("label", "node", node, "tandem.test/gpu-", check=False)
         cp.kubectl("delete", "priorityclass", f"rl-{ns}", "--wait=false", check=False)
+
+
+def test_the_gpu_cluster_sample_builds_pods_for_its_cluster() -> None:
+    """manifests/samples/gpu-cluster.yaml (validated with `tandem validate` in tests/cli, accepted by the
+    API server in test_operator_volumes): what its pods end up with."""
+    job = load_job(MANIFESTS / "samples" / "gpu-cluster.yaml")
+    for pod in builders.build_pods(job):
+        spec = pod["spec"]
+        assert {"key": "dedicated", "value": "rl", "effect": "NoSchedule"} in spec["tolerations"]
+        assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert (spec["priorityClassName"], spec["imagePullSecrets"]) == ("rl-high", [{"name": "registry-creds"}])
+        for c in containers(pod).values():
+            assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in c["env"]
+        assert containers(pod)["trainer"]["resources"]["limits"]["nvidia.com/gpu"] == "8"
