@@ -84,6 +84,22 @@ def test_watch_namespaces_renders_roles_only_there(k8s: ControlPlane) -> None:
     assert not [o for o in objs if o[2] == "tandem-etcd"]
 
 
+def test_scheduling_values_reach_the_operator_and_etcd_pods(k8s: ControlPlane) -> None:
+    text = render_chart(k8s, "priorityClassName=infra-critical", "nodeSelector.pool=infra",
+                        "tolerations[0].key=dedicated", "tolerations[0].operator=Exists",
+                        "imagePullSecrets[0].name=registry-creds")
+    pods = {d["kind"]: d["spec"]["template"]["spec"] for d in yaml.safe_load_all(text)
+            if d and d["kind"] in ("Deployment", "StatefulSet")}
+    assert set(pods) == {"Deployment", "StatefulSet"}
+    for spec in pods.values():
+        assert spec["priorityClassName"] == "infra-critical" and spec["nodeSelector"] == {"pool": "infra"}
+        assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+        assert spec["imagePullSecrets"] == [{"name": "registry-creds"}]
+    default = {d["kind"]: d["spec"]["template"]["spec"] for d in yaml.safe_load_all(render_chart(k8s))
+               if d and d["kind"] in ("Deployment", "StatefulSet")}
+    assert not any("priorityClassName" in s or "nodeSelector" in s for s in default.values())
+
+
 def test_render_refuses_no_etcd_at_all(k8s: ControlPlane) -> None:
     with pytest.raises(AssertionError, match="set operator.etcdEndpoints or etcd.enabled=true"):
         render_chart(k8s, "etcd.enabled=false")
@@ -117,6 +133,11 @@ def test_rendered_manifests_pass_server_side_dry_run(k8s: ControlPlane) -> None:
         ("delete", "services", False),
         ("delete", "rlhfjobs.tandem.dev", False),
         ("create", "deployments", False),
+        # pod templates name ServiceAccounts, PriorityClasses and Secrets the API server resolves at pod
+        # admission: the operator needs none of them
+        ("create", "serviceaccounts", False),
+        ("get", "serviceaccounts", False),
+        ("get", "priorityclasses.scheduling.k8s.io", False),
         ("update", "nodes", False),
     ],
 )
