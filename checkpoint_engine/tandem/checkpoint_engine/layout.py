@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from tandem.checkpoint_engine import errors, hashing
+from tandem.checkpoint_engine import errors, hashing, slots
 
 FORMAT = "tandem-shm-v1"
 ALIGN = 64
@@ -128,6 +128,7 @@ class WriteReport:
     index: VersionIndex
     seconds: float
     bytes: int
+    recycled: int = 0  # bytes of spare files reused as this version's shards (pages not faulted anew)
 
 
 def write_version(
@@ -137,11 +138,15 @@ def write_version(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     fsync: bool = False,
+    spares: Path | None = None,
+    expected_shards: list[int] | None = None,
 ) -> WriteReport:
     """Write all tensors of `version` into a temp dir, then rename it into place atomically.
 
     Tensors are written in the iterator's order; a shard closes when the next tensor would make
-    it exceed `shard_bytes` (a larger tensor gets a shard of its own).
+    it exceed `shard_bytes` (a larger tensor gets a shard of its own). With `spares` (slots.py),
+    each shard file is a spare file of a released version when there is one (the best fit for
+    `expected_shards[i]`, else for `shard_bytes`), overwritten in place and cut to its size.
     """
     if shard_bytes <= 0:
         raise ValueError("shard_bytes must be positive")
@@ -162,12 +167,14 @@ def write_version(
         fh = None
         pos = 0
         names: set[str] = set()
+        recycled = 0
 
         def close_shard() -> None:
             nonlocal fh
             if fh is None:
                 return
             fh.flush()
+            fh.truncate(pos)  # a recycled file may be longer than this shard
             if fsync:
                 os.fsync(fh.fileno())
             fh.close()
@@ -186,7 +193,11 @@ def write_version(
             if fh is not None and pos > 0 and pos + nbytes > shard_bytes:
                 close_shard()
             if fh is None:
-                fh = open(tmp / f"shard-{len(shards):05d}.bin", "wb")  # noqa: SIM115 - closed above
+                i = len(shards)
+                want = expected_shards[i] if expected_shards is not None and i < len(expected_shards) else shard_bytes
+                fd, reused = slots.open_shard(tmp / f"shard-{i:05d}.bin", spares, want)
+                recycled += os.fstat(fd).st_size if reused else 0
+                fh = open(fd, "wb")  # noqa: SIM115 - closed above; an fd is never truncated on open
                 pos, shard_sums = 0, []
             arr = _host_bytes(flat)
             checksum = hashing.checksum(arr)
@@ -224,7 +235,7 @@ def write_version(
         raise
     finally:
         os.close(lock_fd)
-    return WriteReport(final, index, time.perf_counter() - t0, index.total_bytes)
+    return WriteReport(final, index, time.perf_counter() - t0, index.total_bytes, recycled)
 
 
 def read_index(path: Path) -> VersionIndex:

@@ -77,6 +77,7 @@ class PublishReport(BaseModel):
     gc_s: float
     total_s: float
     collected: list[int] = Field(default_factory=list)
+    recycled_bytes: int = 0  # written into spare files of collected versions (pages already allocated)
 
     @property
     def write_gbps(self) -> float:

@@ -8,6 +8,13 @@ register it in one etcd transaction on the publisher's lease (registry.py), then
 versions beyond the newest `keep` that no reader pins (etcd records first, then files). A
 publisher killed at any point leaves either nothing visible or a complete version; its temp
 dir is removed by the next publisher's `recover()` (or the next GC).
+
+Recycled slots (`recycle=True`, the default): the GC does not delete a collected version's
+shard files but keeps them as spares (slots.py, at most one version's bytes), and the next
+publish writes its shards into them, so from the third version on a publish writes into
+/dev/shm pages that already exist instead of faulting fresh ones (bench/weight_sync.py:
+first vs steady-state publishes). Shared memory then holds `keep` versions plus one spare slot
+between publishes, which is what it held at the peak of every publish anyway.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import errors, layout, slots
 from tandem.checkpoint_engine.models import EngineStatus, Phase, PublishReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
@@ -38,11 +45,14 @@ class Publisher:
         shard_bytes: int = layout.DEFAULT_SHARD_BYTES,
         fsync: bool = False,
         role: str = "trainer",
+        recycle: bool = True,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1 (the latest version)")
         self.shm_root, self.job, self.registry = Path(shm_root), job, registry
         self.keep, self.shard_bytes, self.fsync, self.role = keep, shard_bytes, fsync, role
+        self.recycle = recycle
+        self.spares = slots.spare_dir(layout.job_dir(self.shm_root, job))
         self.phase = Phase.IDLE
         self.version: int | None = None
         self.error: str | None = None
@@ -76,7 +86,8 @@ class Publisher:
             self._set(Phase.PUBLISHING)
             try:
                 wrote = layout.write_version(
-                    self.shm_root, self.job, v, named_tensors, shard_bytes=self.shard_bytes, fsync=self.fsync
+                    self.shm_root, self.job, v, named_tensors, shard_bytes=self.shard_bytes, fsync=self.fsync,
+                    spares=self.spares if self.recycle else None, expected_shards=self._shard_sizes(),
                 )
             except Exception as e:
                 self._set(Phase.IDLE, error=f"write of version {v} failed: {e}")
@@ -104,6 +115,7 @@ class Publisher:
                 gc_s=t3 - t2,
                 total_s=t3 - t0,
                 collected=collected,
+                recycled_bytes=wrote.recycled,
             )
             self.timings.update(
                 {
@@ -124,9 +136,25 @@ class Publisher:
             log.warning("gc skipped: %s", e)
             return []
         for v in collected:
-            layout.remove_version(self.shm_root, self.job, v)
+            if self.recycle:
+                slots.retire(layout.version_dir(self.shm_root, self.job, v), self.spares)
+            else:
+                layout.remove_version(self.shm_root, self.job, v)
+        if self.recycle and collected:
+            sizes = self._shard_sizes()
+            slots.trim(self.spares, sum(sizes) if sizes else 0)  # one slot: what the next publish needs
         layout.clean_stale_temps(self.shm_root, self.job)
         return collected
+
+    def _shard_sizes(self) -> list[int] | None:
+        """Shard sizes of the newest local version: the next version's, when its tensors are the same."""
+        local = layout.list_versions(self.shm_root, self.job)
+        if not local:
+            return None
+        try:
+            return [s.nbytes for s in layout.read_index(layout.version_dir(self.shm_root, self.job, local[-1])).shards]
+        except errors.TornVersion:
+            return None
 
     def status(self) -> EngineStatus:
         return EngineStatus(
