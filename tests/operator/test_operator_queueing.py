@@ -82,7 +82,7 @@ def test_missing_pods_of_a_queued_job_are_created_so_kueue_sees_the_whole_group(
     ],
 )
 def test_preemption_suspends_without_counting_a_restart(pod_list: list[PodState], why: str) -> None:
-    before = StatusWrapper().phase("Running").restarts(1).get()
+    before = StatusWrapper().phase("Running").restarts(1).rollout_only(1).get()
     plan = step(QUEUED.failure_policy(max_restarts=1), before, pod_list)
     st = plan.status
     assert st.phase == "Suspended" and st.restarts == 1 and st.preemptions == 1
@@ -132,7 +132,7 @@ def test_failed_pod_of_a_queued_job_is_a_gang_restart_not_a_preemption() -> None
 
 def test_vanished_pod_of_an_unqueued_job_is_still_a_failure() -> None:
     job = JobWrapper("demo").replicas(2).rollout_only(1)
-    st = step(job, StatusWrapper().phase("Running").get(), pods("demo", 2, replicas=2)).status
+    st = step(job, StatusWrapper().phase("Running").rollout_only(1).get(), pods("demo", 2, replicas=2)).status
     assert st.phase == "Restarting" and st.preemptions == 0
 
 
@@ -193,3 +193,29 @@ def test_progress_block_in_status() -> None:
     st = step(JobWrapper("demo"), StatusWrapper().phase("Running").get(), pods("demo", 1),
               progress=record(25, 1000.0)).status
     assert st.progress == ProgressStatus(percent=25.0, rate_since_iteration=25, rate_since_time=1000.0)
+
+
+def test_scaling_up_the_rollout_only_pool_adds_pods_without_a_gang_restart() -> None:
+    job = JobWrapper("demo").replicas(1).rollout_only(3)
+    before = StatusWrapper().phase("Running").rollout_only(1).get()
+    plan = step(job, before, pods("demo", 2, replicas=1))
+    st = plan.status
+    assert plan.create == [2, 3] and plan.delete == [] and plan.restart_generation == 0
+    assert st.phase == "Running" and st.restarts == 0 and plan.events == []
+    assert st.message == "1 hybrid pods running; rollout-only pool 1/3"
+    grown = step(job, st, [*pods("demo", 2, replicas=1), PodWrapper("demo", 2).running().state(),
+                           PodWrapper("demo", 3).state()])
+    assert grown.status.phase == "Running" and grown.create == [] and grown.status.rollout_only_replicas == 3
+    assert grown.status.message.endswith("pool 2/3")
+    failed_new = step(job, grown.status, [*pods("demo", 3, replicas=1), PodWrapper("demo", 3).failed().state()])
+    assert failed_new.status.phase == "Restarting"  # a pod that failed is a failure, new or not
+
+
+def test_scaling_down_deletes_the_highest_pods_and_keeps_training() -> None:
+    job = JobWrapper("demo").replicas(1).rollout_only(1)
+    plan = step(job, StatusWrapper().phase("Running").rollout_only(3).get(), pods("demo", 4, replicas=1))
+    assert plan.delete == ["demo-2", "demo-3"] and plan.create == []
+    assert plan.status.phase == "Running" and plan.status.restarts == 0
+    leaving = [*pods("demo", 2, replicas=1), PodWrapper("demo", 2).running().deleting().state()]
+    after = step(job, plan.status, leaving)
+    assert after.status.phase == "Running" and after.delete == [] and after.status.rollout_only_replicas == 1

@@ -188,6 +188,11 @@ class StatusWrapper:
         self.status.restarts = n
         return self
 
+    def rollout_only(self, n: int) -> StatusWrapper:
+        """Rollout-only pods the last pass saw (status.rolloutOnlyReplicas)."""
+        self.status.rollout_only_replicas = n
+        return self
+
     def restart_began(self, when: datetime) -> StatusWrapper:
         self.status.conditions.append(
             Condition(

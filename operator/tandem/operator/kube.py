@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -29,14 +29,17 @@ MERGE_PATCH = "application/merge-patch+json"
 class KubeError(RuntimeError):
     """An API call failed for a reason other than the object existing / being gone."""
 
-    def __init__(self, action: str, exc: ApiException):
-        self.status = int(exc.status or 0)
-        reason = exc.reason or ""
+    def __init__(self, action: str, status: int, body: str | bytes | None, reason: str = ""):
+        self.status = status
         try:
-            reason = json.loads(exc.body or "{}").get("message", reason)
-        except (TypeError, ValueError):
+            reason = json.loads(body or "{}").get("message", reason)
+        except (TypeError, ValueError, AttributeError):
             pass
         super().__init__(f"{action}: HTTP {self.status}: {reason}")
+
+    @classmethod
+    def of(cls, action: str, exc: ApiException) -> KubeError:
+        return cls(action, int(exc.status or 0), exc.body, exc.reason or "")
 
 
 async def connect(max_connections: int = 64) -> client.ApiClient:
@@ -62,6 +65,24 @@ class Kube:
     async def close(self) -> None:
         await self.api.close()
 
+    async def _send(self, action: str, call: Awaitable[Any], tolerate: int = 0) -> Any:
+        """The raw response of an API call made with _preload_content=False (the client raises on
+        an error status only when it preloads): None when it answered `tolerate` (409 on create,
+        404 on delete), KubeError on any other status outside 2xx."""
+        try:
+            resp = await call
+        except ApiException as e:
+            if e.status == tolerate:
+                return None
+            raise KubeError.of(action, e) from None
+        if 200 <= resp.status < 300:
+            return resp
+        body = await resp.read()
+        resp.release()
+        if resp.status == tolerate:
+            return None
+        raise KubeError(action, int(resp.status), body, str(resp.reason or ""))
+
     async def create(self, manifest: Manifest) -> bool:
         """Create if absent. True when created, False when it already existed."""
         kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
@@ -71,51 +92,47 @@ class Kube:
             "ConfigMap": self.core.create_namespaced_config_map,
             "Secret": self.core.create_namespaced_secret,
         }
-        try:
-            resp = await creators[kind](ns, manifest, _preload_content=False)
-            resp.release()
-            return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise KubeError(f"create {kind} {ns}/{manifest['metadata']['name']}", e) from None
+        action = f"create {kind} {ns}/{manifest['metadata']['name']}"
+        resp = await self._send(action, creators[kind](ns, manifest, _preload_content=False), tolerate=409)
+        if resp is None:
+            return False
+        resp.release()
+        return True
+
+    async def create_or_update_data(self, manifest: Manifest) -> None:
+        """Create a ConfigMap, or merge-patch its data when it exists (the job document follows the
+        spec's mutable fields, e.g. rolloutOnlyReplicas after a scale, for the pods started next)."""
+        if await self.create(manifest):
+            return
+        ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        call = self.core.patch_namespaced_config_map(
+            name, ns, {"data": manifest["data"]}, _content_type=MERGE_PATCH, _preload_content=False
+        )
+        resp = await self._send(f"patch ConfigMap {ns}/{name}", call)
+        resp.release()
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Graceful delete; True when a delete was issued, False when the pod was already gone."""
-        try:
-            resp = await self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
-            resp.release()
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeError(f"delete Pod {namespace}/{name}", e) from None
+        call = self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+        resp = await self._send(f"delete Pod {namespace}/{name}", call, tolerate=404)
+        if resp is None:
+            return False
+        resp.release()
+        return True
 
     async def list_job_pods(self, namespace: str, job: str) -> list[PodState]:
-        try:
-            resp = await self.core.list_namespaced_pod(
-                namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False
-            )
-            data = json.loads(await resp.read())
-        except ApiException as e:
-            raise KubeError(f"list pods of {namespace}/{job}", e) from None
+        call = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False)
+        resp = await self._send(f"list pods of {namespace}/{job}", call)
+        data = json.loads(await resp.read())
         states = (pod_state(item) for item in data.get("items", []))
         return [s for s in states if s is not None]
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """Merge-patch the RLHFJob status subresource; returns the patched object."""
-        try:
-            resp = await self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                {"status": dict(status)},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-            body: dict[str, Any] = json.loads(await resp.read())
-            return body
-        except ApiException as e:
-            raise KubeError(f"patch status of {namespace}/{name}", e) from None
+        call = self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
+            _content_type=MERGE_PATCH, _preload_content=False,
+        )
+        resp = await self._send(f"patch status of {namespace}/{name}", call)
+        body: dict[str, Any] = json.loads(await resp.read())
+        return body

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tandem.operator import admission_policy, builders, eta, kueue, restart_policy, status
+from tandem.operator import admission_policy, builders, eta, kueue, restart_policy, scale_policy, status
 from tandem.operator.observe import PodState
 from tandem.operator.status import Event
 from tandem.spec.load import SpecError
@@ -130,6 +130,8 @@ def decide(obs: Observation) -> Plan:
     plan.ensure_objects = True
     stale = restart_policy.old_generation_left(obs.pods, generation)
     plan.delete = sorted(p.name for p in obs.pods if p.generation != generation and not p.deleting)
+    plan.delete += scale_policy.excess(obs.pods, generation, len(expected))  # scaled down
+    known = scale_policy.known(expected, spec.replicas, obs.status.rollout_only_replicas)  # scaled up: new
 
     if new.phase == "Restarting":
         policy = spec.failure_policy
@@ -141,7 +143,7 @@ def decide(obs: Observation) -> Plan:
         return _finish(obs, plan, before)
 
     queue = kueue.queue_name(obs.job.metadata.labels)
-    why = queue and admission_policy.preemption(obs.pods, expected, generation,
+    why = queue and admission_policy.preemption(obs.pods, known, generation,
                                                 all_were_running=new.phase == "Running")
     if why:
         plan.delete, plan.create = _alive(obs.pods), []
@@ -152,7 +154,8 @@ def decide(obs: Observation) -> Plan:
         plan.events.append(Event("Warning", status.PREEMPTED, message))
         return _finish(obs, plan, before)
 
-    found = restart_policy.failures(obs.pods, expected, generation, all_were_running=new.phase == "Running")
+    found = restart_policy.failures(obs.pods, known, generation, all_were_running=new.phase == "Running")
+    found += restart_policy.failures(obs.pods, expected[len(known):], generation, all_were_running=False)
     if found:
         what = "; ".join(f.describe() for f in found)
         plan.delete = _alive(obs.pods)
@@ -169,9 +172,14 @@ def decide(obs: Observation) -> Plan:
     present = {p.name for p in obs.pods}  # an old-generation pod of the same name must go first
     plan.create = [i for i, name in enumerate(expected) if name not in present]
     running = not plan.create and all(p.phase == "Running" and not p.deleting for p in current) and not stale
-    if running:
-        if new.phase != "Running":
-            status.set_phase(new, "Running", f"{len(expected)} pods running", now)
+    if running or (new.phase == "Running" and not stale
+                   and scale_policy.trainers_running(obs.pods, generation, spec.replicas)):
+        message = f"{len(expected)} pods running"
+        if not running:  # the rollout-only pool is still growing
+            up = scale_policy.pool_running(obs.pods, generation, spec.replicas)
+            message = f"{spec.replicas} hybrid pods running; rollout-only pool {up}/{spec.rollout_only_replicas}"
+        if new.phase != "Running" or new.message != message:
+            status.set_phase(new, "Running", message, now)
         return _finish(obs, plan, before)
     held = admission_policy.gated(obs.pods, generation) if queue else []
     group = f"pod group {kueue.group_name(obs.name)} (queue {queue})"

@@ -4,8 +4,9 @@ Callers: the timer handler in `tandem.operator.handlers` (every reconcile interv
 Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, the job's pods
 (from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
 progress record in etcd. Decision: `tandem.operator.plan.decide`. Actions: ensure the Service,
-ConfigMap and Secret (create-if-absent: an existing token Secret is kept, never read), delete and
-create pods, patch the status subresource, post Events.
+ConfigMap and Secret (create-if-absent: an existing token Secret is kept, never read; the job
+document in the ConfigMap is patched once per new metadata.generation, so pods started after a
+/scale read the current pool size), delete and create pods, patch the status subresource, post Events.
 """
 
 from __future__ import annotations
@@ -101,11 +102,11 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
     job = memory.job
     if plan.delete:
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
-    creates: list[Awaitable[bool]] = []
+    creates: list[Awaitable[object]] = []
     if job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured)):
         creates += [
             kube.create(builders.build_service(job, owner_uid=ref.uid)),
-            kube.create(builders.build_spec_configmap(job, owner_uid=ref.uid)),
+            kube.create_or_update_data(builders.build_spec_configmap(job, owner_uid=ref.uid)),
             kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=ref.uid)),
         ]
     if job is not None:
