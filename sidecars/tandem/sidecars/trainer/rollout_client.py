@@ -4,6 +4,10 @@ Role: the driver's only way to talk to vLLM — in its own pod or any other. Eac
 advertises `{"address": "host:port", "generation": g, ...}` under `keys.endpoint(ns, job, pod,
 "rollout")` (lease-bound, so a dead one disappears once its lease expires; until then
 `trainer.resume` skips records of another gang generation). Caller: `tandem.sidecars.trainer.driver`.
+A rollout that cannot be reached any more (its pod deleted: a scale-down of the rollout-only pool)
+is dropped, and its share of a generate call goes to the others, so removing rollout-only pods
+never fails the iteration; an error the rollout itself answers still does, as does losing them all.
+A dropped rollout that is still registered comes back through `join` (it first loads the version).
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ class RolloutError(RuntimeError):
     pass
 
 
+class RolloutGone(RolloutError):
+    """The rollout could not be reached (connection refused or reset, timed out)."""
+
+
 class RolloutClient:
     def __init__(self, addresses: Sequence[str], token: str, timeout: float = 1800.0):
         if not addresses:
@@ -33,11 +41,11 @@ class RolloutClient:
         """Adopt the rollouts now registered: newcomers (e.g. rollout-only pods scaled up) first load
         `version`; vanished ones (their etcd lease expired) are dropped. Returns the newcomers."""
         new = [a for a in addresses if a not in self.addresses]
-        for a in new:
-            self._call(a, "/update", {"version": version})
-        if addresses:
-            self.addresses = list(addresses)
-        return new
+        gone = [a for a in new if self._reach(a, "/update", {"version": version}) is None]  # registered, dead
+        alive = [a for a in addresses if a not in gone]
+        if alive:
+            self.addresses = alive
+        return [a for a in new if a not in gone]
 
     def close(self) -> None:
         self._http.close()
@@ -46,6 +54,8 @@ class RolloutClient:
         url = f"http://{address}{path}"
         try:
             r = self._http.post(url, json=body or {})
+        except httpx.TransportError as e:
+            raise RolloutGone(f"{url}: {e}") from e
         except httpx.HTTPError as e:
             raise RolloutError(f"{url}: {e}") from e
         if r.status_code >= 400:
@@ -53,9 +63,27 @@ class RolloutClient:
         out: dict[str, Any] = r.json()
         return out
 
+    def _reach(self, address: str, path: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The answer, or None when the rollout is gone."""
+        try:
+            return self._call(address, path, body)
+        except RolloutGone:
+            return None
+
+    def _drop(self, gone: Sequence[str]) -> None:
+        if not gone:
+            return
+        left = [a for a in self.addresses if a not in gone]
+        if not left:
+            raise RolloutError(f"every rollout sidecar is gone (last: {', '.join(gone)})")
+        self.addresses = left
+
     def _all(self, path: str, body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        with ThreadPoolExecutor(len(self.addresses)) as pool:
-            return list(pool.map(lambda a: self._call(a, path, body), self.addresses))
+        addresses = list(self.addresses)
+        with ThreadPoolExecutor(len(addresses)) as pool:
+            answers = list(pool.map(lambda a: self._reach(a, path, body), addresses))
+        self._drop([a for a, r in zip(addresses, answers, strict=True) if r is None])
+        return [r for r in answers if r is not None]
 
     def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions,
                  n: int) -> tuple[list[list[Completion]], set[int | None]]:
@@ -63,19 +91,24 @@ class RolloutClient:
 
         Also returns the weight versions the rollouts generated with (one, when all are in sync).
         """
-        k = len(self.addresses)
+        addresses = list(self.addresses)
+        k = len(addresses)
         slices = [list(prompts[i * len(prompts) // k:(i + 1) * len(prompts) // k]) for i in range(k)]
         body = {"options": options.model_dump(), "n": n}
         with ThreadPoolExecutor(k) as pool:
-            parts = list(pool.map(lambda a_p: self._call(a_p[0], "/v1/generate", {**body, "prompts": a_p[1]})
-                                  if a_p[1] else None, zip(self.addresses, slices, strict=True)))
+            parts = list(pool.map(lambda a_p: self._reach(a_p[0], "/v1/generate", {**body, "prompts": a_p[1]})
+                                  if a_p[1] else {}, zip(addresses, slices, strict=True)))
+        self._drop([a for a, part in zip(addresses, parts, strict=True) if part is None])
         out: list[list[Completion]] = []
         versions: set[int | None] = set()
-        for part in parts:
-            if part is None:
-                continue
-            versions.add(part.get("version"))
-            out += [[Completion.model_validate(c) for c in group] for group in part["completions"]]
+        for part, piece in zip(parts, slices, strict=True):
+            if part is None:  # that rollout is gone: the others generate its prompts, in place
+                groups, seen = self.generate(piece, options, n)
+                out += groups
+                versions |= seen
+            elif piece:
+                versions.add(part.get("version"))
+                out += [[Completion.model_validate(c) for c in group] for group in part["completions"]]
         return out, versions
 
     def update(self, version: int) -> float:
