@@ -1,12 +1,15 @@
 """Broadcast across "pods" that are network namespaces with their own addresses on one machine.
 
 Each pod runs in its own namespace (emunet.py: veth pairs to a bridge that exists only for this
-test, addresses from 198.18.0.0/15, unshaped here). etcd listens on the bridge's address. Skipped, with the
+test, addresses from 198.18.0.0/15, unshaped here). etcd listens on the bridge's address. Also:
+what a killed run leaves behind is swept by the next network. Skipped, with the
 reason, where namespaces cannot be created (no root, no CAP_NET_ADMIN).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +84,25 @@ def test_tcp_chain_across_namespaces(net: EmulatedNetwork, bridge_etcd: LocalEtc
 def test_mooncake_chain_across_namespaces(net: EmulatedNetwork, bridge_etcd: LocalEtcd, shm_base: Path) -> None:
     """The RDMA class itself, over Mooncake's TCP protocol (no RDMA device on these machines)."""
     _run(net, bridge_etcd, shm_base, "mooncake-tcp")
+
+
+def test_a_network_left_by_a_dead_owner_is_swept() -> None:
+    """A bench or test killed mid-run leaves its namespaces; the next network's construction
+    (emunet.sweep) deletes them, and never those of a live owner."""
+    try:
+        left = EmulatedNetwork(["a", "b"], rate="1gbit")
+    except NetError as e:
+        pytest.skip(f"cannot create network namespaces here ({e})")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rec = json.loads(left._record.read_text())
+    left._record.write_text(json.dumps({**rec, "pid": dead.pid}))
+    live = EmulatedNetwork(["c"], rate=None)  # sweeps on construction
+    try:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert not any(ns in names for ns in left.namespaces), names
+        assert all(ns in names for ns in live.namespaces), names
+        assert not left._record.exists()
+    finally:
+        live.close()
+        left.close()
