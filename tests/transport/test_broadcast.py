@@ -155,7 +155,7 @@ def test_sender_killed_mid_transfer_is_replaced_by_a_holder(pods: Pods, etcd: An
 @pytest.mark.etcd
 def test_in_process_nodes_receive_then_prune_unregistered_versions(etcd: Any, shm_base: Path) -> None:
     """Two nodes in one process (the API as a pod's engine calls it): receive, then prune what
-    the publisher's GC unregistered."""
+    the publisher's GC unregistered; the next version lands in the pruned one's files."""
     import torch
 
     from tandem.checkpoint_engine import layout
@@ -178,6 +178,15 @@ def test_in_process_nodes_receive_then_prune_unregistered_versions(etcd: Any, sh
         assert a.versions() == [2]  # keep=1: version 1 was unregistered once nobody pinned it
         assert nb.prune(keep=1) == [1]
         assert layout.list_versions(shm_base / "rx", job) == [2]
+        # version 1's shard files became spares: version 3 is received into them, bit-exact
+        spare = layout.job_dir(shm_base / "rx", job) / ".spare"
+        inodes = {f.stat().st_ino for f in spare.iterdir()}
+        assert len(inodes) == len(layout.read_index(rep.path).shards) == 2
+        pub.publish(3, [(f"w{i}", torch.full((300_000 + i,), 3 + i, dtype=torch.uint8)) for i in range(5)])
+        rep = nb.receive(3)
+        same_bytes(layout.version_dir(shm_base / "pub", job, 3), rep.path)
+        assert {f.stat().st_ino for f in rep.path.glob("shard-*")} <= inodes
+        assert not any(spare.iterdir())
     finally:
         na.close()
         nb.close()
