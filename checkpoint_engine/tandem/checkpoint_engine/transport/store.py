@@ -98,6 +98,7 @@ class Incoming:
         self.addrs: list[int] = []  # where peers read each shard (RDMA registrations), 0 for TCP
         self.failed = False
         self.done = False
+        self._populating: threading.Thread | None = None
 
     def set_index(self, raw: bytes, index: layout.VersionIndex) -> None:
         """Create every shard file at full size; from now on peers can stream from us."""
@@ -110,7 +111,8 @@ class Incoming:
             dests.append(ShardDest(fd, s.nbytes))
         (self.tmp / layout.INDEX).write_bytes(raw)
         # map (and so fault in, fresh pages included) every shard ahead of the receive, off its path
-        threading.Thread(target=_populate, args=(dests,), name="shard-populate", daemon=True).start()
+        self._populating = threading.Thread(target=_populate, args=(dests,), name="shard-populate", daemon=True)
+        self._populating.start()
         with self.cond:
             self.dests = dests
             self.index, self.index_bytes = index, raw
@@ -173,6 +175,8 @@ class Incoming:
 
     def abandon(self) -> None:
         self.fail()
+        if self._populating is not None:  # it maps our fds: they must not be closed (and reused) under it
+            self._populating.join(60)
         self.close_maps()
         shutil.rmtree(self.tmp, ignore_errors=True)
         for fd in self.fds:
