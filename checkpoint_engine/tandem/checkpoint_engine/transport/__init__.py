@@ -4,7 +4,7 @@ Callers: every pod's checkpoint engine (`BroadcastNode`), bench/broadcast.py. Mo
 (interface, errors), select (auto|rdma|tcp → transport, RDMA device discovery), tcp, rdma
 (Mooncake), wire (protocol), store (local versions, recycled shard files), server (holder
 server), receiver (plan, pull, rename), verify (per-shard checks overlapped with the pull),
-node (both, for one pod).
+deltas (shards as deltas against an older version, delta.py's codec), node (both, for one pod).
 """
 
 from tandem.checkpoint_engine.transport.base import (

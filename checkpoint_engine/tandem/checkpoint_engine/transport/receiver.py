@@ -9,7 +9,8 @@ holder server re-serves to the receiver after me while bytes arrive); check each
 checksums as soon as it is complete, while the next one arrives (verify.py; the index is
 checked against etcd's shard digests); on a dead or stalled upstream, re-plan from etcd and
 resume at the same byte; on a corrupt shard, shun its sources and pull that shard again;
-rename atomically; announce `holders/<v>/<me>`.
+rename atomically; announce `holders/<v>/<me>`. Before the full pull, a pod that holds an older
+version asks complete holders for v's shards as deltas against it (deltas.py; off: `delta=False`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from tandem.checkpoint_engine import errors, keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.base import NoSource, Peer, PeerFailed, Transport
+from tandem.checkpoint_engine.transport.deltas import DeltaStats, pull_deltas
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
 from tandem.checkpoint_engine.transport.verify import ShardVerifier
@@ -47,6 +49,7 @@ class ReceiveReport:
     replans: int = 0
     shard_retries: int = 0  # shards pulled again after failing their checksums
     already_here: bool = False
+    delta: DeltaStats | None = None  # the delta pass before the full pull (deltas.py); None: off
 
 
 def _rank(me: str, holder: str) -> bytes:
@@ -84,8 +87,11 @@ class Receiver:
         transport: Transport,
         stall_timeout: float = 5.0,
         deadline: float = 600.0,
+        delta: bool = True,
     ) -> None:
+        """`delta`: first ask holders for shards as deltas against the newest older local version."""
         self.reg, self.store, self.transport = registry, store, transport
+        self.delta = delta
         self.pod = registry.pod
         self.stall_timeout, self.deadline = stall_timeout, deadline
         self._tcp = TcpTransport()
@@ -124,6 +130,9 @@ class Receiver:
         verifiers: list[ShardVerifier] = []
         try:
             self.reg.put_json(rkey, {"pod": self.pod, "since": time.time()}, lease=True)
+            if self.delta:  # what it rebuilds is verified again below; the rest is pulled in full
+                fetch = functools.partial(self._fetch_index, inc, v=v, records=records)
+                report.delta = pull_deltas(self.reg, self.store, inc, v, fetch, self.stall_timeout)
             self._pull_all(inc, v, records, report, time.monotonic() + self.deadline, verifiers)
             index = inc.index
             if index is None or not verifiers or not verifiers[0].all_ok():  # _pull_all returns only then

@@ -20,6 +20,7 @@ from typing import Any
 from tandem.checkpoint_engine import errors, layout
 from tandem.checkpoint_engine.transport import wire
 from tandem.checkpoint_engine.transport.base import Transport
+from tandem.checkpoint_engine.transport.deltas import DeltaSource
 from tandem.checkpoint_engine.transport.store import LocalStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class HolderServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.bytes_sent = 0
+        self.deltas = DeltaSource(store)  # answers "delta" (deltas.py)
 
     def start(self) -> HolderServer:
         self._thread.start()
@@ -118,6 +120,11 @@ class HolderServer:
             self._stream(conn, v, int(req["shard"]), int(req["offset"]))
         elif op == "avail":
             self._avail(conn, v, int(req["shard"]), int(req["at_least"]), float(req.get("wait", 0)))
+        elif op == "delta":  # shard of v encoded against base version `base` (both complete here)
+            payload = self.deltas.payload(v, int(req["base"]), int(req["shard"]))
+            wire.send_msg(conn, {"ok": True, "length": len(payload)})
+            conn.sendall(payload)
+            self.bytes_sent += len(payload)
         else:
             raise errors.UnsupportedOperation(f"unknown op {op!r}")
 

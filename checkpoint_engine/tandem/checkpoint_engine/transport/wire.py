@@ -7,7 +7,8 @@ Every request and every reply header is a 4-byte big-endian length followed by a
 Requests: {"op": "index", "job", "v"} → header {"ok", "length"} + the index.json bytes;
 {"op": "stream", "job", "v", "shard", "offset"} → header {"ok", "total"} + bytes
 [offset, total) of the shard, sent as they become available (a receiver re-serves what it has);
-{"op": "avail", "job", "v", "shard", "at_least", "wait"} → header {"ok", "avail", "total"}.
+{"op": "avail", "job", "v", "shard", "at_least", "wait"} → header {"ok", "avail", "total"};
+{"op": "delta", "job", "v", "base", "shard"} → header {"ok", "length"} + a delta.py payload.
 A refusal is {"ok": false, "error": "..."}.
 """
 
