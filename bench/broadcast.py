@@ -82,7 +82,9 @@ def socket_seconds(nbytes: int, rx_prefix: list[str], tx_prefix: list[str], host
 
 def broadcast(pods: Pods, n: int, mib: int, shard_mib: int, transport: str) -> dict[str, float]:
     """One version to `n` receivers released at once: seconds to the last verified, and parts."""
-    common = ("--mib", str(mib), "--shard-mib", str(shard_mib), "--transport", transport, "--stall", "10")
+    # a long lease: on a loaded 2-core machine a 5 s lease can lapse and take the version with it
+    common = ("--mib", str(mib), "--shard-mib", str(shard_mib), "--transport", transport)
+    common += ("--stall", "10", "--ttl", "30")
     steady = ("--warmup-version", "1", "--version", "2")
     pub = pods.start("publish", "pub", *common, *steady)
     pub.event(300)
