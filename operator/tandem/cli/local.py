@@ -35,7 +35,7 @@ from rich.table import Table
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
 from tandem.cli import plot
-from tandem.cli.procs import LocalContainer, containers_of
+from tandem.cli.procs import LocalContainer, containers_of, stop_all
 from tandem.operator import builders
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -178,8 +178,12 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping sidecars[/yellow]")
     finally:
-        for c in reversed(containers):
-            c.stop(grace=30.0)  # vLLM takes a while to shut down on a busy machine
+        try:
+            killed = stop_all(containers, grace=30.0)  # vLLM takes a while to shut down on a busy machine
+            if killed:
+                console.print(f"[yellow]killed after 30 s: {', '.join(killed)}[/yellow]")
+        except RuntimeError as e:
+            console.print(f"[red]{e}[/red]")
         etcd.stop()
         signal.signal(signal.SIGTERM, previous)
         if not keep_etcd:

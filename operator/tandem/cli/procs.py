@@ -2,7 +2,9 @@
 
 Role: turn the pod manifests that the operator's builders produce into local processes — the same
 commands and environment a cluster would run, with cluster-only values (ConfigMap paths, Secret
-refs, pod addresses, /dev/shm volumes) rewritten for one machine. Caller: `tandem.cli.local`.
+refs, pod addresses, /dev/shm volumes) rewritten for one machine. Each container is a session of
+its own; `stop_all` returns only when no process of those sessions is left (vLLM's engine core
+and workers, grandchildren of the rollout process, included). Caller: `tandem.cli.local`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class LocalContainer:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close_log()
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -48,19 +50,25 @@ class LocalContainer:
             except ProcessLookupError:
                 pass
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the whole process group, then SIGKILL after `grace` seconds."""
-        if self.proc is not None:
-            self.signal_group(signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            self.signal_group(signal.SIGKILL)
+    def members(self) -> list[int]:
+        """Live processes of this container: its session (the leader started one), children and
+        grandchildren included, also those orphaned when the leader exited."""
+        return [] if self.proc is None else session_members(self.proc.pid)
+
+    def send(self, sig: int) -> None:
+        """Signal every live process of the container (the leader's group and any orphan of it).
+        On SIGTERM the sidecars shut down what they started in order (the rollout sidecar waits
+        for vLLM's processes and unlinks their shared memory)."""
+        for pid in self.members():
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers left in the group
+                os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-            self.proc.wait()
+
+    def stop(self, grace: float = 10.0) -> None:
+        stop_all([self], grace)
+
+    def close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -70,6 +78,59 @@ class LocalContainer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`, read from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            out.append(int(entry))
+    return out
+
+
+def wait_gone(containers: list[LocalContainer], timeout: float) -> bool:
+    """Wait until no process of `containers` is alive (leaders reaped); False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for c in containers:
+            if c.proc is not None:
+                c.proc.poll()  # reap the leader
+        if not any(c.members() for c in containers):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def stop_all(containers: list[LocalContainer], grace: float = 10.0, kill_wait: float = 30.0) -> list[str]:
+    """Stop containers and return only when every process they started is gone: SIGTERM all their
+    processes, wait up to `grace` seconds for all of them (grandchildren included) to exit, then
+    SIGKILL whatever is left and wait for that too. Returns labels of containers that had to be
+    killed; raises RuntimeError if processes survive SIGKILL for `kill_wait` seconds."""
+    for c in containers:
+        c.send(signal.SIGTERM)
+    killed = []
+    if not wait_gone(containers, grace):
+        for c in containers:
+            if c.members():
+                killed.append(c.label)
+                c.send(signal.SIGKILL)
+        if not wait_gone(containers, kill_wait):
+            left = {c.label: c.members() for c in containers if c.members()}
+            raise RuntimeError(f"processes survived SIGKILL: {left}")
+    for c in containers:
+        if c.proc is not None:
+            c.proc.wait()
+        c.close_log()
+    return killed
 
 
 def _env_value(item: dict[str, Any], secrets: dict[tuple[str, str], str]) -> str | None:
