@@ -8,6 +8,9 @@ shapes, dtypes against the model's HF parameters, every checksum) BEFORE touchin
 reload that fails half-way leaves vLLM half-loaded — and only then has every worker reload in
 place (vllm_ext.ShmWeightLoader). A bad or torn version raises a typed error and the engine keeps
 serving the previous weights. Phases and operations are published in etcd (keys.engine/keys.op).
+
+vLLM's engine core and workers are recorded at start (engine_procs.py); terminating the engine, or
+finding it dead, waits until they are gone and unlinks the /dev/shm segments they leave behind.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import engine_procs, errors, layout
 from tandem.checkpoint_engine.models import Completion, EngineStatus, Phase, SamplingOptions, UpdateReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
@@ -90,6 +93,7 @@ class RolloutEngine:
         self._lock = threading.RLock()
         self._stale_pins: set[int] = set()
         self._sleep_level = 0
+        self.procs = engine_procs.EngineProcesses()
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
@@ -105,6 +109,7 @@ class RolloutEngine:
                 from vllm import LLM
 
                 t1 = time.perf_counter()
+                self.procs = engine_procs.EngineProcesses.before_start()
                 self.llm = LLM(
                     model=model_dir,
                     load_format="dummy" if dummy else "auto",
@@ -119,6 +124,7 @@ class RolloutEngine:
                     **self.cfg.llm_kwargs,
                 )
                 t2 = time.perf_counter()
+                self.procs.record()
                 dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
                 self._expected, self._optional = expected_parameters(model_dir, dt)
             except Exception as e:
@@ -156,6 +162,7 @@ class RolloutEngine:
 
     def _destroy(self) -> None:
         llm, self.llm = self.llm, None
+        self.procs.record()  # segments made since start, while the processes still map them
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown(timeout=self.cfg.shutdown_timeout_s)
@@ -163,6 +170,9 @@ class RolloutEngine:
                 log.warning("vLLM shutdown: %s", e)
             del llm
         gc.collect()
+        removed = self.procs.reap(grace_s=self.cfg.shutdown_timeout_s)
+        if removed:
+            log.info("removed %d shared-memory segments vLLM left: %s", len(removed), ", ".join(removed))
         try:
             import torch
 
@@ -231,6 +241,7 @@ class RolloutEngine:
         layout.validate(index, self._expected, self._optional)
         layout.MappedVersion(path, index).verify_checksums()
         t2 = time.perf_counter()
+        self._check_alive()
         self._set_phase(Phase.UPDATING)
         try:
             workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
@@ -303,9 +314,12 @@ class RolloutEngine:
                 ignore_eos=opts.ignore_eos,
             )
             inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+            self._check_alive()
             try:
                 outs = self.llm.generate(inputs, params, use_tqdm=False)
             except Exception as e:
+                if self.procs.any_dead():  # the engine died: free what it leaves behind now
+                    self._destroy()
                 self._set_phase(Phase.FAILED, error=f"generate failed: {e}")
                 raise errors.EngineNotRunning(f"vLLM failed while generating: {e}") from e
         result = []
@@ -340,6 +354,14 @@ class RolloutEngine:
             timings=dict(self.timings),
             updated=time.time(),
         )
+
+    def _check_alive(self) -> None:
+        """Refuse to use an engine whose processes died (vLLM 0.32's blocking client would wait for
+        their output forever), after freeing what they left behind."""
+        if self.llm is not None and self.procs.any_dead():
+            self._destroy()
+            self._set_phase(Phase.FAILED, error="a vLLM engine process died")
+            raise errors.EngineNotRunning("a vLLM engine process died; start the engine again")
 
     def _need(self, phase: Phase) -> None:
         if self.phase == phase:
