@@ -2,11 +2,12 @@
 
 Callers: server.py (reads), receiver.py (creates an `Incoming` per version it pulls and reports
 progress into it), node.py (`recycle`: a released version's shard files become spares, the
-pages the next version is received into). An `Incoming` is a layout.py temp dir (`.tmp-v…`
-with a flock'ed `.lock`, so `layout.clean_stale_temps` removes it if this pod dies) whose shard
-files are created at full size (from spares when there are some) and mapped ahead of the
-receive; `avail[i]` counts the bytes of shard i already present, and waiting servers are woken
-as it grows, so a receiver forwards chunk k while it receives chunk k+1.
+pages the next version is received into; slots.py's pool, shared with the publisher). An
+`Incoming` is a layout.py temp dir (`.tmp-v…` with a flock'ed `.lock`, so
+`layout.clean_stale_temps` removes it if this pod dies) whose shard files are created at full
+size (from spares when there are some) and mapped ahead of the receive; `avail[i]` counts the
+bytes of shard i already present, and waiting servers are woken as it grows, so a receiver
+forwards chunk k while it receives chunk k+1.
 """
 
 from __future__ import annotations
@@ -20,28 +21,10 @@ import time
 import uuid
 from pathlib import Path
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import errors, layout, slots
 
-SPARE = ".spare"  # <job dir>/.spare/: shard files of released versions, reused as receive targets
-
-
-def take_spare(spare_dir: Path, nbytes: int, dest: Path) -> bool:
-    """Move the best-fitting spare file to `dest` (the smallest one of at least `nbytes`, else the
-    largest): its pages are already allocated, and writing into fresh tmpfs pages is the slow part
-    of a receive (measured here: 0.5 GB/s into never-touched pages, 3 GB/s into recycled ones)."""
-    try:
-        sizes = [(f.stat().st_size, f) for f in spare_dir.iterdir()]
-    except OSError:
-        return False
-    big = sorted(x for x in sizes if x[0] >= nbytes)
-    choice = big[0][1] if big else max(sizes, default=(0, None))[1]
-    if choice is None:
-        return False
-    try:
-        os.rename(choice, dest)  # atomic: two receivers never take the same file
-    except OSError:
-        return False
-    return True
+SPARE = slots.SPARE  # <job dir>/.spare/: shard files of released versions, reused as receive targets
+take_spare = slots.take  # the best-fitting spare: its pages are already allocated (slots.py)
 
 
 class ShardDest:
