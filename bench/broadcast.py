@@ -17,19 +17,20 @@ one lands in recycled pages (store.py spares), as a rollout pod's every-iteratio
 the plain socket receives into a buffer allocated before its clock starts. Pods are the test
 pods (tests/transport/pod.py), processes with their own shm dirs and holder servers.
 
-Measured 2026-11-23 on the 2-core dev machine (shared with other sessions' work, load 2-4), the
-defaults (256 MiB in 32 MiB shards, tcp, 1gbit links), one run:
-  shaped 1gbit: plain socket 0.120 GB/s (0.96 of the line rate); N=1 2.285 s, N=2 2.316 s,
-    N=4 2.423 s, N=8 2.633 s (7 of 8 pulled from a receiver: the chain).
-    time(N)/time(1) = 1.01, 1.06, 1.15 (target time(8) <= 1.25: met; an earlier run gave 1.08);
+Measured 2026-11-23 22:17 UTC on the 2-core dev machine (shared with other sessions' work, load
+3-5), the defaults (256 MiB in 32 MiB shards, tcp, 1gbit links), one run:
+  shaped 1gbit: plain socket 0.120 GB/s (0.96 of the line rate); N=1 2.279 s, N=2 2.309 s,
+    N=4 2.390 s, N=8 2.633 s (7 of 8 pulled from a receiver: the chain).
+    time(N)/time(1) = 1.01, 1.05, 1.16 (target time(8) <= 1.25: met; other runs 1.08, 1.15);
     single stream vs plain socket 0.98x end to end, 0.99x bytes moving (target >= 0.9: met).
-    Per-link model printed for bench/sync_scale.py: efficiency 0.943 of the line rate, hop delay
-    49.7 ms (5.9 MB in flight per hop at our rate), setup 8 ms.
-  loopback: plain socket 3.44 GB/s; single stream best of 3: 0.200 s (1.34 GB/s) =
-    0.39x end to end, 0.41x bytes moving (target >= 0.7: NOT met; the stream before this
-    change was 0.10x). Loopback measures the 2 shared cores, not a link: the same pull with no
-    etcd, no verify thread and no other pod measured 2.0-2.1 GB/s here (about 0.65x), and the
-    three tries of one run spread 0.59-1.34 GB/s.
+    Per-link model printed for bench/sync_scale.py: efficiency 0.946 of the line rate, hop delay
+    50.6 ms = 6.0 MB in flight per hop at our rate (mostly the forwarding socket's send buffer,
+    about 4 MB, plus the 10 ms tbf queue and the 1 MiB forwarding granularity), setup 9 ms.
+  loopback: plain socket 3.59 GB/s; single stream best of 3: 0.162 s (1.66 GB/s; the three
+    tries 1.38-1.66) = 0.46x end to end, 0.48x bytes moving (target >= 0.7: NOT met; 0.10x
+    before this work, 0.39x in a run under heavier load). Loopback measures the 2 shared cores,
+    not a link: sender, receiver, its verify thread and etcd clients share them, and the same
+    pull between a bare server and client reached 2.4-5.7 GB/s in a quiet moment.
 """
 
 from __future__ import annotations
