@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import layout, slots
+from tandem.checkpoint_engine import keys, layout, slots
 from tandem.checkpoint_engine.publisher import Publisher
 
 pytestmark = pytest.mark.etcd
@@ -99,3 +99,16 @@ def test_recycle_off_deletes_released_versions(make_registry: Any, shm_root: Pat
         r = pub.publish(v, tensors(v))
     assert r.recycled_bytes == 0 and not pub.spares.exists()
     assert os.listdir(layout.job_dir(shm_root, job)) == [layout.version_dir(shm_root, job, 3).name]
+
+
+def test_a_version_another_pod_is_pulling_is_deleted_not_recycled(
+    make_registry: Any, shm_root: Path, job: str
+) -> None:
+    pub = Publisher(shm_root, job, make_registry(), keep=1)
+    receiver = make_registry("pod1", "rollout")
+    pub.publish(1, tensors(1))
+    # pod1 is pulling v1 from this pod's holder server (which has the shard files open)
+    receiver.put_json(keys.receiving(receiver.namespace, job, 1, "pod1"), {"since": 0}, lease=True)
+    assert pub.publish(2, tensors(2)).collected == [1]
+    assert slots.held(pub.spares) == 0, "a version being pulled went to the spare pool"
+    assert pub.publish(3, tensors(3)).recycled_bytes == 0

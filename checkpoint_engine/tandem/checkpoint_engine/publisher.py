@@ -14,7 +14,9 @@ shard files but keeps them as spares (slots.py, at most one version's bytes), an
 publish writes its shards into them, so from the third version on a publish writes into
 /dev/shm pages that already exist instead of faulting fresh ones (bench/weight_sync.py:
 first vs steady-state publishes). Shared memory then holds `keep` versions plus one spare slot
-between publishes, which is what it held at the peak of every publish anyway.
+between publishes, which is what it held at the peak of every publish anyway. Only versions the
+registry's GC released (no reader pin; none can be taken after) are recycled, and not those another
+pod is still pulling (a `receiving` key): their files are deleted, so open fds keep the old bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine import errors, layout, slots
+from tandem.checkpoint_engine import errors, keys, layout, slots
 from tandem.checkpoint_engine.models import EngineStatus, Phase, PublishReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
@@ -136,15 +138,24 @@ class Publisher:
             log.warning("gc skipped: %s", e)
             return []
         for v in collected:
-            if self.recycle:
+            if self.recycle and not self._being_received(v):
                 slots.retire(layout.version_dir(self.shm_root, self.job, v), self.spares)
-            else:
+            else:  # deleted files keep serving the fds this pod's holder server has open on them
                 layout.remove_version(self.shm_root, self.job, v)
         if self.recycle and collected:
             sizes = self._shard_sizes()
             slots.trim(self.spares, sum(sizes) if sizes else 0)  # one slot: what the next publish needs
         layout.clean_stale_temps(self.shm_root, self.job)
         return collected
+
+    def _being_received(self, v: int) -> bool:
+        """Whether another pod is still pulling version v (it does not pin it: its pull is verified
+        shard by shard); its shard files must then not be overwritten."""
+        try:
+            prefix = keys.receiving_prefix(self.registry.namespace, self.registry.job, v)
+            return bool(self.registry.list_ordered(prefix))
+        except errors.RegistryUnavailable:
+            return True  # unknown: do not recycle
 
     def _shard_sizes(self) -> list[int] | None:
         """Shard sizes of the newest local version: the next version's, when its tensors are the same."""
