@@ -124,3 +124,11 @@ def test_reward_set_uses_each_rewards_mode() -> None:
     totals, comps = rs.score(items)
     assert comps == {"answerMatch#0": [0.0, 0.0, 0.0, 1.0], "answerMatch#1": [1.0, 1.0, 0.0, 1.0]}
     assert totals == [1.0, 1.0, 0.0, 2.0]
+
+
+def test_numbers_beyond_float_range_compare_without_crashing() -> None:
+    """A sampled answer of 400 digits has no float (it crashed the driver's reward step once)."""
+    huge = "1" + "0" * 400
+    assert answer_match(f"<answer>{huge}</answer>", "7") == 0.0
+    assert answer_match(f"<answer>{huge}</answer>", huge) == 1.0
+    assert answer_match("Answer: " + "9" * 500, "3", "flexible") == 0.0
