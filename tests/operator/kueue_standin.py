@@ -5,16 +5,21 @@ proxy refuses it), so this plays what Kueue's documentation ("Run Plain Pods", "
 Pods") and its pod integration (pkg/controller/jobs/pod: the webhook's Default, the controller's Run
 and Stop) say Kueue does to pods, through the same API-server mechanisms:
 - at pod creation, a real mutating admission webhook (a MutatingWebhookConfiguration the API
-  server calls over HTTPS, as Kueue's is) adds the scheduling gate `kueue.x-k8s.io/admission` and
-  the label `kueue.x-k8s.io/managed: "true"` to every pod labelled `kueue.x-k8s.io/queue-name`;
-- `admit(group)`: once every pod of the group exists (as many as its
-  `kueue.x-k8s.io/pod-group-total-count`), removes Kueue's gate from each (other gates stay);
+  server calls over HTTPS, as Kueue's is) adds the scheduling gate `kueue.x-k8s.io/admission`, the
+  label `kueue.x-k8s.io/managed: "true"` and the finalizer `kueue.x-k8s.io/managed` to every pod
+  labelled `kueue.x-k8s.io/queue-name`;
+- `finalize(group)`: Kueue's accounting of a group's inactive pods (Failed, or deleted before
+  being scheduled): it removes its finalizer only from as many of them as there are active pods
+  beyond the group's total count, i.e. once replacements exist (`admit` calls it first);
+- `admit(group)`: once the group's active pods number its `kueue.x-k8s.io/pod-group-total-count`,
+  removes Kueue's gate from each (other gates stay);
 - `evict(group)`: what Kueue's Stop does on preemption: sets the pod condition TerminationTarget
   (status True, reason WorkloadEvicted, message the preemption) on every pod of the group through
   the status subresource, then deletes the pods.
 Left out, as they change nothing the operator reads: the Workload object, quota and the queues
-themselves (a test decides when to admit and when to preempt), and the `kueue.x-k8s.io/managed`
-finalizer Kueue keeps on grouped pods until it has accounted for them.
+themselves (a test decides when to admit and when to preempt). The simulated nodes (kwok) end a
+deleted pod that was bound without a kubelet's Failed phase, so the finalizer holds back only
+pods deleted while gated here.
 The webhook serves with the control plane's API-server certificate (its SANs include 127.0.0.1,
 signed by the test CA that the configuration's caBundle names).
 """
@@ -47,12 +52,25 @@ def mutation(pod: dict[str, Any]) -> list[dict[str, Any]]:
     if not (pod.get("metadata") or {}).get("labels"):
         ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
     ops.append({"op": "add", "path": "/metadata/labels/" + MANAGED_LABEL.replace("/", "~1"), "value": "true"})
+    finalizers = (pod.get("metadata") or {}).get("finalizers")
+    if finalizers is None:
+        ops.append({"op": "add", "path": "/metadata/finalizers", "value": [MANAGED_LABEL]})
+    elif MANAGED_LABEL not in finalizers:
+        ops.append({"op": "add", "path": "/metadata/finalizers/-", "value": MANAGED_LABEL})
     gates = (pod.get("spec") or {}).get("schedulingGates")
     if gates is None:
         ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]})
     elif not any(g.get("name") == GATE for g in gates):
         ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}})
     return ops
+
+
+def active(pod: dict[str, Any]) -> bool:
+    """Kueue's isPodRunnableOrSucceeded: not Failed, and not deleted before it was scheduled."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    if meta.get("deletionTimestamp") and not spec.get("nodeName"):
+        return False
+    return (pod.get("status") or {}).get("phase") != "Failed"
 
 
 class _Webhook(BaseHTTPRequestHandler):
@@ -119,9 +137,25 @@ class KueueStandIn:
         self.server.shutdown()
         self.server.server_close()
 
+    def pods(self, ns: str, name: str) -> list[dict[str, Any]]:
+        return list((get_json(self.cp, "pods", "-n", ns, "-l", f"{GROUP_LABEL}={name}") or {}).get("items", []))
+
     def group(self, ns: str, name: str) -> list[dict[str, Any]]:
-        items = (get_json(self.cp, "pods", "-n", ns, "-l", f"{GROUP_LABEL}={name}") or {}).get("items", [])
-        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+        """The group's active pods (Kueue's isPodRunnableOrSucceeded)."""
+        return [p for p in self.pods(ns, name) if active(p)]
+
+    def finalize(self, ns: str, name: str) -> list[str]:
+        """Remove Kueue's finalizer from the inactive pods that active ones have replaced."""
+        pods = self.pods(ns, name)
+        live = [p for p in pods if active(p)]
+        held = [p for p in pods if not active(p) and MANAGED_LABEL in (p["metadata"].get("finalizers") or ())]
+        total = max([int(p["metadata"].get("annotations", {}).get(TOTAL_COUNT, 0)) for p in pods] or [0])
+        done = held[:max(0, min(len(held), len(held) + len(live) - total))]
+        for pod in done:
+            rest = [f for f in pod["metadata"]["finalizers"] if f != MANAGED_LABEL]
+            self.cp.kubectl("patch", "pod", pod["metadata"]["name"], "-n", ns, "--type=json", "-p",
+                            json.dumps([{"op": "replace", "path": "/metadata/finalizers", "value": rest}]))
+        return sorted(p["metadata"]["name"] for p in done)
 
     def admit(self, ns: str, name: str, timeout: float = 60) -> list[str]:
         """Ungate every pod of the group once all of them exist; returns the pod names."""
@@ -131,6 +165,7 @@ class KueueStandIn:
             counts = {p["metadata"].get("annotations", {}).get(TOTAL_COUNT) for p in pods}
             return pods if pods and counts == {str(len(pods))} else None
 
+        self.finalize(ns, name)
         pods = wait_for(f"every pod of group {name}", complete, timeout)
         for pod in pods:
             gates = [g for g in pod["spec"].get("schedulingGates") or () if g.get("name") != GATE]
@@ -140,7 +175,7 @@ class KueueStandIn:
 
     def evict(self, ns: str, name: str, reason: str = "WorkloadEvicted", message: str = PREEMPTED) -> list[str]:
         """Kueue's Stop of a pod group: TerminationTarget on each pod, then delete them all."""
-        pods = self.group(ns, name)
+        pods = [p for p in self.pods(ns, name) if not p["metadata"].get("deletionTimestamp")]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         condition = {"type": "TerminationTarget", "status": "True", "reason": reason, "message": message,
                      "lastTransitionTime": now}

@@ -44,6 +44,7 @@ def test_progress_and_restarts_show_then_forget_drops_them() -> None:
     assert value("tandem_rlhfjob_iteration", **job) == 7 and value("tandem_rlhfjob_weight_version", **job) == 8
     assert value("tandem_rlhfjob_reward_mean", **job) == 0.25
     assert value("tandem_rlhfjob_last_sync_seconds", **job) == 1.5
+    assert value("tandem_rlhfjob_progress_percent", **job) == 70.0 and value("tandem_rlhfjob_preemptions", **job) == 0
 
     failed = [PodWrapper("m-run", 0).failed().state(), running[1]]
     plan = plan_for("m-run", plan.status, failed, progress)
@@ -53,7 +54,7 @@ def test_progress_and_restarts_show_then_forget_drops_them() -> None:
     assert value("tandem_rlhfjob_restarts", **job) == 1
 
     metrics.forget("ns", "m-run")
-    assert value("tandem_rlhfjob_iteration", **job) is None
+    assert value("tandem_rlhfjob_iteration", **job) is None and value("tandem_rlhfjob_preemptions", **job) is None
     assert all(value("tandem_rlhfjob_phase", phase=p, **job) is None for p in metrics.PHASES)
     metrics.forget("ns", "m-run")  # twice is harmless (the delete handler may retry)
 

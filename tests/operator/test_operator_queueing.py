@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from test_operator_plan import observe
-from wrappers import JobWrapper, PodWrapper, StatusWrapper, pods
+from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, pods
 
 from tandem.operator import builders, eta, kueue
 from tandem.operator.observe import PodState, pod_state
@@ -73,12 +73,12 @@ def test_missing_pods_of_a_queued_job_are_created_so_kueue_sees_the_whole_group(
 @pytest.mark.parametrize(
     ("pod_list", "why"),
     [
-        ([PodWrapper("demo", i, replicas=2).generation(1).running().stopped().state() for i in range(3)],
-         "pod demo-0 WorkloadEvicted: Preempted to accommodate a workload"),
-        (pods("demo", 2, replicas=2, generation=1), "pod demo-2 deleted"),  # gone before a pass saw the condition
-        ([*pods("demo", 2, replicas=2, generation=1),
-          PodWrapper("demo", 2, replicas=2).generation(1).running().deleting().state()],
-         "pod demo-2 is being deleted"),
+        ([PodWrapper("demo", i, replicas=2).generation(1, queued=True).running().stopped().state() for i in range(3)],
+         "pod demo-0-g1 WorkloadEvicted: Preempted to accommodate a workload"),
+        (pods("demo", 2, replicas=2, generation=1, queued=True), "pod demo-2-g1 deleted"),  # gone before a pass saw it
+        ([*pods("demo", 2, replicas=2, generation=1, queued=True),
+          PodWrapper("demo", 2, replicas=2).generation(1, queued=True).running().deleting().state()],
+         "pod demo-2-g1 is being deleted"),
     ],
 )
 def test_preemption_suspends_without_counting_a_restart(pod_list: list[PodState], why: str) -> None:
@@ -98,21 +98,23 @@ def test_preempted_job_recreates_its_gang_once_then_resumes_after_readmission() 
     st = step(QUEUED, StatusWrapper().phase("Running").get(), evicted).status
     assert st.preemptions == 1
 
-    again = step(QUEUED, st, evicted)  # the old pods still terminating: no second preemption, no creates
-    assert again.status.preemptions == 1 and again.create == [] and again.status.phase == "Suspended"
-    assert again.events == []
-
-    created = step(QUEUED, again.status, [])  # old pods gone: replacements of generation 1
-    assert created.create == [0, 1, 2] and created.restart_generation == 1
+    # the old pods still terminate (Kueue's finalizer may keep them until it sees replacements): the
+    # replacements of generation 1 have names of their own and are created now, once
+    created = step(QUEUED, st, evicted)
+    assert created.status.preemptions == 1 and created.create == [0, 1, 2] and created.restart_generation == 1
     assert created.status.phase == "Suspended" and created.events == []
+    names = [builders.build_pod(QUEUED.job(), i, restart_generation=1)["metadata"]["name"] for i in range(3)]
+    assert names == ["demo-0-g1", "demo-1-g1", "demo-2-g1"]
 
-    held = [PodWrapper("demo", i, replicas=2).generation(1).gated().state() for i in range(3)]
-    waiting = step(QUEUED, created.status, held)  # Kueue holds them: still Suspended, and Queued
+    held = [PodWrapper("demo", i, replicas=2).generation(1, queued=True).gated().state() for i in range(3)]
+    again = step(QUEUED, created.status, [*evicted, *held])  # no second preemption, no second create
+    assert again.status.preemptions == 1 and again.create == [] and again.events == []
+    waiting = step(QUEUED, again.status, held)  # Kueue holds them: still Suspended, and Queued
     conds = {c.type: (c.status, c.reason) for c in waiting.status.conditions}
     assert waiting.status.phase == "Suspended" and waiting.create == []
     assert conds["Queued"] == ("True", "AwaitingAdmission") and conds["Suspended"] == ("True", "Preempted")
 
-    resumed = step(QUEUED, waiting.status, pods("demo", 3, generation=1, replicas=2))
+    resumed = step(QUEUED, waiting.status, pods("demo", 3, generation=1, replicas=2, queued=True))
     st = resumed.status
     assert st.phase == "Running" and st.restarts == 0 and st.preemptions == 1
     assert {c.type: c.status for c in st.conditions}["Suspended"] == "False"
@@ -219,3 +221,13 @@ def test_scaling_down_deletes_the_highest_pods_and_keeps_training() -> None:
     leaving = [*pods("demo", 2, replicas=1), PodWrapper("demo", 2).running().deleting().state()]
     after = step(job, plan.status, leaving)
     assert after.status.phase == "Running" and after.delete == [] and after.status.rollout_only_replicas == 1
+
+
+def test_a_queued_gang_restart_waits_for_old_containers_not_for_kueues_finalizer() -> None:
+    st = StatusWrapper().restarts(1).restart_began(T0).get()
+    job = QUEUED.failure_policy(max_restarts=3, backoff_seconds=0)
+    ended = [PodWrapper("demo", i, replicas=2).failed().deleting().state() for i in range(3)]  # kept by a finalizer
+    plan = step(job, st, ended)
+    assert plan.create == [0, 1, 2] and plan.restart_generation == 1 and plan.status.phase == "Pending"
+    still = [*ended[:2], PodWrapper("demo", 2, replicas=2).running().deleting().state()]  # containers still up
+    assert step(job, st, still).create == []

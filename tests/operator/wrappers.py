@@ -11,7 +11,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tandem.operator.builders import ROLE_HYBRID, ROLE_ROLLOUT
+from tandem.operator.builders import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
 from tandem.operator.observe import PodState
 from tandem.spec.load import parse_job
 from tandem.spec.models import Condition, JobStatus, RLHFJob
@@ -133,8 +133,10 @@ class PodWrapper:
     def failed(self, reason: str = "Error") -> PodWrapper:
         return self.phase("Failed", reason)
 
-    def generation(self, g: int) -> PodWrapper:
+    def generation(self, g: int, *, queued: bool = False) -> PodWrapper:
+        """Restart generation `g`; queued: the pod of a Kueue-queued job (named `<job>-<i>-g<g>` after 0)."""
         self.fields["generation"] = g
+        self.fields["name"] = pod_object_name(self.fields["job"], self.fields["index"], g, queued=queued)
         return self
 
     def deleting(self) -> PodWrapper:
@@ -156,12 +158,13 @@ class PodWrapper:
 
 
 def pods(
-    job: str, n: int, *, phase: str = "Running", generation: int = 0, replicas: int | None = None
+    job: str, n: int, *, phase: str = "Running", generation: int = 0, replicas: int | None = None,
+    queued: bool = False,
 ) -> list[PodState]:
     return [
         PodWrapper(job, i, replicas=n if replicas is None else replicas)
         .phase(phase)
-        .generation(generation)
+        .generation(generation, queued=queued)
         .state()
         for i in range(n)
     ]

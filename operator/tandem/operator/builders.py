@@ -99,8 +99,18 @@ def pod_count(job: RLHFJob) -> int:
     return job.spec.replicas + job.spec.rollout_only_replicas
 
 
-def pod_names(job: RLHFJob) -> list[str]:
-    return [pod_name(job.metadata.name, i) for i in range(pod_count(job))]
+def pod_names(job: RLHFJob, generation: int = 0) -> list[str]:
+    """Object names of the job's pods in restart generation `generation` (see `pod_object_name`)."""
+    queued = bool(kueue.queue_name(job.metadata.labels))
+    return [pod_object_name(job.metadata.name, i, generation, queued=queued) for i in range(pod_count(job))]
+
+
+def pod_object_name(job_name: str, index: int, generation: int, *, queued: bool = False) -> str:
+    """`<job>-<i>`; for a job queued by Kueue, `<job>-<i>-g<generation>` after its first gang: Kueue keeps
+    its finalizer on a stopped group's pods until it sees their replacements, so these must not wait
+    for the old names to be free. The hostname (and the env contract's pod name) stays `<job>-<i>`."""
+    name = pod_name(job_name, index)
+    return f"{name}-g{generation}" if queued and generation > 0 else name
 
 
 def new_token() -> str:
@@ -354,7 +364,8 @@ def build_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(
-            job, pod_name(name, index), owner_uid, pod_labels(name, role, index, restart_generation)
+            job, pod_object_name(name, index, restart_generation, queued=bool(kueue.queue_name(job.metadata.labels))),
+            owner_uid, pod_labels(name, role, index, restart_generation)
         ),
         "spec": pod_spec,
     }

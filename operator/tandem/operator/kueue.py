@@ -15,7 +15,13 @@ The group holds every pod of the job, hybrid and rollout-only: the driver waits 
 the rollouts of its gang, so admitting the hybrid pods without the rollout-only ones would leave
 it waiting. The name stays the same across gang restarts and preemptions: Kueue's docs make the
 controller that created a group responsible for creating its replacement pods, which join the
-same Workload (and wait, gated, while it is not admitted).
+same Workload (and wait, gated, while it is not admitted). Kueue keeps its finalizer
+(`kueue.x-k8s.io/managed`) on a stopped group's pods until it sees those replacements, so a queued
+job's pods of restart generation g > 0 are named `<job>-<i>-g<g>` (`builders.pod_object_name`;
+hostnames stay `<job>-<i>`) and the next gang does not wait for pods whose containers have ended.
+The total count is the pool size when a pod is made: resizing the rollout-only pool (/scale) of
+an admitted queued job gives its new pods a count that differs from the group's; Kueue's plain
+pod groups have no documented resize, so scale a queued job while it is suspended, or not at all.
 
 What Kueue does, and how the operator reads it:
 - Its mutating webhook adds the scheduling gate `kueue.x-k8s.io/admission` to each pod at creation

@@ -1,7 +1,8 @@
 """Prometheus metrics of the operator: each RLHFJob's state, and the health of reconciling.
 
 Role: after every reconcile pass `record` sets the job's series from the status the pass wrote
-(phase as a state set, iteration, weight version, reward, last sync, restarts) and counts the pods
+(phase as a state set, iteration, weight version, reward, last sync, restarts, Kueue preemptions,
+percent done) and counts the pods
 it created and deleted; `observe_pass` times passes and counts the failed ones; `forget` drops a
 deleted job's series; `serve` exposes /metrics over HTTP (TANDEM_METRICS_PORT; the chart sets the
 port and the pod's prometheus.io annotations). A private registry keeps them apart from any other
@@ -33,6 +34,9 @@ eval_pass1 = Gauge("tandem_rlhfjob_eval_pass_at_1", "pass@1 of the latest held-o
 sync_seconds = Gauge("tandem_rlhfjob_last_sync_seconds", "Seconds the latest weight sync took", JOB,
                      registry=REGISTRY)
 restarts = Gauge("tandem_rlhfjob_restarts", "Gang restarts so far", JOB, registry=REGISTRY)
+preemptions = Gauge("tandem_rlhfjob_preemptions", "Times Kueue stopped the job's pods", JOB, registry=REGISTRY)
+progress = Gauge("tandem_rlhfjob_progress_percent", "Iterations done of algorithm.iterations, in percent", JOB,
+                 registry=REGISTRY)
 pods_created = Counter("tandem_pods_created", "Pods the operator created", registry=REGISTRY)
 pods_deleted = Counter("tandem_pods_deleted", "Pods the operator deleted", registry=REGISTRY)
 passes = Histogram("tandem_reconcile_seconds", "Duration of one reconcile pass of one RLHFJob",
@@ -66,8 +70,11 @@ def record(namespace: str, name: str, plan: Plan) -> None:
     iteration.labels(namespace, name).set(st.iteration)
     weight_version.labels(namespace, name).set(st.weight_version)
     restarts.labels(namespace, name).set(st.restarts)
+    preemptions.labels(namespace, name).set(st.preemptions)
+    percent = None if st.progress is None else st.progress.percent
     pass1 = None if st.eval is None else st.eval.pass_at_1
-    for gauge, value in ((reward_mean, st.reward_mean), (sync_seconds, st.last_sync_seconds), (eval_pass1, pass1)):
+    for gauge, value in ((reward_mean, st.reward_mean), (sync_seconds, st.last_sync_seconds), (eval_pass1, pass1),
+                         (progress, percent)):
         if value is None:  # nothing measured yet: no sample rather than a made-up 0
             _drop(gauge, (namespace, name))
         else:
@@ -80,7 +87,7 @@ def forget(namespace: str, name: str) -> None:
     """Drop every series of a deleted RLHFJob."""
     for p in PHASES:
         _drop(phase, (namespace, name, p))
-    for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts, eval_pass1):
+    for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts, eval_pass1, preemptions, progress):
         _drop(gauge, (namespace, name))
 
 

@@ -55,8 +55,8 @@ def _alive(pods: Sequence[PodState]) -> list[str]:
     return sorted(p.name for p in pods if not p.deleting)
 
 
-def _expected(job: RLHFJob) -> list[str]:
-    return builders.pod_names(job)
+def _expected(job: RLHFJob, generation: int) -> list[str]:
+    return builders.pod_names(job, generation)
 
 
 def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
@@ -102,7 +102,7 @@ def decide(obs: Observation) -> Plan:
         return _finish(obs, plan, before)
 
     generation = new.restarts + new.preemptions
-    expected = _expected(obs.job)
+    expected = _expected(obs.job, generation)
     current = [p for p in obs.pods if p.generation == generation]
     trainers = [p for p in current if p.index < spec.replicas]
 

@@ -24,7 +24,7 @@ from tandem.operator.kube import Kube
 from tandem.operator.observe import PodState
 from tandem.operator.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_spec
-from tandem.spec.models import RLHFJob
+from tandem.spec.models import JobStatus, RLHFJob
 from tandem.spec.progress import Progress
 
 
@@ -76,12 +76,13 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def observe_pods(
-    kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None, phase: str
+    kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None, current: JobStatus
 ) -> list[PodState]:
     pods = list(indexed)
-    if job is not None and phase == "Running":
+    if job is not None and current.phase == "Running":
         names = {p.name for p in pods}
-        if any(n not in names for n in builders.pod_names(job)):  # the index may lag: ask the API
+        generation = current.restarts + current.preemptions
+        if any(n not in names for n in builders.pod_names(job, generation)):  # the index may lag: ask the API
             pods = await kube.list_job_pods(ref.namespace, ref.name)
     return pods
 
@@ -149,7 +150,7 @@ async def run(
         job.metadata.labels = dict(ref.labels)
     endpoints = list(job.spec.checkpoint_engine.etcd.endpoints) if job else []
     progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if job else None
-    pods = await observe_pods(kube, ref, indexed_pods, job, current.phase)
+    pods = await observe_pods(kube, ref, indexed_pods, job, current)
     plan = decide(
         Observation(
             name=ref.name,

@@ -65,5 +65,8 @@ def backoff_remaining(restart_began: datetime | None, backoff_seconds: int, now:
 
 
 def old_generation_left(pods: Iterable[PodState], generation: int) -> list[str]:
-    """Pods of other generations that still exist (deleting or not): the new gang must wait."""
-    return sorted(p.name for p in pods if p.generation != generation)
+    """Pods of other generations that may still run (deleting or not): the new gang must wait. A pod
+    being deleted whose containers have ended (phase Succeeded or Failed) no longer counts, though a
+    finalizer may keep it (Kueue keeps one on a group's pods until it sees their replacements)."""
+    return sorted(p.name for p in pods
+                  if p.generation != generation and not (p.deleting and p.phase in ("Succeeded", "Failed")))
