@@ -103,7 +103,8 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
 
 def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
     extra = PodEnv.environ(resume=resume, job_uid=_job_uid(run_dir, resume))
-    pods = builders.build_pods(job, restart_generation=_generation(run_dir, resume))
+    local = job.model_copy(update={"metadata": job.metadata.model_copy(update={"labels": {}})})  # no Kueue here
+    pods = builders.build_pods(local, restart_generation=_generation(run_dir, resume))
     return processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
                          shm_root=shm_root_of(job), extra=extra)
 

@@ -13,7 +13,8 @@ Objects of a job `<job>` in namespace `<ns>`:
 
 Pod labels: tandem.dev/job, tandem.dev/role (hybrid|rollout), tandem.dev/index,
 tandem.dev/restart-generation; when the job is labelled kueue.x-k8s.io/queue-name, Kueue's pod-group
-labels and annotation too (`tandem.operator.kueue`, applied last). Every pod has hostname
+labels and annotation too (`tandem.operator.kueue`, applied last), and its pods of restart generation
+g > 0 are named `<job>-<i>-g<g>` (`pod_object_name`; hostname unchanged). Every pod has hostname
 `<job>-<i>` and subdomain `<job>`, so pod 0 answers at `<job>-0.<job>.<ns>.svc`.
 
 Container contract (stable; the sidecars and `tandem run` rely on it). Commands:
