@@ -104,3 +104,11 @@ def test_losing_every_rollout_fails(rollouts: list[Rollout]) -> None:
     rollouts[1].leave()
     with pytest.raises(RolloutError, match="every rollout sidecar is gone"):
         client.generate(PROMPTS, OPTS, n=1)
+
+
+def test_a_rollout_that_joins_loads_the_current_version_before_it_generates(rollouts: list[Rollout]) -> None:
+    client = RolloutClient([rollouts[0].address], "t")
+    assert client.join([r.address for r in rollouts[:2]], 5) == [rollouts[1].address]  # scaled up: a newcomer
+    assert rollouts[1].calls == [("/update", {"version": 5})] and rollouts[0].calls == []
+    groups, _ = client.generate(PROMPTS, OPTS, n=1)
+    assert texts(groups) == PROMPTS and rollouts[1].calls[1][0] == "/v1/generate"
