@@ -96,11 +96,23 @@ class EngineProcesses:
         return cls(descendants())
 
     def record(self) -> None:
-        """Record vLLM's live processes and the segments they map (call after start, and again before
-        a shutdown: both only add)."""
+        """After start: record the children that appeared since `before_start` (vLLM's engine core;
+        Python's resource tracker left out), then `refresh`."""
         for p in descendants():
             if p.pid not in self._before and p.pid not in self.procs and not _tracker(p):
                 self.procs[p.pid] = p
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Add the recorded processes' own children (workers) and the segments they all map; only
+        adds, and never looks at other children of this process (other engines, etcd in tests)."""
+        for p in list(self.procs.values()):
+            try:
+                kids = p.children(recursive=True) if _alive(p) else []
+            except psutil.Error:
+                kids = []
+            for k in kids:
+                self.procs.setdefault(k.pid, k)
         for p in list(self.procs.values()):
             if _alive(p):
                 self.segments |= shm_segments(p.pid)

@@ -128,6 +128,7 @@ class RolloutEngine:
                 dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
                 self._expected, self._optional = expected_parameters(model_dir, dt)
             except Exception as e:
+                self.procs.record()  # what a half-started vLLM left running
                 self._destroy()
                 self._set_phase(Phase.FAILED, error=f"start failed: {e}")
                 raise
@@ -162,7 +163,7 @@ class RolloutEngine:
 
     def _destroy(self) -> None:
         llm, self.llm = self.llm, None
-        self.procs.record()  # segments made since start, while the processes still map them
+        self.procs.refresh()  # workers and segments made since start, while they are still mapped
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown(timeout=self.cfg.shutdown_timeout_s)
