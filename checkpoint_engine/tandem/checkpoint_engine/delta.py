@@ -115,9 +115,16 @@ def _forward(new: np.ndarray, old: np.ndarray, k: int) -> np.ndarray:
 
 
 def _inverse(planes: np.ndarray, old: np.ndarray, k: int, out: np.ndarray) -> None:
-    z = np.ascontiguousarray(planes.reshape(k, -1).T).view(_UNSIGNED[k]).reshape(-1)
-    d = (z >> 1).view(_SIGNED[k]) ^ -(z & 1).view(_SIGNED[k])
-    out.view(_SIGNED[k])[:] = old.view(_SIGNED[k]) + d
+    ut = _UNSIGNED[k]
+    m = planes.size // k
+    z = planes[:m].astype(ut)  # byte planes back to elements: contiguous reads, no transpose
+    for i in range(1, k):
+        z |= planes[i * m : (i + 1) * m].astype(ut) << ut(8 * i)
+    sign = z & ut(1)
+    np.negative(sign, out=sign)
+    z >>= ut(1)
+    z ^= sign  # un-zigzag, in place
+    np.add(old.view(_SIGNED[k]), z.view(_SIGNED[k]), out=out.view(_SIGNED[k]))
 
 
 def _base_bytes(base_shards: Sequence[np.ndarray], s: Segment, a: int, b: int) -> np.ndarray:

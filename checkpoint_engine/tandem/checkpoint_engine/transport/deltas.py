@@ -27,7 +27,7 @@ from tandem.checkpoint_engine import delta, errors, keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.base import Peer, PeerFailed
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
-from tandem.checkpoint_engine.transport.wire import Connection, recv_exact
+from tandem.checkpoint_engine.transport.wire import Connection, recv_exact, recv_msg, send_msg
 
 log = logging.getLogger(__name__)
 
@@ -150,21 +150,32 @@ def _from_peer(
     given_up: set[int],
     timeout: float,
 ) -> bool:
-    """Ask `peer` for every shard still missing; True once none is left to try."""
+    """Ask `peer` for every shard still missing, all requests at once (the holder encodes shard
+    i+1 while we decode shard i); True once none is left to try, False if it refused some."""
     index = inc.index
     if index is None:
         raise PeerFailed("index not set")
+    todo = [i for i, s in enumerate(index.shards) if i not in given_up and inc.avail[i] < s.nbytes]
     conn = Connection(peer, timeout=timeout)
+    refused = False
     try:
-        for shard, s in enumerate(index.shards):
-            if shard in given_up or inc.avail[shard] >= s.nbytes:
-                continue
-            reply = conn.request({"op": "delta", "job": job, "v": v, "base": base_index.version, "shard": shard})
+        try:
+            for shard in todo:
+                send_msg(conn.sock, {"op": "delta", "job": job, "v": v, "base": base_index.version, "shard": shard})
+        except OSError as e:
+            raise PeerFailed(f"{peer.pod}: delta requests failed: {e}") from e
+        for shard in todo:
             try:
+                reply = recv_msg(conn.sock)
+                if not reply.get("ok"):
+                    stats.fallbacks.append(f"{peer.pod} refused shard {shard}: {reply.get('error')}")
+                    refused = True
+                    continue
                 payload = recv_exact(conn.sock, int(reply["length"]))
             except (OSError, KeyError, ValueError) as e:
                 raise PeerFailed(f"{peer.pod}: delta of shard {shard} cut off: {e}") from e
             stats.wire_bytes += len(payload)
+            nbytes = index.shards[shard].nbytes
             out = np.frombuffer(inc.dests[shard].view(), dtype=np.uint8)
             try:
                 delta.decode(payload, index, shard, base_index, base_shards, out)
@@ -175,9 +186,9 @@ def _from_peer(
                 continue
             finally:
                 del out
-            inc.advance(shard, s.nbytes)
+            inc.advance(shard, nbytes)
             stats.shards += 1
-            stats.shard_bytes += s.nbytes
-        return True
+            stats.shard_bytes += nbytes
+        return not refused
     finally:
         conn.close()
