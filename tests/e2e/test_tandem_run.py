@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,22 @@ def processes_of(runs: Path) -> list[int]:
     return found
 
 
+USED: list[str] = []  # job names the current test ran; their /dev/shm dirs are removed after it
+
+
+@pytest.fixture(autouse=True)
+def remove_shm_dirs() -> Iterator[None]:
+    """Each test's jobs' /dev/shm dirs go even when it fails (a `--keep-etcd` run keeps its own)."""
+    import shutil
+
+    yield
+    while USED:
+        shutil.rmtree(Path("/dev/shm") / f"tandem-default-{USED.pop()}", ignore_errors=True)
+
+
 def demo_job(toy: Path, name: str) -> dict[str, Any]:
     """The README's demo job, renamed and pointed at the test's toy model and prompts."""
+    USED.append(name)
     job: dict[str, Any] = yaml.safe_load((Path(__file__).parents[2] / "examples" / "tiny-grpo.yaml").read_text())
     job["metadata"]["name"] = name
     job["spec"]["model"]["path"] = str(toy / "model")
@@ -121,8 +136,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert proc.poll() is None, f"run ended before Ctrl-C: {proc.stderr.read()[-2000:] if proc.stderr else ''}"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(120) != 0  # interrupted: not done
-    time.sleep(1)
-    assert not processes_of(runs), "sidecars left running after Ctrl-C"
+    assert not processes_of(runs), "sidecars left running after Ctrl-C"  # tandem run waited for them all
     done_before = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
     assert done_before[:2] == [0, 1]
     generation = runs / "e2e-resume" / "generation"
