@@ -198,8 +198,8 @@ def test_suspend_deletes_pods_and_resume_recreates_them(
     wait_for("Suspended", lambda: phase_is(k8s, ns, name, "Suspended"), 30)
     wait_for("pods gone", lambda: not pods_of(k8s, ns, name), 60)
     k8s.kubectl("patch", "rlhfjob", name, "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
-    wait_for("running again", lambda: running(k8s, ns, name, 2), 60)
-    wait_for("Running, no restart counted", lambda: phase_is(k8s, ns, name, "Running", restarts=0), 30)
+    wait_for("running again, a new gang", lambda: running(k8s, ns, name, 2, generation=1), 60)
+    wait_for("Running, no restart counted", lambda: phase_is(k8s, ns, name, "Running", restarts=0, suspensions=1), 30)
     assert ("Normal", "Suspended") in events_of(k8s, ns, name)
 
 

@@ -185,8 +185,12 @@ def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
     plan = decide(observe(JobWrapper().replicas(2).suspend(), running, pods("demo", 2)))
     assert plan.status.phase == "Suspended" and plan.delete == ["demo-0", "demo-1"] and plan.create == []
     assert [e.reason for e in plan.events] == ["Suspended"]
-    resumed = decide(observe(JobWrapper().replicas(2).suspend(False), plan.status, []))
+    assert plan.status.suspensions == 1 and plan.restart_generation == 1
+    again = decide(observe(JobWrapper().replicas(2).suspend(), plan.status, []))
+    assert again.status.suspensions == 1 and again.events == []
+    resumed = decide(observe(JobWrapper().replicas(2).suspend(False), again.status, []))
     assert resumed.status.phase == "Pending" and resumed.create == [0, 1] and resumed.status.restarts == 0
+    assert resumed.restart_generation == 1  # a new gang: its driver resumes, ignoring the old gang's records
 
 
 def test_progress_is_copied_into_status() -> None:

@@ -8,8 +8,9 @@ lets the operator restart at any moment and converge without duplicate pods.
 Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
 suspend > restart in progress > Kueue preemption (queued jobs) > pod failures > create what is
 missing (then Running, Queued while Kueue holds pods at its gate, or Pending).
-The pods' restart generation is restarts + preemptions: both start a new gang that resumes from
-the newest durable copy; only restarts count against failurePolicy.maxRestarts.
+The pods' restart generation is restarts + preemptions + suspensions (`status.gang_generation`): each
+starts a new gang that resumes from the newest durable copy; only restarts count against
+failurePolicy.maxRestarts.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Plan:
 
     @property
     def restart_generation(self) -> int:
-        return self.status.restarts + self.status.preemptions
+        return status.gang_generation(self.status)
 
 
 def _alive(pods: Sequence[PodState]) -> list[str]:
@@ -94,14 +95,14 @@ def decide(obs: Observation) -> Plan:
 
     spec = obs.job.spec
     status.apply_progress(new, obs.progress)
-    new.progress = eta.progress_block(new.progress, obs.progress, new.restarts + new.preemptions)
+    new.progress = eta.progress_block(new.progress, obs.progress, status.gang_generation(new))
 
     if new.phase in status.TERMINAL:
         if new.phase == "Failed":
             plan.delete = _alive(obs.pods)
         return _finish(obs, plan, before)
 
-    generation = new.restarts + new.preemptions
+    generation = status.gang_generation(new)
     expected = _expected(obs.job, generation)
     current = [p for p in obs.pods if p.generation == generation]
     trainers = [p for p in current if p.index < spec.replicas]
@@ -123,6 +124,7 @@ def decide(obs: Observation) -> Plan:
     if spec.suspend:
         left = _alive(obs.pods)
         if new.phase != "Suspended" or status.reason_of(new, "Suspended") != "SpecSuspended":
+            new.suspensions += 1  # the gang after it is a new generation (fresh pods, stale records ignored)
             status.set_phase(new, "Suspended", "suspended: pods deleted", now)
         plan.delete = left
         return _finish(obs, plan, before)

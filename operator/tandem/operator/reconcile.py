@@ -81,7 +81,7 @@ async def observe_pods(
     pods = list(indexed)
     if job is not None and current.phase == "Running":
         names = {p.name for p in pods}
-        generation = current.restarts + current.preemptions
+        generation = status.gang_generation(current)
         if any(n not in names for n in builders.pod_names(job, generation)):  # the index may lag: ask the API
             pods = await kube.list_job_pods(ref.namespace, ref.name)
     return pods

@@ -7,9 +7,10 @@ Rules:
 - A pod of the current restart generation that reached phase Failed is a failure.
 - A pod that vanished while the job was Running (every pod had been Running) is a failure; while
   Pending it is simply recreated.
-- On a failure the whole gang restarts (all pods deleted; restart generation = restarts + 1) while
-  restarts < failurePolicy.maxRestarts; then the job is Failed.
-- New pods of the next generation are created once every pod of older generations is gone and
+- On a failure the whole gang restarts (all pods deleted; restarts + 1, so the next restart
+  generation, `status.gang_generation`) while restarts < failurePolicy.maxRestarts; then the job is Failed.
+- New pods of the next generation are created once every pod of older generations is gone (or has
+  ended while a finalizer keeps it) and
   backoffSeconds have passed since the restart began. The driver resumes from the last published
   weight version (it reads `latest` in etcd), so a restart loses at most one iteration.
 """

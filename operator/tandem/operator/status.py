@@ -140,6 +140,12 @@ def stamp(status: JobStatus, generation: int) -> None:
         cond.observed_generation = generation
 
 
+def gang_generation(status: JobStatus) -> int:
+    """The restart generation of the current gang: every gang restart, Kueue preemption and
+    suspension (spec.suspend) starts a new one, whose pods resume from the newest durable copy."""
+    return status.restarts + status.preemptions + status.suspensions
+
+
 def restart_began(status: JobStatus) -> datetime | None:
     cond = condition(status, "Restarting")
     if cond is None or cond.status != "True":

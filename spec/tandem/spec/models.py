@@ -410,7 +410,9 @@ class JobStatus(Base):
     reward_mean: float | None = None
     restarts: int = 0
     preemptions: int = Field(default=0, description="Times Kueue stopped the job's pods (not counted as restarts; "
-                             "the restart generation of the pods is restarts + preemptions).")
+                             "the restart generation of the pods is restarts + preemptions + suspensions).")
+    suspensions: int = Field(default=0, description="Times spec.suspend stopped the pods (the next gang is a new "
+                             "restart generation, which resumes from the newest durable copy).")
     progress: ProgressStatus | None = None
     rollout_only_replicas: int = Field(default=0, description="Rollout-only pods of the current gang (/scale).")
     rollout_only_selector: str = Field(default="", description="Label selector of the rollout-only pods (/scale).")
