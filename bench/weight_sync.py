@@ -22,6 +22,8 @@ Measured 2026-11-23 on this 2-core machine (shared with other jobs; single-threa
     1b (3.77 GB/version) first 1.54 s (2.45 GB/s) / v2 1.55 s / steady 0.76 s (5.0 GB/s, 100% recycled).
     A plain write() into already-allocated tmpfs pages runs at 6.7-6.9 GB/s here (mmap + copy_:
     4-5 GB/s), so the steady publish is at the machine's tmpfs write speed less the checksums.
+  full --sizes 1b: not measured this time: trainer model + vLLM + two versions of shm reach ~17 GiB,
+    and with other jobs on the machine the run was stopped by a memory guard (1.2 GiB left).
 """
 
 from __future__ import annotations
@@ -227,6 +229,7 @@ def run_size(size: str, endpoint: str, tmp: Path, memcpy: float) -> dict[str, An
         r["raw_leg_s"] = raw_leg(Path(steady[-1][0].path), model)
         r["raw_leg_gbps"] = nbytes / r["raw_leg_s"] / 1e9
         r["raw_leg_vs_memcpy"] = r["raw_leg_gbps"] / memcpy
+        shutil.rmtree(shm, ignore_errors=True)  # frees two versions of RAM before the naive restart
         ref = eng.generate([[1, 2, 3]], None)[0][0].token_ids  # noqa: F841 - engine alive after update
         # naive path: save_pretrained + terminate + start on the saved dir
         disk = tmp / f"naive-{size}"
