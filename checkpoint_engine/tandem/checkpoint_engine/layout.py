@@ -10,6 +10,8 @@ On disk (normally under /dev/shm):
     <root>/<job>/v<v:012d>/shard-<i:05d>.bin   flat shard files, tensors 64-byte aligned
     <root>/<job>/.tmp-v<v:012d>-<uuid>/        a version being written; `.lock` is flock'ed by the
                                                writer, so a dead writer's temp dir is detectable
+    <root>/<job>/.spare/*.bin                  shard files of released versions, overwritten in place
+                                               as the next version's shards (slots.py)
 
 A version directory appears by one atomic rename of a complete temp directory, so a reader never
 sees a half-written version; a writer killed mid-write leaves only a `.tmp-*` directory, removed by
