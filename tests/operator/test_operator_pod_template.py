@@ -126,6 +126,8 @@ REFUSED: list[tuple[str, Callable[[], W], str]] = [
         {"name": "x", "emptyDir": {}, "secret": {"secretName": "s"}}]}}), "spec.podTemplate.spec.volumes.0.secret"),
     ("operator-label", lambda: W().set("podTemplate", {"metadata": {"labels": {"tandem.dev/job": "other"}}}),
      "spec.podTemplate.metadata.labels"),
+    ("kueue-label-on-pods", lambda: W().set("podTemplate", {"metadata": {"labels": {
+        "kueue.x-k8s.io/queue-name": "gpu"}}}), "spec.podTemplate.metadata.labels"),
     ("label-key-syntax", lambda: W().set("podTemplate", {"metadata": {"labels": {"a b": "x"}}}),
      "spec.podTemplate.metadata.labels"),
     ("toleration-effect", lambda: W().set("podTemplate", {"spec": {"tolerations": [

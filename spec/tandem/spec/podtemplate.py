@@ -24,6 +24,9 @@ from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, Base,
 RESERVED_ENV_PREFIXES = ("TANDEM_", "MASTER_")  # the pod env contract (tandem.spec.podenv.PodEnv)
 RESERVED_ENV = ("NVIDIA_VISIBLE_DEVICES",)  # set on the rollout of a hybrid pod to share the GPUs
 RESERVED_KEY_PREFIX = "tandem.dev/"
+# Kueue's marks are the operator's too: a queue label set only on the pods (not on the job's
+# metadata.labels, where the operator reads it) would make Kueue queue each pod alone, with no group
+KUEUE_KEY_PREFIX = "kueue.x-k8s.io/"
 OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component")
 RESERVED_MOUNTS = ("/dev/shm", "/etc/tandem")  # the shm emptyDir and the job-spec ConfigMap
 RESERVED_VOLUMES = ("shm", "job-spec")
@@ -65,7 +68,7 @@ def _count(obj: Any, *fields: str) -> int:
     return sum(getattr(obj, f) is not None for f in fields)
 
 
-def _key_rules(field: str, attr: str, reserved: tuple[str, ...]) -> tuple[Rule, Rule]:
+def _key_rules(field: str, attr: str, reserved: tuple[str, ...]) -> tuple[Rule, Rule, Rule]:
     names = " && ".join(f"k != '{k}'" for k in reserved)
     return (
         Rule(f"!has(self.{field}) || self.{field}.all(k, k.matches('{QUALIFIED}') && size(k) <= 317)",
@@ -75,6 +78,10 @@ def _key_rules(field: str, attr: str, reserved: tuple[str, ...]) -> tuple[Rule, 
              + (f" && {names})" if reserved else ")"),
              f"keys {RESERVED_KEY_PREFIX}*{''.join(', ' + k for k in reserved)} are the operator's", f".{field}",
              lambda m: not any(k.startswith(RESERVED_KEY_PREFIX) or k in reserved for k in getattr(m, attr))),
+        Rule(f"!has(self.{field}) || self.{field}.all(k, !k.startsWith('{KUEUE_KEY_PREFIX}'))",
+             f"keys {KUEUE_KEY_PREFIX}* are set by the operator: put kueue.x-k8s.io/queue-name in the job's "
+             "metadata.labels", f".{field}",
+             lambda m: not any(k.startswith(KUEUE_KEY_PREFIX) for k in getattr(m, attr))),
     )
 
 
