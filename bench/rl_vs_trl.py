@@ -31,6 +31,15 @@ prompts of test.jsonl, 4 samples at temperature 1, before and after, for both: T
 (eval.jsonl, on its live vLLM); TRL's base model and saved trained model, plus Tandem's exported last
 version as a cross-check, by bench/rl_vs_trl_eval.py: the same `Evaluator` + `RolloutEngine` (vLLM)
 code, started on each HF directory. Eval/export time is left out of Tandem's seconds (31.6 s here).
+Latest (2026-11-23 23:00, quiet machine, after the output layer ran on completion tokens only and
+trainer.offload false on the CPU pod): Tandem 1.39 completions/s in the loop (1.17 with start-up) vs TRL
+1.07 (1.05): 1.30x (1.11x); tokens/s 52.9 vs 41.4: 1.28x. Pass@1 before -> after: Tandem 0.135 -> 0.469
+(pass@4 0.458 -> 0.958; export 0.406), TRL 0.125 -> 0.448 (0.375 -> 0.917). Tandem s/iteration: train
+16.66 (was 20.2), rollout 5.21, sync 0.88, publish 0.21, onload/offload 0.00; switch share 4.7%. TRL:
+generate 8.36, train 21.54 (its run also got faster on the quieter machine: 0.88 -> 1.07/s). The train
+step is now 1.29x TRL's (TRL too computes logits for the completion tokens only); the target stays
+MISSED: the remaining gap is vLLM on one of the two cores and the CPU training step itself.
+Earlier runs:
 Measured here (run 1, quiet machine): Tandem 1.15 completions/s in the loop (1.01 with start-up) vs
 TRL 0.88 (0.87): 1.30x (1.16x); completion tokens/s 38.0 vs 34.2: 1.11x (Tandem's policy answered
 shorter: 33.1 vs 38.7 tokens/completion). Pass@1 before -> after: Tandem 0.135 -> 0.490 (pass@4
