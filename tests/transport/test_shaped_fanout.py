@@ -1,6 +1,6 @@
 """Fan-out on an emulated cluster network: every pod in its own namespace, links shaped by tc tbf.
 
-One publisher and five receivers released at once form a pipelined chain; a mid-chain receiver is
+One publisher and five receivers, released one after another, form a pipelined chain; a mid-chain receiver is
 killed while bytes flow through it, and every other receiver still ends with the version
 bit-exact (the one after it closes the chain over the gap and resumes at the byte it had). Then
 a complete holder's copy is corrupted on disk and a late joiner whose plan puts that holder
@@ -67,8 +67,9 @@ def test_shaped_fanout_survives_a_killed_source_and_a_corrupt_one(
         rs = {name: pods.start("receive", name, "--wait-go", *ARGS) for name in RECEIVERS}
         for r in rs.values():
             assert r.event(120)["event"] == "ready"
-        for r in rs.values():
-            r.go()
+        for name, r in rs.items():  # one after another: the chain is the join order, so the victim
+            r.go()                      # is mid-chain with receivers streaming from it when it dies
+            wait_for(lambda r=r: _has_bytes_at(r, pods.job, 0), 60, f"{name} receiving")
         wait_for(lambda: _has_bytes_at(rs[VICTIM], pods.job, 8 << 20), 60, f"{VICTIM} holding 8 MiB")
         rs[VICTIM].kill()  # mid-transfer: the receivers after it stream from it
         evs = {name: rs[name].event(120) for name in RECEIVERS if name != VICTIM}
