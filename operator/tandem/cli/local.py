@@ -162,12 +162,15 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
     etcd = LocalEtcd(etcd_dir / "data").start()
     containers: list[LocalContainer] = []
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def on_term(*_: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    # our own handler for Ctrl-C too: asyncio's default one only cancels the follow task, and a
+    # cancellation that lands inside the etcd client's await can be swallowed (the run went on)
+    for sig in previous:
+        signal.signal(sig, on_term)
     result: Progress | None = None
     try:
         containers = _prepare(job, run_dir, etcd, resume)
@@ -186,7 +189,8 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         except RuntimeError as e:
             console.print(f"[red]{e}[/red]")
         etcd.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if not keep_etcd:
             shutil.rmtree(etcd_dir, ignore_errors=True)
             shutil.rmtree(shm_root_of(job), ignore_errors=True)
