@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,23 @@ from tandem.spec.load import parse_job
 pytestmark = [pytest.mark.k8s, pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.mark.etcd]
 
 ITERATIONS = 20  # generation 0 is frozen after its 2nd copy, many iterations (seconds) before its last
+
+
+@pytest.fixture(autouse=True)
+def no_shm_left() -> Iterator[None]:
+    """This test SIGKILLs whole pods, vLLM included, as a node loss would; in a cluster the pod's
+    /dev/shm goes with it, here the segments those vLLMs mapped (psm_*) are removed after the test
+    once no live process maps them."""
+    import psutil
+
+    from tandem.checkpoint_engine.engine_procs import SHM, shm_segments
+
+    before = {f.name for f in SHM.glob("psm_*")}
+    yield
+    mapped = set().union(*(shm_segments(pid) for pid in psutil.pids()))
+    for f in SHM.glob("psm_*"):
+        if f.name not in before and f.name not in mapped:
+            f.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
