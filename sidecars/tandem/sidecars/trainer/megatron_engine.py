@@ -200,7 +200,7 @@ class MegatronEngine:
         """What the losses and forwards see: values for a critic, token log-probs otherwise."""
         if self.value_head:
             return heads.values(logits, mb, self.par)
-        if self._scoring and heads.scored_positions(mb) is not None:
+        if self._scoring and micro_batches.field(mb, "loss_mask") is not None:  # cut by only_scored
             return heads.scored_logprobs(logits, mb, self.shape, self.par)
         return heads.logprobs(logits, mb, self.shape, self.par)
 
