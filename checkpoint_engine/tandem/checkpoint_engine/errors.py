@@ -73,3 +73,10 @@ class UnsupportedOperation(CheckpointEngineError):
 
     status_code = 405
     code = "unsupported"
+
+
+class BadRequest(CheckpointEngineError):
+    """The request does not fit itself (e.g. per-prompt lists of another length than the prompts)."""
+
+    status_code = 400
+    code = "bad_request"

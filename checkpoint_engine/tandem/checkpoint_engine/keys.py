@@ -31,6 +31,11 @@ def progress(namespace: str, name: str) -> str:
     return job_prefix(namespace, name) + "progress"
 
 
+def inflight(namespace: str, name: str) -> str:
+    """What the driver had generated but not trained when it published a version (lease-free)."""
+    return job_prefix(namespace, name) + "inflight"
+
+
 def latest(namespace: str, name: str) -> str:
     return job_prefix(namespace, name) + "latest"
 

@@ -288,8 +288,14 @@ class RolloutEngine:
         prompts: Sequence[str | Sequence[int]],
         options: SamplingOptions | None = None,
         n: int = 1,
+        max_tokens: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """n completions per prompt, with token ids and the log-prob of every sampled token."""
+        """n completions per prompt, with token ids and the log-prob of every sampled token.
+
+        `max_tokens`, one per prompt, overrides `options.max_tokens` per request (partial rollouts
+        continue each cut completion with what is left of its budget)."""
+        if max_tokens is not None and len(max_tokens) != len(prompts):
+            raise errors.BadRequest(f"max_tokens has {len(max_tokens)} entries for {len(prompts)} prompts")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -314,10 +320,15 @@ class RolloutEngine:
                 stop_token_ids=opts.stop_token_ids,
                 ignore_eos=opts.ignore_eos,
             )
+            per_request: Any = params
+            if max_tokens is not None:
+                per_request = [params.clone() for _ in prompts]
+                for sp, m in zip(per_request, max_tokens, strict=True):
+                    sp.max_tokens = int(m)
             inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
             self._check_alive()
             try:
-                outs = self.llm.generate(inputs, params, use_tqdm=False)
+                outs = self.llm.generate(inputs, per_request, use_tqdm=False)
             except Exception as e:
                 if self.procs.any_dead():  # the engine died: free what it leaves behind now
                     self._destroy()

@@ -86,7 +86,15 @@ class Algorithm(Base):
     tis_cap: Annotated[float | None, Field(ge=1, le=1000, description="Truncated importance sampling: weigh "
                                            "each token's policy loss by min(p_trainer / p_rollout, tisCap), "
                                            "correcting for the rollout engine's numeric mismatch "
-                                           "(GRPO, PPO).")] = None
+                                           "(GRPO, PPO); with stale samples (rollout.partial, maxStaleness) "
+                                           "p_rollout is the policy version that sampled each token.")] = None
+    tis_mode: Literal["truncate", "mask"] = Field(
+        default="truncate", description="What tisCap does to a token whose weight p_trainer / p_rollout exceeds "
+        "it: truncate weighs it by tisCap; mask drops it from the loss (weight 0).")
+    max_staleness: Annotated[int, Field(ge=0, le=64, description="Asynchronous RL: rollout-only pods generate "
+                                        "continuously while the trainer trains, and the trainer never consumes a "
+                                        "sample more than maxStaleness weight versions old. 0 is the synchronous "
+                                        "loop.")] = 0
     rules = (
         Rule("self.name == 'ppo' || !self.critic", "critic applies only to ppo", ".critic",
              lambda a: a.name == "ppo" or not a.critic),
@@ -115,6 +123,18 @@ class Trainer(Base):
     )
 
 
+class Partial(Base):
+    """Partial rollouts: a completion generates at most tokenBudget tokens per iteration; one cut there is
+    kept (tokens, sampling log-probs, the version of each segment) and continued in the next iteration
+    under the newer weights, so a long answer never stalls the batch."""
+
+    token_budget: Annotated[int, Field(ge=1, le=131_072, description="Tokens a completion may generate per "
+                                       "iteration (below rollout.maxTokens).")]
+    max_age: Annotated[int, Field(ge=0, le=1000, description="A carried group whose first segment is more than "
+                                  "maxAge versions older than the current weights is dropped (its tokens "
+                                  "wasted).")] = 4
+
+
 class Rollout(Base):
     image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/rollout:0.1.0"
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
@@ -126,7 +146,14 @@ class Rollout(Base):
     between_rollouts: Literal["terminate", "sleep", "keep"] = Field(
         default="terminate", description="What the rollout does with vLLM while the trainer trains: terminate "
         "frees the accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
+    partial: Partial | None = Field(default=None, description="Partial rollouts (Kimi k1.5): long "
+                                    "completions are cut at a per-iteration token budget and continued later.")
     resources: Resources = Field(default_factory=Resources)
+    rules = (
+        Rule("!has(self.partial) || self.partial.tokenBudget < self.maxTokens",
+             "must be below rollout.maxTokens (otherwise no completion is ever cut)", ".partial.tokenBudget",
+             lambda r: r.partial is None or r.partial.token_budget < r.max_tokens),
+    )
 
 
 class Reward(Base):
@@ -353,6 +380,15 @@ class JobSpec(Base):
              "(self.export.path == v.mountPath || self.export.path.startsWith(v.mountPath + '/')))",
              "must lie on a writable volume (under one of volumes[].mountPath)", ".export.path",
              _export_on_volume),
+        Rule("!has(self.rollout.partial) || self.algorithm.maxStaleness == 0",
+             "partial rollouts and asynchronous rollouts (maxStaleness > 0) are exclusive; choose one",
+             ".algorithm.maxStaleness", lambda s: s.rollout.partial is None or s.algorithm.max_staleness == 0),
+        Rule("self.algorithm.name == 'dpo' || (!has(self.rollout.partial) && self.algorithm.maxStaleness == 0) || "
+             "has(self.algorithm.tisCap)",
+             "stale samples (rollout.partial or maxStaleness > 0) need tisCap: the importance weights "
+             "against the policy version that sampled each token", ".algorithm.tisCap",
+             lambda s: s.algorithm.name == "dpo" or (s.rollout.partial is None and s.algorithm.max_staleness == 0)
+             or s.algorithm.tis_cap is not None),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
     )
 

@@ -38,10 +38,12 @@ class GRPO:
     clip_high: float | None = None  # asymmetric upper clip (DAPO "clip-higher"); None: = clip
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
+    tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
 
     @classmethod
     def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> GRPO:
-        return cls(clip=spec.clip, kl_coef=spec.kl_coef, pad_id=pad_id, tis_cap=spec.tis_cap)
+        return cls(clip=spec.clip, kl_coef=spec.kl_coef, pad_id=pad_id, tis_cap=spec.tis_cap,
+                   tis_mode=spec.tis_mode)
 
     @property
     def name(self) -> str:
@@ -92,7 +94,7 @@ class GRPO:
         metrics: Metrics = {}
         behaviour = batch.token_fields.get("rollout_logprobs")
         if behaviour is not None:
-            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap)
+            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap, self.tis_mode)
             pg = pg * tis
             metrics.update(mismatch)
         per_tok = pg

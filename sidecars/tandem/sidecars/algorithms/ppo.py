@@ -36,11 +36,13 @@ class PPO:
     reduction: F.Reduction = "token"
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
+    tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
 
     @classmethod
     def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> PPO:
         return cls(clip=spec.clip, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
-                   critic=spec.critic, pad_id=pad_id, tis_cap=spec.tis_cap)
+                   critic=spec.critic, pad_id=pad_id, tis_cap=spec.tis_cap,
+                   tis_mode=spec.tis_mode)
 
     @property
     def name(self) -> str:
@@ -128,7 +130,7 @@ class PPO:
         mismatch: Metrics = {}
         behaviour = batch.token_fields.get("rollout_logprobs")
         if behaviour is not None:
-            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap)
+            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap, self.tis_mode)
             pg = pg * tis
         loss = torch.where(mask > 0, pg * batch.weights, 0.0).sum()
         return loss, mismatch | {

@@ -59,7 +59,8 @@ def main() -> int:
         server, thread = start_server(build_app(engine, env.token), env.port, "rollout-api")
         endpoint = keys.endpoint(env.namespace, env.job, env.pod, "rollout")
         registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod,
-                                      "generation": env.restart_generation}, lease=True)
+                                      "rolloutOnly": env.rollout_only, "generation": env.restart_generation},
+                          lease=True)
         wait_until_stopped(server, thread)
     finally:
         engine.terminate()

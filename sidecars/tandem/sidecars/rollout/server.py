@@ -23,6 +23,8 @@ class GenerateRequest(BaseModel):
     prompts: list[str | list[int]] = Field(min_length=1)
     options: SamplingOptions = Field(default_factory=SamplingOptions)
     n: int = Field(1, ge=1, le=1024)
+    max_tokens: list[int] | None = Field(default=None, description="Per prompt, overriding options.maxTokens "
+                                         "(the continuation of a partial rollout).")
 
 
 class GenerateResponse(BaseModel):
@@ -38,7 +40,7 @@ def build_app(engine: RolloutEngine, token: str) -> FastAPI:
     @router.post("/v1/generate")
     async def generate(req: GenerateRequest) -> GenerateResponse:
         t = time.perf_counter()
-        out: Any = await asyncio.to_thread(engine.generate, req.prompts, req.options, req.n)
+        out: Any = await asyncio.to_thread(engine.generate, req.prompts, req.options, req.n, req.max_tokens)
         return GenerateResponse(completions=out, version=engine.version, seconds=time.perf_counter() - t)
 
     app.include_router(router)

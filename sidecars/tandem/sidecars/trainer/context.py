@@ -77,6 +77,7 @@ class TrainerContext:
     last_kl: float | None = None
     last_eval: EvalResult | None = None
     last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
+    tokenizer: Any = None  # decodes completions generated in several segments (partial rollouts)
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
@@ -103,7 +104,7 @@ class TrainerContext:
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
-                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic)
+                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic, tokenizer=tok)
         if ctx.is_driver:
             if spec.eval is not None:
                 ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).prompts, spec.rewards,

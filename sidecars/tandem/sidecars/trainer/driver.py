@@ -1,6 +1,7 @@
 """The RL loop of a job: one screen, top to bottom. Trainer rank 0 drives; every rank trains.
 
-Rollout (trainer offloaded) → Onload → Inference (reference log-probs overlapped with rewards)
+Rollout (trainer offloaded; from the job's `RolloutSource`: synchronous, partial or asynchronous)
+→ Onload → Inference (reference log-probs overlapped with rewards)
 → Train → Publish (HF layout in shared memory, registered in etcd) → [Persist, Export] → Offload →
 Sync (every rollout loads the new version) → [Eval on the live rollouts: at the start, every
 `eval.every` iterations and at the end]. Phase, iteration and metrics go to etcd (`Progress`) and, when
@@ -16,8 +17,10 @@ from typing import Any
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
-from tandem.sidecars.trainer import resume
+from tandem.sidecars.trainer import inflight, resume
 from tandem.sidecars.trainer.context import TrainerContext
+from tandem.sidecars.trainer.partial import staleness_stats
+from tandem.sidecars.trainer.sources import RolloutSource, make_source, to_samples
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -55,15 +58,17 @@ def run(env: PodEnv, job: RLHFJob) -> None:
     ctx = TrainerContext.create(env, job)
     iterations = job.spec.algorithm.iterations
     version, it, failed = -1, ctx.first_iteration, True
+    source: RolloutSource | None = None
     try:
         version = ctx.start_version()  # publish the initial weights, or resume the latest version
+        source = start_source(ctx, version) if ctx.is_driver else None
         ctx.evaluate(ctx.first_iteration, version)  # the starting weights, before any training
         for it in range(ctx.first_iteration, iterations):
             timer = PhaseTimer()
             info: dict[str, Any] = {}
             ctx.report("rollout", it, version)
             with timer("rollout"):
-                samples, inputs = rollout(ctx, it, info) if ctx.is_driver else ([], [])
+                samples, inputs = rollout(ctx, source, it, info) if source is not None else ([], [])
             with timer("release"):
                 ctx.release_rollouts()
             samples = ctx.broadcast(samples)
@@ -79,6 +84,9 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             ctx.report("publish", it, version, reward=info["reward_mean"])
             with timer("publish"):
                 version = ctx.publish(version + 1)
+            if source is not None and ctx.registry is not None:  # a restart re-generates what is in flight
+                source.published(version)
+                inflight.save(ctx.registry, env.namespace, env.job, source.record(version))
             if ctx.durable is not None:  # checkpointEngine.persist: training state now, weights in the background
                 with timer("persist"):
                     info |= ctx.persist(it, version)
@@ -102,41 +110,49 @@ def run(env: PodEnv, job: RLHFJob) -> None:
         ctx.report("failed", it, version, message=f"{type(e).__name__}: {e}")
         raise
     finally:
+        if source is not None:
+            source.close()
         ctx.close(failed=failed)
 
 
-def rollout(ctx: TrainerContext, iteration: int, info: dict[str, Any]) -> tuple[list[Sample], list[RewardInput]]:
-    """groupSize completions per prompt from the rollout sidecars: the algorithm's samples and what
+def start_source(ctx: TrainerContext, version: int) -> RolloutSource:
+    """The job's rollout mode (synchronous, partial, asynchronous), with what a resumed run re-generates."""
+    if ctx.rollouts is None:
+        raise RuntimeError("only the driver rank talks to rollouts")
+    record = None
+    if ctx.resumed is not None and ctx.registry is not None:
+        record = inflight.load(ctx.registry, ctx.env.namespace, ctx.env.job, ctx.resumed[0])
+    source, ctx.rollouts = make_source(ctx.job.spec, ctx.dataset, ctx.rollouts, registry=ctx.registry,
+                                       token=ctx.env.token, generation=ctx.env.restart_generation,
+                                       version=version, first_iteration=ctx.first_iteration, resumed=record)
+    return source
+
+
+def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
+            info: dict[str, Any]) -> tuple[list[Sample], list[RewardInput]]:
+    """groupSize completions per prompt from the rollout source: the algorithm's samples and what
     the rewards judge (the user's question, the completion's text, the reference answer)."""
     spec = ctx.job.spec
     if ctx.rollouts is None:
         raise RuntimeError("only the driver rank talks to rollouts")
-    prompts = ctx.dataset.batch(iteration, spec.rollout.prompts_per_iteration)
     opts = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                            max_tokens=spec.rollout.max_tokens, seed=iteration)
     joined = []
-    if ctx.registry is not None:  # rollout-only pods that registered since (scaled up)
-        joined = ctx.rollouts.join(resume.rollout_addresses(ctx.registry, ctx.env.restart_generation), ctx.version)
+    if ctx.registry is not None:  # rollout pods that registered since (scaled up)
+        found = resume.rollout_addresses(ctx.registry, ctx.env.restart_generation,
+                                         rollout_only=False if source.hybrid_only else None)
+        joined = ctx.rollouts.join(found, ctx.version)
     t = time.perf_counter()
-    groups, versions = ctx.rollouts.generate([p.model_input for p in prompts], opts, n=spec.algorithm.group_size)
+    groups, stats = source.next(iteration, ctx.version, opts)
     seconds = time.perf_counter() - t
-    if len(versions) != 1:
-        raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
     probe = ctx.dataset.prompts[0]  # the same prompt every iteration: greedy output tracks weights
     greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
                                       n=1)
-    samples: list[Sample] = []
-    inputs: list[RewardInput] = []
-    for g, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
-        for c in group:
-            ids = c.token_ids or [ctx.eos_id]
-            samples.append(Sample(prompt_ids=c.prompt_token_ids, completion_ids=ids, group=g,
-                                  rollout_logprobs=c.logprobs if len(c.logprobs) == len(ids) else None))
-            inputs.append(RewardInput(prompt.question, c.text, prompt.answer))
-    if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
-        for s in samples:
-            s.rollout_logprobs = None
-    info.update(completions=len(samples), generate_seconds=seconds, rollout_version=versions.pop(),
+    samples, inputs = to_samples(groups, ctx.eos_id,
+                                 lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
+    info.update(stats)
+    info.update(staleness_stats(groups, ctx.version))
+    info.update(completions=len(samples), generate_seconds=seconds, rollout_version=ctx.version,
                 rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
                 probe={"prompt": probe.question, "greedy": greedy[0][0].text},
                 completions_per_s=len(samples) / max(seconds, 1e-9),

@@ -43,15 +43,17 @@ class ResumeError(RuntimeError):
     pass
 
 
-def rollout_addresses(registry: SyncRegistry, generation: int) -> list[str]:
-    """Addresses of the rollout sidecars of this gang generation that are up now, sorted.
+def rollout_addresses(registry: SyncRegistry, generation: int, rollout_only: bool | None = None) -> list[str]:
+    """Addresses of the rollout sidecars of this gang generation that are up now, sorted; with
+    `rollout_only` True (False) only those of rollout-only (hybrid) pods.
 
     A record is bound to its writer's lease, but a killed pod's lease outlives it by its TTL: after
     a gang restart the old generation's records (same keys, dead addresses) may still be there.
     Each rollout writes its `TANDEM_RESTART_GENERATION`; only the driver's own generation counts."""
     prefix = keys.endpoints_prefix(registry.namespace, registry.job)
     found = {k: str(v["address"]) for k, v in registry.list_json(prefix).items()
-             if k.endswith("/rollout") and v.get("ready") and v.get("generation", 0) == generation}
+             if k.endswith("/rollout") and v.get("ready") and v.get("generation", 0) == generation
+             and (rollout_only is None or bool(v.get("rolloutOnly", False)) == rollout_only)}
     return [found[k] for k in sorted(found)]
 
 

@@ -85,25 +85,33 @@ class RolloutClient:
         self._drop([a for a, r in zip(addresses, answers, strict=True) if r is None])
         return [r for r in answers if r is not None]
 
-    def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions,
-                 n: int) -> tuple[list[list[Completion]], set[int | None]]:
+    def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions, n: int,
+                 max_tokens: Sequence[int] | None = None) -> tuple[list[list[Completion]], set[int | None]]:
         """n completions per prompt, spread over the rollouts in contiguous slices of prompts.
 
-        Also returns the weight versions the rollouts generated with (one, when all are in sync).
+        `max_tokens` (one per prompt) overrides `options.max_tokens` per prompt. Also returns the
+        weight versions the rollouts generated with (one, when all are in sync).
         """
         addresses = list(self.addresses)
         k = len(addresses)
-        slices = [list(prompts[i * len(prompts) // k:(i + 1) * len(prompts) // k]) for i in range(k)]
+        cuts = [(i * len(prompts) // k, (i + 1) * len(prompts) // k) for i in range(k)]
+        slices = [list(prompts[a:b]) for a, b in cuts]
+        limits = [None if max_tokens is None else list(max_tokens[a:b]) for a, b in cuts]
         body = {"options": options.model_dump(), "n": n}
+
+        def call(address: str, piece: list[str | list[int]], limit: list[int] | None) -> dict[str, Any] | None:
+            if not piece:
+                return {}
+            return self._reach(address, "/v1/generate", {**body, "prompts": piece, "max_tokens": limit})
+
         with ThreadPoolExecutor(k) as pool:
-            parts = list(pool.map(lambda a_p: self._reach(a_p[0], "/v1/generate", {**body, "prompts": a_p[1]})
-                                  if a_p[1] else {}, zip(addresses, slices, strict=True)))
+            parts = list(pool.map(call, addresses, slices, limits))
         self._drop([a for a, part in zip(addresses, parts, strict=True) if part is None])
         out: list[list[Completion]] = []
         versions: set[int | None] = set()
-        for part, piece in zip(parts, slices, strict=True):
+        for part, piece, limit in zip(parts, slices, limits, strict=True):
             if part is None:  # that rollout is gone: the others generate its prompts, in place
-                groups, seen = self.generate(piece, options, n)
+                groups, seen = self.generate(piece, options, n, limit)
                 out += groups
                 versions |= seen
             elif piece:

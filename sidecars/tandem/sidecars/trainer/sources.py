@@ -1,0 +1,181 @@
+"""Where an iteration's completions come from: one class per rollout mode behind one interface.
+
+Role: the driver asks its `RolloutSource` for the groups to train on weights `version`:
+- `SyncSource` (default): every rollout generates the iteration's prompts with `version`, and the
+  iteration waits for the longest completion;
+- `PartialSource` (`rollout.partial`): completions cut at the token budget are carried over and
+  continued under newer weights (`partial.PartialRollouts`);
+- `AsyncSource` (`algorithm.maxStaleness` > 0 with rollout-only pods): a producer thread keeps the
+  rollout-only pods generating while the trainer trains (`async_rollouts.AsyncRollouts`).
+Each returns finished `Group`s (every completion records the version of each segment) and the
+metrics of its mode; `to_samples` turns them into the algorithm's samples and the rewards' inputs.
+`make_source` picks one. Caller: `tandem.sidecars.trainer.driver`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.rewards.combine import RewardInput
+from tandem.sidecars.trainer import inflight, resume
+from tandem.sidecars.trainer.async_rollouts import AsyncRollouts
+from tandem.sidecars.trainer.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.partial import Group, PartialRollouts, whole_groups
+from tandem.sidecars.trainer.rollout_client import RolloutClient
+from tandem.spec.models import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class RolloutSource(Protocol):
+    hybrid_only: bool  # the driver's client holds the hybrid pods' rollouts only
+
+    def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
+        """The groups to train on weights `version` in `iteration`, and metrics."""
+        ...
+
+    def record(self, version: int) -> inflight.Inflight:
+        """What is generated but not trained, as a restart should re-generate it."""
+        ...
+
+    def published(self, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SyncSource:
+    hybrid_only = False  # the driver's own client holds every rollout
+
+    def __init__(self, spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient):
+        self.spec, self.dataset, self.rollouts = spec, dataset, rollouts
+
+    def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
+        prompts = self.dataset.batch(iteration, self.spec.rollout.prompts_per_iteration)
+        groups, versions = self.rollouts.generate([p.model_input for p in prompts], options,
+                                                  n=self.spec.algorithm.group_size)
+        if len(versions) != 1:
+            raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
+        got = versions.pop()
+        return whole_groups(prompts, groups, version if got is None else got), {}
+
+    def record(self, version: int) -> inflight.Inflight:
+        return inflight.Inflight(version)
+
+    def published(self, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PartialSource(SyncSource):
+    def __init__(self, spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, requeue: Sequence[Prompt]):
+        super().__init__(spec, dataset, rollouts)
+        partial = spec.rollout.partial
+        if partial is None:
+            raise ValueError("rollout.partial is not set")
+        self.partial = PartialRollouts(token_budget=partial.token_budget, max_tokens=spec.rollout.max_tokens,
+                                       max_age=partial.max_age, group_size=spec.algorithm.group_size)
+        self.requeue = list(requeue)  # prompts carried when the run stopped: generated afresh
+
+    def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
+        # n=1 per request, the prompt repeated groupSize times: one seed would repeat one sample
+        opts = options.model_copy(update={"seed": None})
+
+        def generate(inputs: list[str | list[int]], limits: list[int]) -> tuple[list[Completion], int]:
+            groups, versions = self.rollouts.generate(inputs, opts, n=1, max_tokens=limits)
+            if len(versions) != 1:
+                raise RuntimeError(f"rollouts generated with different versions {sorted(map(str, versions))}")
+            got = versions.pop()
+            return [g[0] for g in groups], version if got is None else got
+
+        prompts = self.requeue + self.dataset.batch(iteration, self.spec.rollout.prompts_per_iteration)
+        out = self.partial.step(generate, prompts, version)
+        out.stats["requeued"] = len(self.requeue)
+        self.requeue = []
+        return out.finished, out.stats
+
+    def record(self, version: int) -> inflight.Inflight:
+        return inflight.Inflight(version, prompts=[*(p.index for p in self.requeue), *self.partial.inflight()])
+
+
+class AsyncSource(SyncSource):
+    """The producer on the rollout-only pods; the hybrid pods' client stays the driver's own."""
+
+    hybrid_only = True
+
+    def __init__(self, spec: JobSpec, dataset: PromptDataset, producer: AsyncRollouts,
+                 rollout_only: Callable[[], list[str]]):
+        self.spec, self.dataset, self.producer, self.rollout_only = spec, dataset, producer, rollout_only
+
+    def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
+        self.producer.rollouts_now(self.rollout_only())  # pods scaled up or down since
+        taken = self.producer.take(version)
+        b = taken.batch
+        return b.groups, {"batch_index": b.index, "batch_version": b.version, "wait_seconds": taken.waited,
+                          "batch_generate_seconds": b.seconds,
+                          "dropped_completions": sum(len(g.members) for d in taken.dropped for g in d.groups),
+                          "wasted_tokens": sum(g.tokens for d in taken.dropped for g in d.groups)}
+
+    def record(self, version: int) -> inflight.Inflight:
+        return inflight.Inflight(version, next_batch=self.producer.next_batch())
+
+    def published(self, version: int) -> None:
+        self.producer.published(version)
+
+    def close(self) -> None:
+        self.producer.close()
+        self.producer.client.close()
+
+
+def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, *, registry: SyncRegistry | None,
+                token: str, generation: int, version: int, first_iteration: int,
+                resumed: inflight.Inflight | None) -> tuple[RolloutSource, RolloutClient]:
+    """The job's rollout source, and the client the driver keeps for sync, eval and release (in
+    asynchronous mode the hybrid pods' rollouts only)."""
+    if spec.rollout.partial is not None:
+        requeue = [dataset.prompts[i] for i in (resumed.prompts if resumed else []) if 0 <= i < len(dataset)]
+        return PartialSource(spec, dataset, rollouts, requeue), rollouts
+    if spec.algorithm.max_staleness == 0 or registry is None:
+        return SyncSource(spec, dataset, rollouts), rollouts
+    only = resume.rollout_addresses(registry, generation, rollout_only=True)
+    hybrid = resume.rollout_addresses(registry, generation, rollout_only=False)
+    if not only or not hybrid:
+        log.warning("maxStaleness %d: no rollout-only pod registered; generating synchronously",
+                    spec.algorithm.max_staleness)
+        return SyncSource(spec, dataset, rollouts), rollouts
+    rollouts.addresses = hybrid
+    first = resumed.next_batch if resumed is not None and resumed.next_batch is not None else first_iteration
+    options = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+                              max_tokens=spec.rollout.max_tokens)
+    producer = AsyncRollouts(RolloutClient(only, token), lambda b: dataset.batch(b, spec.rollout.prompts_per_iteration),
+                             options, group_size=spec.algorithm.group_size,
+                             max_staleness=spec.algorithm.max_staleness, first_batch=first, version=version)
+    return AsyncSource(spec, dataset, producer.start(),
+                       lambda: resume.rollout_addresses(registry, generation, rollout_only=True)), rollouts
+
+
+def to_samples(groups: Sequence[Group], eos_id: int,
+               decode: Callable[[list[int]], str]) -> tuple[list[Sample], list[RewardInput]]:
+    """The algorithm's samples (behaviour log-probs per token) and what the rewards judge; the text
+    of a completion generated in several segments is decoded from all of its tokens."""
+    samples: list[Sample] = []
+    inputs: list[RewardInput] = []
+    for g, group in enumerate(groups):
+        for m in group.members:
+            ids = m.token_ids or [eos_id]
+            ok = len(m.logprobs) == len(ids) and not any(math.isnan(x) for x in m.logprobs)
+            samples.append(Sample(prompt_ids=m.prompt_ids, completion_ids=list(ids), group=g,
+                                  rollout_logprobs=list(m.logprobs) if ok else None))
+            text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
+            inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer))
+    if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
+        for s in samples:
+            s.rollout_logprobs = None
+    return samples, inputs
