@@ -18,14 +18,19 @@ from rich.table import Table
 def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "",
                  evals: list[dict[str, Any]] | None = None) -> Path:
     """Reward per iteration (and held-out pass@1 after N iterations, from eval.jsonl) beside the
-    phase timings; the rollout/trainer log-prob mismatch on a second axis when measured."""
+    phase timings; the rollout/trainer log-prob mismatch on a second axis when measured; with stale
+    samples (partial or asynchronous rollouts) a third panel, `plot_staleness`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     its = [r["iteration"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    stale = any(r.get("staleness_max", 0) or r.get("carried_share", 0) or r.get("wasted_tokens", 0) for r in rows)
+    fig, axes = plt.subplots(1, 3 if stale else 2, figsize=(18 if stale else 12, 4.5))
+    ax1, ax2 = axes[0], axes[1]
+    if stale:
+        plot_staleness(rows, axes[2])
     ax1.plot(its, [r.get("reward_mean") for r in rows], marker="o", ms=3, label="reward mean")
     if any(r.get("reward_std") is not None for r in rows):
         lo = [r["reward_mean"] - r["reward_std"] for r in rows]
@@ -60,6 +65,27 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "",
     return path
 
 
+def plot_staleness(rows: list[dict[str, Any]], ax: Any) -> None:
+    """Per iteration: the share of trained completions at each staleness (versions behind the weights
+    they train), the share carried over from earlier iterations, and the tokens dropped as too stale."""
+    its = [r["iteration"] for r in rows]
+    ages = sorted({int(a) for r in rows for a in r.get("staleness_hist", {})})
+    bottom = [0.0] * len(rows)
+    for age in ages:
+        vals = [r.get("staleness_hist", {}).get(str(age), 0) / max(r.get("completions", 0), 1) for r in rows]
+        ax.bar(its, vals, bottom=bottom, label=f"{age} version{'s' if age != 1 else ''} old", alpha=0.7)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.plot(its, [r.get("carried_share", 0.0) for r in rows], color="k", marker=".", label="carried over")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("share of trained completions")
+    ax.set_title("staleness")
+    ax.legend(fontsize=8, loc="upper left")
+    if any(r.get("wasted_tokens") for r in rows):
+        twin = ax.twinx()
+        twin.plot(its, [r.get("wasted_tokens", 0) for r in rows], color="C3", lw=1, label="tokens dropped")
+        twin.set_ylabel("tokens dropped (too stale)", color="C3")
+
+
 def print_summary(rows: list[dict[str, Any]], console: Console, evals: list[dict[str, Any]] | None = None) -> None:
     if not rows:
         return
@@ -79,6 +105,11 @@ def print_summary(rows: list[dict[str, Any]], console: Console, evals: list[dict
     if mismatch:
         worst = max(r.get("mismatch_max", 0.0) for r in rows)
         t.add_row("log-prob mismatch, mean (max)", f"{sum(mismatch) / len(mismatch):.2e} ({worst:.2e})")
+    if any("staleness_mean" in r for r in rows):
+        t.add_row("staleness, mean (max)", f"{sum(r.get('staleness_mean', 0.0) for r in rows) / len(rows):.2f} "
+                  f"({max(r.get('staleness_max', 0) for r in rows)})")
+        t.add_row("carried over / tokens dropped", f"{sum(r.get('carried_share', 0.0) for r in rows) / len(rows):.2f}"
+                  f" / {sum(r.get('wasted_tokens', 0) for r in rows)}")
     phases: dict[str, float] = {}
     for r in rows:
         for p, s in r.get("seconds", {}).items():

@@ -3,7 +3,9 @@
 Role: `LoopMetrics.observe(row)` takes each iteration's metrics row (the one written to
 metrics.jsonl) and updates: tandem_trainer_iteration, _reward_mean, _kl, _switch_share (gauges),
 tandem_trainer_phase_seconds{phase} and tandem_trainer_iteration_seconds (histograms),
-tandem_trainer_completions_total and _completion_tokens_total (counters), _logprob_mismatch; and
+tandem_trainer_completions_total and _completion_tokens_total (counters), _logprob_mismatch; for stale
+samples (partial or asynchronous rollouts) tandem_trainer_sample_staleness (histogram), _carried_share,
+_wasted_tokens_total and _dropped_completions_total; and
 `observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
 `checkpoint_engine.api.create_app`, which adds the engine's own collector. Caller: `TrainerContext`
 (driver rank only).
@@ -40,6 +42,14 @@ class LoopMetrics:
                                 "evaluation", registry=r)
         self.eval_iteration = Gauge("tandem_trainer_eval_iteration", "Iterations completed at the latest evaluation",
                                     registry=r)
+        self.staleness = Histogram("tandem_trainer_sample_staleness", "Weight versions between the oldest segment "
+                                   "of a trained completion and the weights it trains", buckets=(0, 1, 2, 4, 8, 16),
+                                   registry=r)
+        self.carried = Gauge("tandem_trainer_carried_share", "Share of the latest iteration's completions carried over "
+                             "from earlier iterations (partial rollouts)", registry=r)
+        self.wasted = Counter("tandem_trainer_wasted_tokens", "Completion tokens generated and then dropped as too "
+                              "stale", registry=r)
+        self.dropped = Counter("tandem_trainer_dropped_completions", "Completions dropped as too stale", registry=r)
         self.mismatch = Gauge("tandem_trainer_logprob_mismatch", "Mean |log p_rollout - log p_trainer| of the sampled "
                               "tokens in the latest iteration", registry=r)
 
@@ -54,6 +64,13 @@ class LoopMetrics:
         if row.get("total_seconds") is not None:
             self.total.observe(float(row["total_seconds"]))
         self.completions.inc(int(row.get("completions", 0)))
+        for age, count in row.get("staleness_hist", {}).items():
+            for _ in range(int(count)):
+                self.staleness.observe(float(age))
+        if row.get("carried_share") is not None:
+            self.carried.set(float(row["carried_share"]))
+        self.wasted.inc(int(row.get("wasted_tokens", 0)))
+        self.dropped.inc(int(row.get("dropped_completions", 0)))
         self.tokens.inc(int(row.get("completion_tokens", 0)))
 
     def observe_eval(self, result: dict[str, Any]) -> None:

@@ -1,0 +1,206 @@
+"""Rollout-mode benchmark: synchronous vs partial rollouts vs asynchronous (maxStaleness 1, 2), one run.
+
+The task has a long-tailed answer length, as real RL data does: the toy model (`tandem.sidecars.toy`,
+single-digit sums, answers of ~6 tokens) is fine-tuned here, besides its sums, to answer every tenth
+prompt (`Count from N:`) by counting without end, so those answers run to `rollout.maxTokens` (96)
+and earn no reward (an unfinished answer is wrong). Each mode runs `tandem run` on one hybrid pod
+plus one rollout-only pod, the same model, prompts, rewards, group size, learning rate and number
+of iterations; GRPO with tisCap 2 in every mode (the synchronous loop's weights are ~1: same loss).
+Reported per mode: trained completions, completions/s in the loop (sum of per-iteration seconds),
+mean reward over the last iterations, staleness, carried share and wasted tokens, and the ratio of
+completions/s to sync's; the reward curves against trained completions go to DIR/rollout_modes.png.
+
+Not a test. Run (about 10 minutes on 2 cores):
+    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--iterations N] [--out DIR]
+It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
+JOB = "bench-rollout-modes"
+LONG_SHARE = 10  # every 10th training prompt asks for an endless count
+MAX_TOKENS = 96
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {},
+    "partial": {"rollout": {"partial": {"tokenBudget": 24, "maxAge": 6}}},
+    "async k=1": {"algorithm": {"maxStaleness": 1}},
+    "async k=2": {"algorithm": {"maxStaleness": 2}},
+}
+
+
+def long_prompt(n: int) -> str:
+    return f"Count from {n}:"
+
+
+def count_from(n: int, tokens: int, tokenizer: Any) -> list[int]:
+    """` n n+1 n+2 ...` as token ids, `tokens` long (no end: the answer never stops)."""
+    text = "".join(f" {i}" for i in range(n, n + tokens))
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"][:tokens])
+
+
+def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
+    """(model dir, train.jsonl): the toy model taught to count without end after `Count from N:`, and
+    its sums with every LONG_SHARE-th prompt replaced by a count. Cached in `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tandem.sidecars.toy.build import build_toy
+    from tandem.sidecars.toy.dataset import make_problems, read_jsonl, target_completion, write_jsonl
+
+    model_dir, train = out / "model-long-tail", out / "train-long-tail.jsonl"
+    if (model_dir / "model.safetensors").is_file() and train.is_file():
+        return model_dir, train
+    toy = build_toy(out / "toy", seed=0, warmup_steps=150, max_operand=10)
+    rows = read_jsonl(toy.train_path)
+    rows = [{"prompt": long_prompt(i % 50), "answer": "never"} if i % LONG_SHARE == LONG_SHARE - 1 else r
+            for i, r in enumerate(rows)]
+    tok = AutoTokenizer.from_pretrained(toy.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(toy.model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    rng = random.Random(0)
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):  # sums (to keep them) and counts, completion tokens only
+        seqs: list[tuple[list[int], list[int]]] = []
+        for r in make_problems(5000 + step, 24, max_operand=10):
+            c = tok(target_completion(r["answer"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            seqs.append((tok(r["prompt"])["input_ids"], c))
+        for _ in range(8):
+            n = rng.randrange(50)
+            p = tok(long_prompt(n))["input_ids"]
+            seqs.append((p, count_from(n, 120 - len(p), tok)))
+        width = max(len(p) + len(c) for p, c in seqs)
+        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.int64)
+        labels = torch.full((len(seqs), width), -100, dtype=torch.int64)
+        mask = torch.zeros(len(seqs), width, dtype=torch.int64)
+        for i, (p, c) in enumerate(seqs):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+            mask[i, :len(p) + len(c)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            print(f"  fine-tune step {step}: loss {float(loss):.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    shutil.copytree(toy.model_dir, model_dir)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    write_jsonl(rows, train)
+    return model_dir, train
+
+
+def job_yaml(mode: str, model: Path, train: Path, iterations: int, path: Path) -> Path:
+    import yaml
+
+    from tandem.sidecars.toy.dataset import reward_specs
+
+    algorithm: dict[str, Any] = {"name": "grpo", "groupSize": 8, "klCoef": 0.0, "clip": 0.2, "lr": 2e-4,
+                                 "iterations": iterations, "tisCap": 2.0}
+    rollout: dict[str, Any] = {"tensorParallel": 1, "maxTokens": MAX_TOKENS, "temperature": 1.0,
+                               "promptsPerIteration": 16, "betweenRollouts": "keep"}
+    algorithm |= MODES[mode].get("algorithm", {})
+    rollout |= MODES[mode].get("rollout", {})
+    spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": JOB},
+            "spec": {"model": {"path": str(model)}, "dataset": {"path": str(train)}, "algorithm": algorithm,
+                     "replicas": 1, "rolloutOnlyReplicas": 1, "gpusPerPod": 0,
+                     "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": 128,
+                                 "microBatchSize": 32, "offload": False},
+                     "rollout": rollout, "rewards": reward_specs(),
+                     "checkpointEngine": {"shmSize": "1Gi", "transport": "tcp", "shardSizeMiB": 64},
+                     "failurePolicy": {"maxRestarts": 0}}}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_mode(mode: str, job: Path, workdir: Path) -> dict[str, Any]:
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
+    with open(workdir / "tandem-run.log", "w") as f:
+        rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
+                            cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    path = workdir / JOB / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    if rc != 0 or not rows:
+        raise SystemExit(f"{mode}: tandem run failed (rc={rc}); see {workdir / 'tandem-run.log'}")
+    done, curve = 0, []
+    for r in rows:
+        done += r["completions"]
+        curve.append((done, r["reward_mean"]))
+    last = rows[-max(1, len(rows) // 4):]
+    hist: dict[str, int] = {}
+    for r in rows:
+        for k, v in r.get("staleness_hist", {}).items():
+            hist[k] = hist.get(k, 0) + v
+    seconds = sum(r["total_seconds"] for r in rows)
+    return {"completions": done, "loop_seconds": seconds, "completions_per_s": done / seconds,
+            "reward_last": sum(r["reward_mean"] for r in last) / len(last), "curve": curve,
+            "staleness_hist": hist, "carried_share": sum(r.get("carried_share", 0.0) for r in rows) / len(rows),
+            "wasted_tokens": sum(r.get("wasted_tokens", 0) for r in rows),
+            "completion_len": sum(r["completion_tokens"] for r in rows) / done,
+            "rollout_s": sum(r["seconds"]["rollout"] for r in rows) / len(rows),
+            "train_s": sum(r["seconds"]["train"] for r in rows) / len(rows)}
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, r in results.items():
+        xs, ys = zip(*r["curve"], strict=True)
+        a.plot(xs, ys, marker=".", label=mode)
+    a.set(xlabel="trained completions", ylabel="reward mean", title="reward vs trained completions")
+    a.legend()
+    b.bar(list(results), [r["completions_per_s"] for r in results.values()])
+    b.set(ylabel="completions/s (loop)", title="throughput")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iterations", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rollout_modes"))
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print("building the long-tailed task (cached)", flush=True)
+    model, train = build_task(args.out)
+    results: dict[str, dict[str, Any]] = {}
+    for mode in args.modes.split(","):
+        print(f"running {mode}", flush=True)
+        slug = mode.replace(" ", "").replace("=", "")
+        results[mode] = run_mode(mode, job_yaml(mode, model, train, args.iterations, args.out / f"{slug}.yaml"),
+                                 args.out / slug)
+    base = results.get("sync", next(iter(results.values())))["completions_per_s"]
+    print(f"{'mode':<10} {'trained':>8} {'compl/s':>8} {'ratio':>6} {'reward':>7} {'len':>5} {'rollout s':>9} "
+          f"{'train s':>7} {'carried':>7} {'wasted':>6}  staleness")
+    for mode, r in results.items():
+        print(f"{mode:<10} {r['completions']:>8} {r['completions_per_s']:>8.1f} {r['completions_per_s'] / base:>6.2f} "
+              f"{r['reward_last']:>7.3f} {r['completion_len']:>5.1f} {r['rollout_s']:>9.2f} {r['train_s']:>7.2f} "
+              f"{r['carried_share']:>7.2f} {r['wasted_tokens']:>6}  {r['staleness_hist']}")
+    (args.out / "rollout_modes.json").write_text(json.dumps(results, indent=2))
+    plot(results, args.out / "rollout_modes.png")
+    print(f"wrote {args.out / 'rollout_modes.json'} and {args.out / 'rollout_modes.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
