@@ -152,7 +152,8 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
                                  lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
     info.update(stats)
     info.update(staleness_stats(groups, ctx.version))
-    info.update(completions=len(samples), generate_seconds=seconds, rollout_version=ctx.version,
+    oldest = min((seg.version for g in groups for m in g.members for seg in m.segments), default=ctx.version)
+    info.update(completions=len(samples), generate_seconds=seconds, rollout_version=oldest,
                 rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
                 probe={"prompt": probe.question, "greedy": greedy[0][0].text},
                 completions_per_s=len(samples) / max(seconds, 1e-9),
