@@ -1,7 +1,8 @@
-"""Rollout/trainer log-prob mismatch and truncated importance sampling (algorithm.tisCap).
+"""Rollout/trainer log-prob mismatch and truncated or masked importance sampling (algorithm.tisCap, tisMode).
 
 `F.rollout_mismatch` by hand on small tensors; GRPO and PPO losses with `Sample.rollout_logprobs`
-against the weighted surrogate computed here token by token.
+against the weighted surrogate computed here token by token, including stale samples whose
+behaviour log-probs come from segments sampled by different versions (partial rollouts).
 """
 
 from __future__ import annotations
@@ -222,3 +223,75 @@ def test_tis_cap_comes_from_the_spec() -> None:
         AlgorithmSpec.model_validate({"name": "dpo", "tisCap": 2.0})
     with pytest.raises(ValueError, match="tisCap|tis_cap"):
         AlgorithmSpec.model_validate({"tisCap": 0.5})  # a cap below 1 would down-weigh every token
+
+
+# ---- tisMode "mask" and stale (multi-segment) behaviour log-probs --------------------------------
+
+
+def test_mask_mode_by_hand() -> None:
+    trainer = torch.tensor([[-1.0, -0.5, -2.0, 5.0], [-0.1, -3.0, 0.0, 0.0]])
+    rollout = torch.tensor([[-1.2, -0.5, -1.0, -30.0], [-1.0, -1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    cap = 1.5
+    weights, m = F.rollout_mismatch(trainer, rollout, mask, cap=cap, mode="mask")
+    d = [0.2, 0.0, -1.0, 0.9, -2.0]  # exp(0.9) = 2.46 > 1.5: that token is dropped, the others keep exp(d)
+    want = [math.exp(x) if math.exp(x) <= cap else 0.0 for x in d]
+    assert weights[mask > 0].tolist() == pytest.approx(want, rel=1e-6)
+    assert want[3] == 0.0 and want[0] > 1.0  # not truncation: a weight above 1 but below the cap stays
+    assert m["tis_clip_frac"] == pytest.approx(1 / 5, rel=1e-6)
+    truncated, _ = F.rollout_mismatch(trainer, rollout, mask, cap=cap, mode="truncate")
+    assert truncated[1, 0].item() == pytest.approx(cap) and weights[1, 0].item() == 0.0
+
+
+def test_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="clip"):
+        F.rollout_mismatch(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), cap=2.0, mode="clip")
+
+
+# sample 0 was generated in two segments: its first token under an old version (behaviour log-prob
+# -2.0, far below the trainer's -1.0: weight e^1 = 2.72 above the cap), its last under the newest
+# (-1.05: weight e^0.05 = 1.05); sample 2 likewise with the weights the other way round
+TWO_SEGMENTS = [[-2.0, -1.05], [-1.0], [-0.45, -1.6], [-1.0]]
+
+
+def stale_samples() -> list[Sample]:
+    out = samples()
+    for s, r in zip(out, TWO_SEGMENTS, strict=True):
+        s.rollout_logprobs = r
+    return out
+
+
+def hand_loss(cap: float, clip: float, mode: str) -> float:
+    advs = grpo_advantages()
+    total, tokens = 0.0, 0
+    for i in range(4):
+        for j, lp in enumerate(CURRENT[i]):
+            w = math.exp(OLD[i][j] - TWO_SEGMENTS[i][j])
+            w = min(w, cap) if mode == "truncate" else (w if w <= cap else 0.0)
+            total += surrogate(lp, OLD[i][j], advs[i], clip) * w
+            tokens += 1
+    return total / tokens
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_grpo_from_the_spec_weighs_each_segment_by_its_own_behaviour_logprobs(mode: str) -> None:
+    cap = 1.5
+    algo = make_algorithm(AlgorithmSpec.model_validate({"name": "grpo", "tisCap": cap, "tisMode": mode,
+                                                        "klCoef": 0.0}))
+    assert isinstance(algo, GRPO) and algo.tis_mode == mode
+    batch = algo.prepare(stale_samples(), token_budget=8)
+    loss, m = algo.loss(batch.scatter(CURRENT), batch)
+    assert loss.item() == pytest.approx(hand_loss(cap, algo.clip, mode), rel=1e-5)
+    # the two modes differ exactly on the tokens above the cap (sample 0's first, sample 2's last)
+    other = hand_loss(cap, algo.clip, "mask" if mode == "truncate" else "truncate")
+    assert abs(loss.item() - other) > 1e-3
+    d = [o - r for os_, rs in zip(OLD, TWO_SEGMENTS, strict=True) for o, r in zip(os_, rs, strict=True)]
+    assert m["tis_clip_frac"] == pytest.approx(sum(math.exp(x) > cap for x in d) / len(d), rel=1e-5)
+    assert m["tis_clip_frac"] == pytest.approx(2 / 6, rel=1e-5)
+
+
+def test_tis_mode_defaults_to_truncate_and_rejects_others() -> None:
+    algo = make_algorithm(AlgorithmSpec.model_validate({"name": "grpo", "tisCap": 2.0}))
+    assert isinstance(algo, GRPO) and algo.tis_mode == "truncate"
+    with pytest.raises(ValueError, match="tisMode"):
+        AlgorithmSpec.model_validate({"name": "grpo", "tisCap": 2.0, "tisMode": "clip"})
