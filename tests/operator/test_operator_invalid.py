@@ -197,6 +197,23 @@ REJECTED: list[Case] = [
             {"name": "nope", "mountPath": "/x"}]}]}}),
         "spec.podTemplate.spec.containers",
     ),
+    (  # rollouts that never wait: partial rollouts and bounded staleness
+        "partial-budget-not-below-max-tokens",
+        lambda: W().set("rollout.maxTokens", 64).set("rollout.partial", {"tokenBudget": 64})
+        .set("algorithm.tisCap", 2.0),
+        "spec.rollout.partial.tokenBudget",
+    ),
+    (
+        "partial-and-max-staleness",
+        lambda: W().set("rollout.partial", {"tokenBudget": 8}).set("algorithm.maxStaleness", 1)
+        .set("algorithm.tisCap", 2.0),
+        "spec.algorithm.maxStaleness",
+    ),
+    ("partial-without-tis-cap", lambda: W().set("rollout.partial", {"tokenBudget": 8}), "spec.algorithm.tisCap"),
+    ("max-staleness-without-tis-cap", lambda: W().set("algorithm.maxStaleness", 2), "spec.algorithm.tisCap"),
+    ("max-staleness-too-big", lambda: W().set("algorithm.maxStaleness", 65).set("algorithm.tisCap", 2.0),
+     "spec.algorithm.maxStaleness"),
+    ("tis-mode-unknown", lambda: W().set("algorithm.tisMode", "clip"), "spec.algorithm.tisMode"),
     ("unknown-field", lambda: W().set("learningRate", 0.1), "spec.learningRate"),
 ]
 
@@ -235,6 +252,33 @@ def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWr
     with pytest.raises(SpecError) as err:
         parse_job(build().obj(), case)
     assert offline_field(field) in err.value.fields, str(err.value)
+
+
+# Rollout modes the rules must let through (offline and by the API server's CEL rules).
+VALID_MODES: list[tuple[str, Callable[[], JobWrapper]]] = [
+    ("partial", lambda: W().set("rollout.partial", {"tokenBudget": 8}).set("algorithm.tisCap", 2.0)),
+    ("partial-mask-age-0", lambda: W().set("rollout.partial", {"tokenBudget": 8, "maxAge": 0})
+     .set("algorithm.tisCap", 1.0).set("algorithm.tisMode", "mask")),
+    ("async", lambda: W().set("algorithm.maxStaleness", 2).set("algorithm.tisCap", 2.0)),
+    ("dpo-async", lambda: W().set("algorithm.name", "dpo").set("algorithm.maxStaleness", 1)),  # no weights in dpo
+    ("dpo-partial", lambda: W().set("algorithm.name", "dpo").set("rollout.partial", {"tokenBudget": 8})),
+    ("sync", lambda: W().set("algorithm.maxStaleness", 0)),
+]
+
+
+@pytest.mark.parametrize(("case", "build"), VALID_MODES, ids=[c[0] for c in VALID_MODES])
+def test_valid_rollout_mode_combinations_load(case: str, build: Callable[[], JobWrapper]) -> None:
+    parse_job(build().obj(), case)
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build"), VALID_MODES, ids=[c[0] for c in VALID_MODES])
+def test_api_server_accepts_valid_rollout_modes(installed: ControlPlane, case: str,
+                                                build: Callable[[], JobWrapper]) -> None:
+    doc = build().meta("name", case).obj()
+    doc["metadata"]["namespace"] = "default"
+    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.k8s
