@@ -130,7 +130,7 @@ def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[Lo
 async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer]) -> Progress | None:
     key = keys.progress(job.metadata.namespace, job.metadata.name).encode()
     trainers = [c for c in containers if c.name == "trainer"]
-    started = time.monotonic()
+    started, since = time.monotonic(), time.time()
     last: Progress | None = None
     client = aetcd.Client(etcd.host, etcd.port)
     try:
@@ -140,7 +140,8 @@ async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer
                 if got is not None:
                     last = Progress.from_json(got.value)
                 live.update(_table(job, last, started, containers))
-                if last is not None and last.phase in ("done", "failed"):
+                # a resumed run's record says "done" until its driver writes: only this run's count
+                if last is not None and last.phase in ("done", "failed") and last.updated_at >= since:
                     return last
                 dead = [c for c in containers if c.exit_code() not in (None, 0)]
                 if dead or (trainers and all(c.exit_code() == 0 for c in trainers)):
@@ -160,6 +161,9 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         for name in ("metrics.jsonl", "eval.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        # a fresh run's pods start with empty shared memory, as new pods' emptyDirs do: an earlier
+        # --keep-etcd run's versions there would clash with this run's version numbers
+        shutil.rmtree(shm_root_of(job), ignore_errors=True)
     etcd = LocalEtcd(etcd_dir / "data").start()
     containers: list[LocalContainer] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
