@@ -32,10 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 JOB = "bench-rollout-modes"
 LONG_SHARE = 10  # every 10th training prompt asks for an endless count
-MAX_TOKENS = 96
+MAX_TOKENS = 320
+POSITIONS = 512  # the bench's copy of the toy model is taught positions beyond the toy's 128
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
-    "partial": {"rollout": {"partial": {"tokenBudget": 24, "maxAge": 6}}},
+    "partial": {"rollout": {"partial": {"tokenBudget": 48, "maxAge": 8}}},
     "async k=1": {"algorithm": {"maxStaleness": 1}},
     "async k=2": {"algorithm": {"maxStaleness": 2}},
 }
@@ -60,7 +61,7 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
     from tandem.sidecars.toy.build import build_toy
     from tandem.sidecars.toy.dataset import make_problems, read_jsonl, target_completion, write_jsonl
 
-    model_dir, train = out / "model-long-tail", out / "train-long-tail.jsonl"
+    model_dir, train = out / f"model-long-tail-{MAX_TOKENS}", out / "train-long-tail.jsonl"
     if (model_dir / "model.safetensors").is_file() and train.is_file():
         return model_dir, train
     toy = build_toy(out / "toy", seed=0, warmup_steps=150, max_operand=10)
@@ -69,6 +70,7 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
             for i, r in enumerate(rows)]
     tok = AutoTokenizer.from_pretrained(toy.model_dir)
     model = AutoModelForCausalLM.from_pretrained(toy.model_dir)
+    model.config.max_position_embeddings = POSITIONS  # rotary positions: only the config limits them
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     rng = random.Random(0)
     model.train()
@@ -81,7 +83,7 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
         for _ in range(8):
             n = rng.randrange(50)
             p = tok(long_prompt(n))["input_ids"]
-            seqs.append((p, count_from(n, 120 - len(p), tok)))
+            seqs.append((p, count_from(n, MAX_TOKENS + 24, tok)))
         width = max(len(p) + len(c) for p, c in seqs)
         ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.int64)
         labels = torch.full((len(seqs), width), -100, dtype=torch.int64)
@@ -99,6 +101,9 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
     shutil.rmtree(model_dir, ignore_errors=True)
     shutil.copytree(toy.model_dir, model_dir)
     model.save_pretrained(model_dir, safe_serialization=True)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["model_max_length"] = POSITIONS
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     write_jsonl(rows, train)
     return model_dir, train
 
@@ -126,12 +131,13 @@ def job_yaml(mode: str, model: Path, train: Path, iterations: int, path: Path) -
     return path
 
 
-def run_mode(mode: str, job: Path, workdir: Path) -> dict[str, Any]:
+def run_mode(mode: str, job: Path, workdir: Path, pin_pods: bool) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
     with open(workdir / "tandem-run.log", "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
+        argv = [sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)]
+        rc = subprocess.run(argv + (["--pin-pods"] if pin_pods else []),
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     path = workdir / JOB / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
@@ -179,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rollout_modes"))
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    ap.add_argument("--pin-pods", action="store_true",
+                    help="each pod on its own cores (tandem run --pin-pods), as on separate nodes")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print("building the long-tailed task (cached)", flush=True)
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {mode}", flush=True)
         slug = mode.replace(" ", "").replace("=", "")
         results[mode] = run_mode(mode, job_yaml(mode, model, train, args.iterations, args.out / f"{slug}.yaml"),
-                                 args.out / slug)
+                                 args.out / slug, args.pin_pods)
     base = results.get("sync", next(iter(results.values())))["completions_per_s"]
     print(f"{'mode':<10} {'trained':>8} {'compl/s':>8} {'ratio':>6} {'reward':>7} {'len':>5} {'rollout s':>9} "
           f"{'train s':>7} {'carried':>7} {'wasted':>6}  staleness")

@@ -132,3 +132,19 @@ def test_numbers_beyond_float_range_compare_without_crashing() -> None:
     assert answer_match(f"<answer>{huge}</answer>", "7") == 0.0
     assert answer_match(f"<answer>{huge}</answer>", huge) == 1.0
     assert answer_match("Answer: " + "9" * 500, "3", "flexible") == 0.0
+
+
+def test_huge_exponents_compare_as_floats_at_once() -> None:
+    """A sampled `1e999999999` is a billion-digit integer exactly: building it hung the driver's reward
+    step for over an hour. Beyond MAX_EXACT_EXPONENT it is a float (inf, 0.0); within, still exact."""
+    from fractions import Fraction
+
+    from tandem.sidecars.rewards.answer import MAX_EXACT_EXPONENT, parse_number
+
+    assert parse_number("1e999999999") == float("inf")
+    assert parse_number("-2E+999999999") == float("-inf")
+    assert parse_number("5e-999999999") == 0.0
+    assert parse_number(f"3e{MAX_EXACT_EXPONENT}") == Fraction(3 * 10**MAX_EXACT_EXPONENT)
+    assert answer_match("<answer>1e999999999</answer>", "7") == 0.0
+    assert answer_match("The answer is 7e999999999", "7", "flexible") == 0.0
+    assert answer_match("<answer>1.5e2</answer>", "150") == 1.0

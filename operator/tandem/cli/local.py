@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -35,7 +36,7 @@ from rich.table import Table
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
 from tandem.cli import plot
-from tandem.cli.procs import LocalContainer, containers_of, stop_all
+from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.operator import builders
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -101,12 +102,18 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
     return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
 
 
-def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool) -> list[LocalContainer]:
+def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pods: bool) -> list[LocalContainer]:
     extra = PodEnv.environ(resume=resume, job_uid=_job_uid(run_dir, resume))
     local = job.model_copy(update={"metadata": job.metadata.model_copy(update={"labels": {}})})  # no Kueue here
     pods = builders.build_pods(local, restart_generation=_generation(run_dir, resume))
-    return processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
-                         shm_root=shm_root_of(job), extra=extra)
+    containers = processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
+                               shm_root=shm_root_of(job), extra=extra)
+    if pin_pods:
+        share = pod_cpus(sorted({c.pod for c in containers}), sorted(os.sched_getaffinity(0)))
+        for c in containers:
+            c.cpus = share[c.pod]
+        console.print("pods pinned: " + ", ".join(f"{pod} cores {sorted(cpus)}" for pod, cpus in share.items()))
+    return containers
 
 
 def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[LocalContainer]) -> Table:
@@ -151,8 +158,12 @@ async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer
         await client.close()
 
 
-def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: bool = False) -> int:
-    """Run to completion; returns the process exit code (0: the driver reported done)."""
+def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: bool = False,
+            pin_pods: bool = False) -> int:
+    """Run to completion; returns the process exit code (0: the driver reported done).
+
+    `pin_pods` gives each pod its own share of this machine's cores (`procs.pod_cpus`), as pods on
+    separate nodes have: what overlapping generation with training gains shows only then."""
     run_dir = (workdir / job.metadata.name).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     etcd_dir = run_dir / "etcd"
@@ -177,7 +188,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         signal.signal(sig, on_term)
     result: Progress | None = None
     try:
-        containers = _prepare(job, run_dir, etcd, resume)
+        containers = _prepare(job, run_dir, etcd, resume, pin_pods)
         console.print(f"[bold]tandem run[/bold] {job.metadata.name}: {len(containers)} processes, etcd "
                       f"{etcd.endpoint}, logs in {run_dir / 'logs'}")
         for c in containers:

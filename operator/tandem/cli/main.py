@@ -62,6 +62,8 @@ def run(
                                 "of an earlier --keep-etcd run, or checkpointEngine.persist's durable copies."),
     iterations: int | None = typer.Option(None, help="Override spec.algorithm.iterations."),
     keep_etcd: bool = typer.Option(False, "--keep-etcd", help="Keep etcd data after the run (needed for --resume)."),
+    pin_pods: bool = typer.Option(False, "--pin-pods", help="Give each pod its own share of this machine's cores, "
+                                  "as pods on separate nodes have (default: every process may use every core)."),
 ) -> None:
     """Run the job on this machine: etcd, trainer and rollout sidecars as local processes."""
     from tandem.cli import local, volumes
@@ -73,7 +75,7 @@ def run(
         raise typer.Exit(2) from None
     if iterations is not None:
         job.spec.algorithm.iterations = iterations
-    code = local.run_job(job, workdir=workdir, resume=resume, keep_etcd=keep_etcd or resume)
+    code = local.run_job(job, workdir=workdir, resume=resume, keep_etcd=keep_etcd or resume, pin_pods=pin_pods)
     raise typer.Exit(code)
 
 

@@ -28,6 +28,7 @@ class LocalContainer:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    cpus: frozenset[int] | None = None  # the cores its processes may run on (None: every core)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -37,8 +38,11 @@ class LocalContainer:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close_log()
+        cpus = self.cpus
+        # set in the child before exec: every thread and process it starts (vLLM's) inherits it
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=pin)
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -172,3 +176,14 @@ def containers_of(pod: dict[str, Any], *, overrides: Overrides, secrets: dict[tu
             argv[0] = sys.executable
         out.append(LocalContainer(name, c["name"], argv, env, logs / f"{name}-{c['name']}.log"))
     return out
+
+
+def pod_cpus(pods: list[str], cores: list[int]) -> dict[str, frozenset[int]]:
+    """Each pod's own share of `cores`, as pods on separate nodes or GPUs have: contiguous, as even as
+    possible; with more pods than cores, pods share cores round-robin."""
+    if not cores:
+        raise ValueError("no cores to share")
+    if len(pods) > len(cores):
+        return {pod: frozenset({cores[i % len(cores)]}) for i, pod in enumerate(pods)}
+    return {pod: frozenset(cores[i * len(cores) // len(pods):(i + 1) * len(cores) // len(pods)])
+            for i, pod in enumerate(pods)}

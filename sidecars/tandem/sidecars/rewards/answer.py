@@ -37,7 +37,8 @@ from typing import Literal
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _MARKERS = re.compile(r"(?:answer\s*(?:is)?\s*[:=]|answer is|####)\s*(.+)", re.IGNORECASE)
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:([,\s_])\d{3})(?:\1\d{3})*(?:\.\d+)?$")
-_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
+_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(e[+-]?\d+)?$", re.IGNORECASE)
+MAX_EXACT_EXPONENT = 400  # beyond a float's range; larger exponents compare as floats (inf, 0)
 _UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?"
 # a number in prose: optional sign, thousands commas, decimals, exponent, `a/b`, or a LaTeX fraction;
 # not a piece of a word or of a longer dotted number (`x2`, `v1.2.3`)
@@ -156,8 +157,12 @@ def parse_number(text: str) -> Fraction | float | None:
     if _THOUSANDS.match(s):
         s = re.sub(r"[,\s_]", "", s)
     s = s.replace(" ", "")
-    if not _NUMBER.match(s):
+    m = _NUMBER.match(s)
+    if not m:
         return None
+    if m.group(1) is not None and abs(int(m.group(1)[1:])) > MAX_EXACT_EXPONENT:
+        # exactly, a sampled "1e999999999" is a billion-digit integer (minutes of CPU); as a float it is inf
+        return sign * float(s)
     try:
         value = Fraction(s)
     except (ValueError, ZeroDivisionError):
