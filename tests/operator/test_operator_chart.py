@@ -139,6 +139,12 @@ def test_rendered_manifests_pass_server_side_dry_run(k8s: ControlPlane) -> None:
         ("get", "serviceaccounts", False),
         ("get", "priorityclasses.scheduling.k8s.io", False),
         ("update", "nodes", False),
+        # spec.gangScheduling: create the Workload and PodGroups, delete an earlier gang's PodGroup
+        ("create", "workloads.scheduling.k8s.io", True),
+        ("create", "podgroups.scheduling.k8s.io", True),
+        ("delete", "podgroups.scheduling.k8s.io", True),
+        ("delete", "workloads.scheduling.k8s.io", False),
+        ("update", "podgroups.scheduling.k8s.io", False),
     ],
 )
 def test_operator_rbac_is_least_privilege(

@@ -259,6 +259,7 @@ def test_deletion_removes_the_jobs_etcd_keys_and_owned_objects(
         ({"model": {"path": "/other"}}, "model"),
         ({"trainer": {"tensorParallel": 2}}, "trainer"),
         ({"checkpointEngine": {"shmSize": "1Gi"}}, "checkpointEngine"),
+        ({"gangScheduling": True}, "gangScheduling"),
     ],
 )
 def test_immutable_fields_are_rejected(

@@ -55,4 +55,12 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# spec.gangScheduling (Kubernetes >= 1.36): the job's Workload and one PodGroup per gang; the garbage
+# collector deletes both with the job, the operator deletes an earlier gang's PodGroup
+- apiGroups: [scheduling.k8s.io]
+  resources: [workloads]
+  verbs: [get, create]
+- apiGroups: [scheduling.k8s.io]
+  resources: [podgroups]
+  verbs: [get, list, create, delete]
 {{- end -}}

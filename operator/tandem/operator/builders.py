@@ -16,6 +16,8 @@ tandem.dev/restart-generation; when the job is labelled kueue.x-k8s.io/queue-nam
 labels and annotation too (`tandem.operator.kueue`, applied last), and its pods of restart generation
 g > 0 are named `<job>-<i>-g<g>` (`pod_object_name`; hostname unchanged). Every pod has hostname
 `<job>-<i>` and subdomain `<job>`, so pod 0 answers at `<job>-0.<job>.<ns>.svc`.
+With spec.gangScheduling, each hybrid pod joins its gang's PodGroup (`spec.schedulingGroup`,
+`tandem.operator.gang`, which also builds the Workload and PodGroup objects).
 
 Container contract (stable; the sidecars and `tandem run` rely on it). Commands:
   trainer  ["python", "-m", "tandem.sidecars.trainer"]
@@ -50,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import kueue, pod_template
+from tandem.operator import gang, kueue, pod_template
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -371,6 +373,7 @@ def build_pod(
         "spec": pod_spec,
     }
     pod = pod_template.apply(pod, job)  # spec.podTemplate over all of the above
+    pod = gang.mark_pod(pod, job, index, restart_generation)  # spec.gangScheduling: the gang's PodGroup
     return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tandem.operator import gang
 from tandem.operator.builders import LABEL_JOB, Manifest
 from tandem.operator.observe import PodState, pod_state
 from tandem.spec.models import GROUP, PLURAL, VERSION
@@ -110,6 +111,37 @@ class Kube:
         )
         resp = await self._send(f"patch ConfigMap {ns}/{name}", call)
         resp.release()
+
+    async def ensure_scheduling(self, manifest: Manifest) -> dict[str, Any]:
+        """Create a Workload or PodGroup (scheduling.k8s.io/v1alpha2) if absent; returns the object
+        as stored (created now, or read back when it already existed)."""
+        ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        group, version = manifest["apiVersion"].split("/")
+        plural = f"{manifest['kind'].lower()}s"
+        action = f"create {manifest['kind']} {ns}/{name}"
+        call = self.custom.create_namespaced_custom_object(group, version, ns, plural, manifest,
+                                                           _preload_content=False)
+        resp = await self._send(action, call, tolerate=409)
+        if resp is None:
+            call = self.custom.get_namespaced_custom_object(group, version, ns, plural, name, _preload_content=False)
+            resp = await self._send(f"get {manifest['kind']} {ns}/{name}", call)
+        body: dict[str, Any] = json.loads(await resp.read())
+        return body
+
+    async def list_pod_groups(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        call = self.custom.list_namespaced_custom_object(
+            gang.API_GROUP, gang.API_VERSION_WORKLOAD, namespace, gang.PODGROUPS,
+            label_selector=f"{LABEL_JOB}={job}", _preload_content=False)
+        resp = await self._send(f"list PodGroups of {namespace}/{job}", call)
+        items: list[dict[str, Any]] = json.loads(await resp.read()).get("items", [])
+        return items
+
+    async def delete_pod_group(self, namespace: str, name: str) -> None:
+        call = self.custom.delete_namespaced_custom_object(
+            gang.API_GROUP, gang.API_VERSION_WORKLOAD, namespace, gang.PODGROUPS, name, _preload_content=False)
+        resp = await self._send(f"delete PodGroup {namespace}/{name}", call, tolerate=404)
+        if resp is not None:
+            resp.release()
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Graceful delete; True when a delete was issued, False when the pod was already gone."""

@@ -6,7 +6,9 @@ Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, 
 progress record in etcd. Decision: `tandem.operator.plan.decide`. Actions: ensure the Service,
 ConfigMap and Secret (create-if-absent: an existing token Secret is kept, never read; the job
 document in the ConfigMap is patched once per new metadata.generation, so pods started after a
-/scale read the current pool size), delete and create pods, patch the status subresource, post Events.
+/scale read the current pool size), with spec.gangScheduling the Workload and the gang's PodGroup
+(`tandem.operator.gang`) before its pods, delete and create pods, patch the status subresource,
+post Events.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.operator import builders, status
+from tandem.operator import builders, gang, status
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
-from tandem.operator.kube import Kube
+from tandem.operator.kube import Kube, KubeError
 from tandem.operator.observe import PodState
 from tandem.operator.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_spec
@@ -97,12 +99,30 @@ async def read_progress(
         return None
 
 
-async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str) -> None:
+async def ensure_gang(kube: Kube, job: RLHFJob, ref: JobRef, generation: int) -> None:
+    """The Workload and this gang's PodGroup exist before its pods (the scheduler would hold the pods
+    until the group appears anyway; creating it first saves a retry), earlier gangs' groups go."""
+    workload = await kube.ensure_scheduling(gang.build_workload(job, owner_uid=ref.uid))
+    uid = str((workload.get("metadata") or {}).get("uid") or "") or None
+    await kube.ensure_scheduling(gang.build_pod_group(job, generation, owner_uid=ref.uid, workload_uid=uid))
+    stale = gang.stale_groups(await kube.list_pod_groups(ref.namespace, ref.name), generation)
+    await asyncio.gather(*(kube.delete_pod_group(ref.namespace, n) for n in stale))
+
+
+async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str) -> str:
     """Deletes first, then every create at once: pods need not wait for the Service, ConfigMap and
-    Secret (the kubelet waits for the volumes they back), which halves the time to a started gang."""
+    Secret (the kubelet waits for the volumes they back), which halves the time to a started gang.
+    Returns why pods were not created ("" when nothing stopped them)."""
     job = memory.job
     if plan.delete:
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
+    if job is not None and gang.creates_gang(job, plan.create):
+        try:
+            await ensure_gang(kube, job, ref, plan.restart_generation)
+        except KubeError as e:
+            if e.status != 404:
+                raise
+            return gang.UNAVAILABLE  # no pods: without the group they would not be gang-scheduled
     creates: list[Awaitable[object]] = []
     if job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured)):
         creates += [
@@ -126,6 +146,7 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
     if creates:
         await asyncio.gather(*creates)
         memory.objects_ensured = memory.objects_ensured or job is not None
+    return ""
 
 
 async def run(
@@ -163,7 +184,11 @@ async def run(
             now=datetime.now(UTC),
         )
     )
-    await carry_out(kube, ref, memory, plan, ",".join(default_etcd))
+    held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd))
+    if held:  # the same status every pass, one Event
+        if current.message != held:
+            plan.events.append(status.Event("Warning", gang.UNAVAILABLE_REASON, held))
+        status.set_phase(plan.status, "Pending", held, datetime.now(UTC), reason=gang.UNAVAILABLE_REASON)
     new = _clean(status.dump_status(plan.status))
     if new != _clean(raw_status if isinstance(raw_status, Mapping) else {}):
         patched = await kube.patch_status(ref.namespace, ref.name, new)

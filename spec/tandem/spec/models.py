@@ -344,6 +344,11 @@ class JobSpec(Base):
                                            "(models, datasets, durable checkpoints).")] = Field(default_factory=list)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     suspend: bool = False
+    gang_scheduling: bool = Field(default=False, description="Schedule the hybrid pods all-or-nothing with "
+                                  "Kubernetes' own gang scheduling: the operator creates a Workload and one "
+                                  "PodGroup per gang (scheduling.k8s.io/v1alpha2; Kubernetes >= 1.36 with the "
+                                  "GenericWorkload and GangScheduling feature gates). Rollout-only pods stay "
+                                  "outside the gang.")
     pod_template: PodTemplate | None = Field(default=None, description="Merged over every pod the operator "
                                              "makes: labels, annotations, scheduling (nodeSelector, tolerations, "
                                              "affinity, priorityClassName), imagePullSecrets, serviceAccountName, "
@@ -402,7 +407,7 @@ class JobSpec(Base):
 # Fields that cannot change once the job exists (the CRD carries `self == oldSelf` on each).
 IMMUTABLE_FIELDS: tuple[str, ...] = (
     "model", "algorithm", "replicas", "gpusPerPod", "trainer", "rollout", "rewards", "reference",
-    "dataset", "checkpointEngine", "volumes", "podTemplate",
+    "dataset", "checkpointEngine", "volumes", "podTemplate", "gangScheduling",
 )
 
 
