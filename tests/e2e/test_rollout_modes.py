@@ -1,8 +1,10 @@
 """End to end: partial and asynchronous rollouts through `tandem run` (real etcd, vLLM, megatron-core).
 
-- asynchronous (maxStaleness 1, one hybrid pod and one rollout-only pod): the trainer consumes the
-  producer's batches in order, never one more than a version old, really overlaps (batches one
-  version old are trained), and the toy task's reward rises;
+- asynchronous (maxStaleness 1, one hybrid pod and one rollout-only pod, both generating): the
+  trainer consumes the producer's batches in order, never one more than a version old, really
+  overlaps (batches one version old are trained), and the toy task's reward rises;
+- asynchronous on the hybrid pod alone (its vLLM stays up, betweenRollouts keep): the same bound and
+  overlap, and every evaluation runs between two batches on the version it reports;
 - partial rollouts (a token budget below the toy's answer length): completions are carried over
   and continued; a resumed run re-generates exactly the groups that were carried when it stopped.
 """
@@ -87,3 +89,26 @@ def test_partial_rollouts_carry_and_resume_regenerates_carried(toy: Path, tmp_pa
     assert rows[0]["carried_in"] == 0  # re-generated from scratch, not continued
     assert not processes_of(runs), "processes left running"
 
+
+
+def test_async_on_the_hybrid_pod_alone_overlaps_and_evaluates_the_right_version(
+    toy: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    job = demo_job(toy, "e2e-async-hybrid")
+    job["spec"]["algorithm"].update(iterations=6, maxStaleness=1, tisCap=2.0)
+    job["spec"]["rollout"]["promptsPerIteration"] = 8
+    job["spec"]["eval"] = {"dataset": {"path": str(toy / "train.jsonl")}, "every": 2, "prompts": 8}
+    run_ok(run_cmd(job, tmp_path))
+    runs = tmp_path / "runs"
+    rows = metrics(runs, "e2e-async-hybrid")
+    assert [r["batch_index"] for r in rows] == list(range(6))
+    for r in rows:
+        assert 0 <= r["weight_version"] - 1 - r["batch_version"] <= 1 and r["dropped_completions"] == 0, r
+        assert "probe" not in r  # a greedy probe would wait for the producer's batch in flight
+    assert sum(r["staleness_hist"].get("1", 0) for r in rows) > 0, "never overlapped training with generation"
+    evals = [json.loads(x) for x in (runs / "e2e-async-hybrid" / "eval.jsonl").read_text().splitlines()]
+    # before training, after 2, 4 and 6 iterations; each on the version published by then (the
+    # evaluator refuses answers of any other version)
+    assert [(e["iteration"], e["version"]) for e in evals] == [(0, rows[0]["weight_version"] - 1)] + [
+        (i, rows[i - 1]["weight_version"]) for i in (2, 4, 6)]
+    assert not processes_of(runs), "processes left running"

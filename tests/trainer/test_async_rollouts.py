@@ -186,6 +186,33 @@ def test_a_batch_of_another_version_is_an_error(make: Any) -> None:
         producer.take(5, timeout=WAIT)
 
 
+def test_exclusive_waits_for_the_batch_in_flight_then_loads_the_version(make: Any) -> None:
+    """Shared rollouts: the driver's evaluation never runs inside a batch, and finds its version."""
+    producer, client = make(2, version=0)
+    assert client.wait_for(lambda: len(client.generates()) == 1)  # batch 0 generating (no permit yet)
+    producer.published(1)
+    inside = threading.Event()
+
+    def evaluate() -> None:
+        with producer.exclusive(1):
+            client._log("eval", client.loaded)
+            inside.set()
+
+    t = threading.Thread(target=evaluate)
+    t.start()
+    with producer._cond:
+        assert producer._cond.wait_for(lambda: producer._waiting == 1, WAIT)
+    assert not inside.is_set()  # batch 0 still holds the rollouts
+    client.permits.release(1)
+    assert inside.wait(WAIT)
+    t.join(WAIT)
+    client.permits.release(1)
+    assert client.wait_for(lambda: len(client.generates()) == 2)
+    # batch 0 under version 0; the evaluation loads 1; batch 1 finds it loaded and does not reload
+    assert client.calls[:5] == [("update", 0), ("generate", 0, 0), ("update", 1), ("eval", 1), ("generate", 1, 1)]
+    assert [producer.take(1).batch.version for _ in range(2)] == [0, 1]
+
+
 def test_take_times_out_without_a_batch(make: Any) -> None:
     producer, _ = make(1)
     with pytest.raises(TimeoutError):

@@ -56,6 +56,7 @@ class Scripted:
 
     texts: list[list[str]]
     calls: list[tuple[list[Any], SamplingOptions, int]] = field(default_factory=list)
+    served: int | None = None  # the weight version the rollouts report (None: not known)
 
     def generate(self, prompts: Sequence[str] | Sequence[list[int]], options: SamplingOptions,
                  n: int) -> tuple[list[list[Completion]], set[int | None]]:
@@ -68,7 +69,7 @@ class Scripted:
             groups.append([Completion(prompt_index=i, sample_index=j, prompt_token_ids=ids, token_ids=[5, 6],
                                       logprobs=[-0.1, -0.2], text=t, finish_reason="stop")
                            for j, t in enumerate(texts)])
-        return groups, {3}
+        return groups, {self.served}
 
 
 def prompts(answers: Sequence[Any], *, ids: bool = False) -> list[Prompt]:
@@ -153,6 +154,13 @@ def test_a_generator_returning_the_wrong_number_of_samples_is_an_error() -> None
     ev = Evaluator(spec(samples=3, temperature=1.0), prompts(["4"]), [ANSWER], max_tokens=8, iterations=1)
     with pytest.raises(RuntimeError, match="3 completions per prompt"):
         ev.run(Short([["4", "4"]]), 0, 0)
+
+
+def test_answers_of_another_version_than_the_one_evaluated_are_an_error() -> None:
+    ev = Evaluator(spec(), prompts(["4"]), [ANSWER], max_tokens=8, iterations=1)
+    assert ev.run(Scripted([["4"]], served=7), 2, 7).pass_at_1 == 1.0
+    with pytest.raises(RuntimeError, match="eval of version 7: the rollouts served \\['6'\\]"):
+        ev.run(Scripted([["4"]], served=6), 2, 7)
 
 
 def test_code_exec_needs_every_test_to_pass() -> None:

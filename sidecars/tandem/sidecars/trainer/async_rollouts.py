@@ -10,7 +10,10 @@ batch only while fewer than k batches wait, so with the trainer consuming them i
 holds without waste; the check in `take` is what guarantees it.
 
 The hybrid pods' rollouts stay with the driver's synchronous client (evaluation, and generation
-when no rollout-only pod is registered). Batches in the queue live in memory only: a restart
+when no rollout-only pod is registered) unless they stay up while the trainer trains
+(`rollout.betweenRollouts: keep`): then they generate batches too ("shared" rollouts, the only ones
+when the job has no rollout-only pod), and the producer alone loads versions into them; the driver
+evaluates inside `exclusive(version)`, between two batches. Batches in the queue live in memory only: a restart
 re-generates them from `next_batch()` (the driver records it with each version; see
 `tandem.sidecars.trainer.inflight`). Caller: `tandem.sidecars.trainer.driver`.
 """
@@ -21,7 +24,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tandem.checkpoint_engine.models import SamplingOptions
@@ -65,6 +69,8 @@ class AsyncRollouts:
         self._addresses: list[str] | None = None
         self._error: BaseException | None = None
         self._stop = False
+        self._busy = threading.Lock()  # held while a batch loads a version and generates
+        self._waiting = 0  # callers of exclusive() waiting for _busy: they go first
         self._thread = threading.Thread(target=self._run, name="async-rollouts", daemon=True)
 
     def start(self) -> AsyncRollouts:
@@ -86,6 +92,26 @@ class AsyncRollouts:
         """The rollout-only pods registered now (scaled up or down); adopted before the next batch."""
         with self._cond:
             self._addresses = list(addresses)
+
+    @contextmanager
+    def exclusive(self, version: int) -> Iterator[None]:
+        """The rollouts to the caller alone, between two batches, with `version` loaded (the driver's
+        evaluation on shared rollouts)."""
+        with self._cond:
+            self._waiting += 1  # the producer starts no batch while the driver waits
+        try:
+            self._busy.acquire()
+        finally:
+            with self._cond:
+                self._waiting -= 1
+                self._cond.notify_all()
+        try:
+            if self._loaded != version:
+                self.client.update(version)
+                self._loaded = version
+            yield
+        finally:
+            self._busy.release()
 
     def take(self, version: int, timeout: float = 3600.0) -> Taken:
         """The oldest batch at most k versions older than `version`, waiting for one to be ready."""
@@ -115,18 +141,22 @@ class AsyncRollouts:
         try:
             while True:
                 with self._cond:
-                    while not self._stop and len(self._queue) >= self.k:  # room: fewer than k waiting
+                    # room (fewer than k waiting), and no evaluation waiting for the rollouts
+                    while not self._stop and (len(self._queue) >= self.k or self._waiting):
                         self._cond.wait()
                     if self._stop:
                         return
                     index, latest, addresses = self._next, self._latest, self._addresses
                     self._next += 1
-                if addresses is not None:
-                    self.client.join(addresses, latest if self._loaded is None else self._loaded)
-                if self._loaded != latest:
-                    self.client.update(latest)
-                    self._loaded = latest
-                batch = self._generate(index, latest)
+                with self._busy:
+                    with self._cond:  # the newest version now (an evaluation may have loaded it meanwhile)
+                        latest = self._latest
+                    if addresses is not None:
+                        self.client.join(addresses, latest if self._loaded is None else self._loaded)
+                    if self._loaded != latest:
+                        self.client.update(latest)
+                        self._loaded = latest
+                    batch = self._generate(index, latest)
                 with self._cond:
                     self._queue.append(batch)
                     self._cond.notify_all()

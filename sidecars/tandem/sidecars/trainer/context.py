@@ -237,9 +237,13 @@ class TrainerContext:
                  version, result.pass_at_1, result.samples, result.pass_at_k, result.prompts)
         return result
 
-    def sync(self, version: int, initial: bool = False) -> float:
-        """Every rollout loads `version` (restarting vLLM first if it was terminated)."""
+    def sync(self, version: int, initial: bool = False, load: bool = True) -> float:
+        """Every rollout loads `version` (restarting vLLM first if it was terminated); with `load`
+        False (shared asynchronous rollouts load it themselves) only the driver's view moves."""
         if self.rollouts is None:
+            return 0.0
+        if not load:
+            self.version = version
             return 0.0
         t = time.perf_counter()
         mode = self.job.spec.rollout.between_rollouts

@@ -12,6 +12,7 @@ Caller: `python -m tandem.sidecars.trainer`.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from tandem.checkpoint_engine.models import SamplingOptions
@@ -62,7 +63,8 @@ def run(env: PodEnv, job: RLHFJob) -> None:
     try:
         version = ctx.start_version()  # publish the initial weights, or resume the latest version
         source = start_source(ctx, version) if ctx.is_driver else None
-        ctx.evaluate(ctx.first_iteration, version)  # the starting weights, before any training
+        with source.exclusive(version) if source is not None else nullcontext():
+            ctx.evaluate(ctx.first_iteration, version)  # the starting weights, before any training
         for it in range(ctx.first_iteration, iterations):
             timer = PhaseTimer()
             info: dict[str, Any] = {}
@@ -96,9 +98,9 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             with timer("offload"):
                 ctx.offload()
             ctx.report("sync", it, version, reward=info["reward_mean"])
-            with timer("sync"):
-                info["sync_seconds"] = ctx.sync(version)
-            with timer("eval"):
+            with timer("sync"):  # shared rollouts: the producer loads the version before its next batch
+                info["sync_seconds"] = ctx.sync(version, load=source is None or not source.shared)
+            with timer("eval"), source.exclusive(version) if source is not None else nullcontext():
                 result = ctx.evaluate(it + 1, version)
             if result is not None:
                 info["eval"] = result.row()
@@ -146,8 +148,10 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     groups, stats = source.next(iteration, ctx.version, opts)
     seconds = time.perf_counter() - t
     probe = ctx.dataset.prompts[0]  # the same prompt every iteration: greedy output tracks weights
-    greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
-                                      n=1)
+    if not source.shared:  # (on shared rollouts it would wait for the producer's next batch)
+        greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
+                                          n=1)
+        info["probe"] = {"prompt": probe.question, "greedy": greedy[0][0].text}
     samples, inputs = to_samples(groups, ctx.eos_id,
                                  lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
     info.update(stats)
@@ -155,7 +159,6 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     oldest = min((seg.version for g in groups for m in g.members for seg in m.segments), default=ctx.version)
     info.update(completions=len(samples), generate_seconds=seconds, rollout_version=oldest,
                 rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
-                probe={"prompt": probe.question, "greedy": greedy[0][0].text},
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
     return samples, inputs

@@ -5,8 +5,10 @@ Role: the driver asks its `RolloutSource` for the groups to train on weights `ve
   iteration waits for the longest completion;
 - `PartialSource` (`rollout.partial`): completions cut at the token budget are carried over and
   continued under newer weights (`partial.PartialRollouts`);
-- `AsyncSource` (`algorithm.maxStaleness` > 0 with rollout-only pods): a producer thread keeps the
-  rollout-only pods generating while the trainer trains (`async_rollouts.AsyncRollouts`).
+- `AsyncSource` (`algorithm.maxStaleness` > 0): a producer thread keeps the rollout-only pods
+  generating while the trainer trains (`async_rollouts.AsyncRollouts`); with
+  `rollout.betweenRollouts: keep` the hybrid pods' rollouts generate too (shared with the driver,
+  which then evaluates between batches, through `exclusive`).
 Each returns finished `Group`s (every completion records the version of each segment) and the
 metrics of its mode; `to_samples` turns them into the algorithm's samples and the rewards' inputs.
 `make_source` picks one. Caller: `tandem.sidecars.trainer.driver`.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
@@ -35,6 +38,12 @@ log = logging.getLogger(__name__)
 
 class RolloutSource(Protocol):
     hybrid_only: bool  # the driver's client holds the hybrid pods' rollouts only
+    shared: bool  # the source also generates on the driver's rollouts and loads versions into them
+
+    def exclusive(self, version: int) -> AbstractContextManager[None]:
+        """The driver's rollouts to the driver alone, with `version` loaded (shared sources), or
+        nothing to do (the driver loads versions itself)."""
+        ...
 
     def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
         """The groups to train on weights `version` in `iteration`, and metrics."""
@@ -51,6 +60,10 @@ class RolloutSource(Protocol):
 
 class SyncSource:
     hybrid_only = False  # the driver's own client holds every rollout
+    shared = False
+
+    def exclusive(self, version: int) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def __init__(self, spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient):
         self.spec, self.dataset, self.rollouts = spec, dataset, rollouts
@@ -106,16 +119,21 @@ class PartialSource(SyncSource):
 
 
 class AsyncSource(SyncSource):
-    """The producer on the rollout-only pods; the hybrid pods' client stays the driver's own."""
+    """The producer on the rollout-only pods (and, shared, on the hybrid pods' too); the driver's
+    client holds the hybrid pods' rollouts (evaluation)."""
 
     hybrid_only = True
 
     def __init__(self, spec: JobSpec, dataset: PromptDataset, producer: AsyncRollouts,
-                 rollout_only: Callable[[], list[str]]):
-        self.spec, self.dataset, self.producer, self.rollout_only = spec, dataset, producer, rollout_only
+                 addresses: Callable[[], list[str]], *, shared: bool = False):
+        self.spec, self.dataset, self.producer, self.addresses = spec, dataset, producer, addresses
+        self.shared = shared
+
+    def exclusive(self, version: int) -> AbstractContextManager[None]:
+        return self.producer.exclusive(version) if self.shared else nullcontext()
 
     def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
-        self.producer.rollouts_now(self.rollout_only())  # pods scaled up or down since
+        self.producer.rollouts_now(self.addresses())  # pods scaled up or down since
         taken = self.producer.take(version)
         b = taken.batch
         return b.groups, {"batch_index": b.index, "batch_version": b.version, "wait_seconds": taken.waited,
@@ -144,21 +162,26 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
         return PartialSource(spec, dataset, rollouts, requeue), rollouts
     if spec.algorithm.max_staleness == 0 or registry is None:
         return SyncSource(spec, dataset, rollouts), rollouts
+    shared = spec.rollout.between_rollouts == "keep"  # the hybrid pods' vLLM stays up while training
     only = resume.rollout_addresses(registry, generation, rollout_only=True)
     hybrid = resume.rollout_addresses(registry, generation, rollout_only=False)
-    if not only or not hybrid:
-        log.warning("maxStaleness %d: no rollout-only pod registered; generating synchronously",
-                    spec.algorithm.max_staleness)
+    if not hybrid or not (only or shared):
+        log.warning("maxStaleness %d: no rollout-only pod registered and rollout.betweenRollouts is not keep; "
+                    "generating synchronously", spec.algorithm.max_staleness)
         return SyncSource(spec, dataset, rollouts), rollouts
     rollouts.addresses = hybrid
+
+    def producing() -> list[str]:  # the producer's rollouts now (the pool may have been scaled)
+        return resume.rollout_addresses(registry, generation, rollout_only=None if shared else True)
+
     first = resumed.next_batch if resumed is not None and resumed.next_batch is not None else first_iteration
     options = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                               max_tokens=spec.rollout.max_tokens)
-    producer = AsyncRollouts(RolloutClient(only, token), lambda b: dataset.batch(b, spec.rollout.prompts_per_iteration),
+    producer = AsyncRollouts(RolloutClient(only + hybrid if shared else only, token),
+                             lambda b: dataset.batch(b, spec.rollout.prompts_per_iteration),
                              options, group_size=spec.algorithm.group_size,
                              max_staleness=spec.algorithm.max_staleness, first_batch=first, version=version)
-    return AsyncSource(spec, dataset, producer.start(),
-                       lambda: resume.rollout_addresses(registry, generation, rollout_only=True)), rollouts
+    return AsyncSource(spec, dataset, producer.start(), producing, shared=shared), rollouts
 
 
 def to_samples(groups: Sequence[Group], eos_id: int,
