@@ -74,7 +74,7 @@ def test_sampled_pass_at_k_on_the_live_engine(live_engine: RolloutEngine) -> Non
     gen = EngineGenerator(live_engine)
     ev = Evaluator(spec, [Prompt(t, WRONG, i) for i, t in enumerate(TEXTS[:2])], [Reward(type="answerMatch")],
                    max_tokens=64, iterations=1)
-    result = ev.run(gen, iteration=1, version=0)
+    result = ev.run(gen, iteration=1, version=live_engine.version or 0)  # the version it serves
     [groups] = gen.groups
     assert [len(g) for g in groups] == [3, 3]
     assert any(len({c.text for c in g}) > 1 for g in groups), "sampled, not one greedy answer repeated"
