@@ -16,8 +16,8 @@ tandem.dev/restart-generation; when the job is labelled kueue.x-k8s.io/queue-nam
 labels and annotation too (`tandem.operator.kueue`, applied last), and its pods of restart generation
 g > 0 are named `<job>-<i>-g<g>` (`pod_object_name`; hostname unchanged). Every pod has hostname
 `<job>-<i>` and subdomain `<job>`, so pod 0 answers at `<job>-0.<job>.<ns>.svc`.
-With spec.gangScheduling, each hybrid pod joins its gang's PodGroup (`spec.schedulingGroup`,
-`tandem.operator.gang`, which also builds the Workload and PodGroup objects).
+With spec.gangScheduling, each hybrid pod joins its gang's PodGroup `<job>-hybrid-g<g>`
+(`spec.schedulingGroup`; `tandem.operator.gang` builds the Workload and PodGroup objects).
 
 Container contract (stable; the sidecars and `tandem run` rely on it). Commands:
   trainer  ["python", "-m", "tandem.sidecars.trainer"]
@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import gang, kueue, pod_template
+from tandem.operator import kueue, pod_template
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -114,6 +114,11 @@ def pod_object_name(job_name: str, index: int, generation: int, *, queued: bool 
     for the old names to be free. The hostname (and the env contract's pod name) stays `<job>-<i>`."""
     name = pod_name(job_name, index)
     return f"{name}-g{generation}" if queued and generation > 0 else name
+
+
+def pod_group_name(job_name: str, generation: int) -> str:
+    """The PodGroup of the hybrid pods of restart generation `generation` (spec.gangScheduling)."""
+    return f"{job_name}-hybrid-g{generation}"
 
 
 def new_token() -> str:
@@ -361,6 +366,8 @@ def build_pod(
         pod_spec["containers"] = [
             rollout_container(job, index, restart_generation, etcd, owns_gpus=True, owner_uid=owner_uid)
         ]
+    if hybrid and job.spec.gang_scheduling:  # the gang's PodGroup (`tandem.operator.gang`)
+        pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(name, restart_generation)}
     if job.spec.gpus_per_pod:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     pod = {
@@ -373,7 +380,6 @@ def build_pod(
         "spec": pod_spec,
     }
     pod = pod_template.apply(pod, job)  # spec.podTemplate over all of the above
-    pod = gang.mark_pod(pod, job, index, restart_generation)  # spec.gangScheduling: the gang's PodGroup
     return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group
 
 

@@ -1,8 +1,8 @@
 """Gang scheduling by kube-scheduler itself: the Workload API objects of a job (pure builders).
 
-Callers: `tandem.operator.builders.build_pod` (puts a hybrid pod in its gang), and
-`tandem.operator.reconcile.carry_out` (creates the Workload and the gang's PodGroup before the
-pods, and deletes the PodGroups of earlier gangs). Opt-in with `spec.gangScheduling: true`.
+Callers: `tandem.operator.reconcile.carry_out` (creates the Workload and the gang's PodGroup before the
+pods, and deletes the PodGroups of earlier gangs); `tandem.operator.builders.build_pod` puts each
+hybrid pod in its gang's PodGroup (`builders.pod_group_name`). Opt-in with `spec.gangScheduling: true`.
 
 Kubernetes 1.36 schedules a group of pods all-or-nothing (`scheduling.k8s.io/v1alpha2`, feature
 gates GenericWorkload and GangScheduling on the API server, the scheduler and the controller
@@ -30,16 +30,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.spec.models import API_VERSION, GROUP, KIND, RLHFJob
+from tandem.operator.builders import LABEL_GENERATION, LABEL_JOB, owner_reference, pod_group_name
+from tandem.spec.models import GROUP, KIND, RLHFJob
 
 Manifest = dict[str, Any]
 
 API_GROUP = "scheduling.k8s.io"
 API_VERSION_WORKLOAD = "v1alpha2"
 WORKLOADS, PODGROUPS = "workloads", "podgroups"
-TEMPLATE = "hybrid"
-LABEL_JOB = "tandem.dev/job"  # the same key as builders.LABEL_JOB (builders imports this module)
-LABEL_GENERATION = "tandem.dev/restart-generation"
+TEMPLATE = "hybrid"  # the one pod group template (builders.pod_group_name carries it)
 UNAVAILABLE_REASON = "GangSchedulingUnavailable"
 UNAVAILABLE = (f"spec.gangScheduling: the API server does not serve {API_GROUP}/{API_VERSION_WORKLOAD} "
                "workloads and podgroups (Kubernetes >= 1.36 with the GenericWorkload and GangScheduling "
@@ -54,19 +53,12 @@ def workload_name(job_name: str) -> str:
     return job_name
 
 
-def pod_group_name(job_name: str, generation: int) -> str:
-    return f"{job_name}-{TEMPLATE}-g{generation}"
-
-
 def _policy(job: RLHFJob) -> Manifest:
     return {"gang": {"minCount": job.spec.replicas}}
 
 
 def _owner(job_name: str, uid: str | None) -> list[Manifest]:
-    if uid is None:
-        return []
-    return [{"apiVersion": API_VERSION, "kind": KIND, "name": job_name, "uid": uid,
-             "controller": True, "blockOwnerDeletion": True}]
+    return [] if uid is None else [owner_reference(job_name, uid)]
 
 
 def build_workload(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
@@ -103,14 +95,6 @@ def build_pod_group(
             "schedulingPolicy": _policy(job),
         },
     }
-
-
-def mark_pod(pod: Manifest, job: RLHFJob, index: int, generation: int) -> Manifest:
-    """Put a hybrid pod in its gang's PodGroup (in place; returned for chaining). Rollout-only pods
-    and jobs without gangScheduling are left as they are."""
-    if enabled(job) and index < job.spec.replicas:
-        pod["spec"]["schedulingGroup"] = {"podGroupName": pod_group_name(job.metadata.name, generation)}
-    return pod
 
 
 def creates_gang(job: RLHFJob, indices: list[int]) -> bool:
