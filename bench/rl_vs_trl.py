@@ -88,6 +88,7 @@ REWARDS = {"toy": [{"type": "answerMatch", "weight": 1.0},
                    {"type": "format", "pattern": "<answer>-?[0-9]+</answer>", "weight": 0.1}],
            "arith": [{"type": "answerMatch", "match": "flexible", "weight": 1.0}]}
 SWITCH = ("offload", "onload", "publish", "sync", "release")  # the driver's phase-switch share
+TIS_CAP = 2.0  # --max-staleness: importance weights against the sampling version, truncated here
 ARITH = ROOT / "examples" / "arith"  # the task of examples/smollm2-grpo.yaml: chat rows, held-out test.jsonl
 
 
@@ -154,10 +155,17 @@ def fresh_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path) -> Path:
+def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max_staleness: int = 0) -> Path:
     """The bench's job. arith adds the example's chat fields, spec.eval at the start and the end only (eval
-    time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check."""
+    time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check.
+    `max_staleness` > 0 runs it asynchronously on the hybrid pod (its vLLM generates batch i+1 while the
+    trainer trains on batch i), with truncated importance sampling against the version that sampled."""
     import yaml
+
+    algorithm: dict[str, Any] = {"name": "grpo", "groupSize": s.group, "klCoef": s.kl, "clip": s.clip, "lr": s.lr,
+                                 "iterations": iterations}
+    if max_staleness:
+        algorithm |= {"maxStaleness": max_staleness, "tisCap": TIS_CAP}
 
     dataset: dict[str, Any] = {"path": str(train)}
     extra: dict[str, Any] = {}
@@ -169,8 +177,7 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path) -> 
                  "export": {"path": "/bench/tandem-export", "every": iterations}}
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "bench-rl-vs-trl"},
             "spec": {"model": {"path": str(model)}, "dataset": dataset, **extra,
-                     "algorithm": {"name": "grpo", "groupSize": s.group, "klCoef": s.kl, "clip": s.clip, "lr": s.lr,
-                                   "iterations": iterations},
+                     "algorithm": algorithm,
                      "replicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
                                  # a CPU pod has nothing to free (the state would move RAM to RAM); TRL keeps it too
@@ -394,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="prompts per iteration (default: 32 tiny, 4 100m, 8 smollm2)")
     ap.add_argument("--trl-threads", type=int, default=None,
                     help="torch threads for TRL (default: torch's; Tandem's local runner gives each sidecar 1)")
+    ap.add_argument("--max-staleness", type=int, default=0,
+                    help=f"Tandem asynchronous with this bound (algorithm.maxStaleness; tisCap {TIS_CAP})")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
     args = ap.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -409,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     src, train, params = prepare(args.size, out)
     shutil.rmtree(out / "tandem-export", ignore_errors=True)
-    job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml")
+    job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml",
+                   args.max_staleness)
     tandem = run_tandem(job, out / "tandem-runs")
     trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads)
     if s.task == "arith":  # after both timed runs: TRL's before/after and Tandem's export, on Tandem's eval path

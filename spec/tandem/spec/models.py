@@ -116,6 +116,10 @@ class Trainer(Base):
     global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536)] = 8
     offload: bool = True
+    share_prompts: bool = Field(default=True, description=(
+        "Pack a group's prompt once per row: its completions attend to that one copy (attention mask), "
+        "so every forward and backward computes the prompt once per group instead of once per completion. "
+        "Log-probs and gradients are those of one copy per completion."))
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",

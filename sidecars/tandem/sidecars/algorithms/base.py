@@ -26,7 +26,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from tandem.sidecars.algorithms.packing import PackedBatch, pack
+from tandem.sidecars.algorithms.packing import PackedBatch, pack, shared_row_budget
+
+SHARED_ROW_CAP = 1024  # row_budget's limit on a row that holds a whole group
 
 
 class AlgorithmError(ValueError):
@@ -85,11 +87,34 @@ class Algorithm(Protocol):
 
 
 def pack_samples(
-    samples: Sequence[Sample], token_budget: int, *, pad_id: int = 0, pad_to_multiple: int = 1
+    samples: Sequence[Sample], token_budget: int, *, pad_id: int = 0, pad_to_multiple: int = 1,
+    share_prompts: bool = False,
 ) -> PackedBatch:
-    """Pack samples as GRPO and PPO do (one sample per unit; DPO packs pairs itself)."""
+    """Pack samples as GRPO and PPO do (one sample per unit; DPO packs pairs itself). With
+    `share_prompts` the samples of one prompt (a group) form a unit that holds the prompt once."""
     return pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], token_budget,
-                pad_id=pad_id, pad_to_multiple=pad_to_multiple)
+                units=prompt_groups(samples) if share_prompts else None, pad_id=pad_id,
+                pad_to_multiple=pad_to_multiple, share_prompts=share_prompts)
+
+
+def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
+    """Indices of the samples with identical prompt tokens, in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(tuple(s.prompt_ids), []).append(i)
+    return list(groups.values())
+
+
+def row_budget(samples: Sequence[Sample], *, share_prompts: bool = False) -> int:
+    """Tokens per packed row: the longest sample rounded up to 64 (at least 64); with `share_prompts`,
+    enough for the longest group with its prompt held once, up to SHARED_ROW_CAP tokens (the
+    attention mask is rows x len x len; a longer group is split over rows)."""
+    longest = max((len(s.prompt_ids) + len(s.completion_ids) for s in samples), default=1)
+    if share_prompts:
+        longest = max(longest, shared_row_budget([s.prompt_ids for s in samples],
+                                                 [s.completion_ids for s in samples], prompt_groups(samples),
+                                                 cap=SHARED_ROW_CAP))
+    return max(64, -(-longest // 64) * 64)
 
 
 def per_token(samples: Sequence[Sample], attr: str) -> list[list[float]] | None:

@@ -12,14 +12,14 @@ A batch with no pair (all groups tied) has zero rows: the driver skips training 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.sidecars.algorithms import functional as F
 from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample
-from tandem.sidecars.algorithms.packing import PackedBatch, Placement, pack
+from tandem.sidecars.algorithms.packing import PackedBatch, pack
 
 if TYPE_CHECKING:
     from tandem.spec.models import Algorithm as AlgorithmSpec
@@ -43,10 +43,11 @@ def preference_pairs(samples: Sequence[Sample]) -> list[tuple[int, int]]:
 class DPO:
     beta: float = 0.1
     pad_id: int = 0
+    share_prompts: bool = False  # a pair's prompt packed once per row (packing.py)
 
     @classmethod
-    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> DPO:
-        return cls(beta=spec.beta, pad_id=pad_id)
+    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> DPO:
+        return cls(beta=spec.beta, pad_id=pad_id, share_prompts=share_prompts)
 
     @property
     def name(self) -> str:
@@ -72,10 +73,10 @@ class DPO:
             if ref is None or len(ref) != len(samples[i].completion_ids):
                 raise AlgorithmError(f"dpo needs ref_logprobs on every paired sample (sample {i})")
         batch = pack([samples[i].prompt_ids for i in order], [samples[i].completion_ids for i in order],
-                     token_budget, units=[[2 * k, 2 * k + 1] for k in range(len(pairs))], pad_id=self.pad_id)
+                     token_budget, units=[[2 * k, 2 * k + 1] for k in range(len(pairs))], pad_id=self.pad_id,
+                     share_prompts=self.share_prompts)
         local = [p.sample for p in batch.placements]  # index into `order`
-        batch.placements = [Placement(order[p.sample], p.row, p.start, p.prompt_len, p.completion_len)
-                            for p in batch.placements]
+        batch.placements = [replace(p, sample=order[p.sample]) for p in batch.placements]
         batch.seq_fields["pair"] = torch.tensor([k // 2 for k in local], dtype=torch.int64)
         batch.seq_fields["sign"] = torch.tensor([1.0 if k % 2 == 0 else -1.0 for k in local])
         batch.seq_fields["ref_logps"] = torch.tensor(

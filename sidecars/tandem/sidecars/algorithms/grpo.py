@@ -39,11 +39,12 @@ class GRPO:
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
     tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
+    share_prompts: bool = False  # a group's prompt packed once per row (packing.py)
 
     @classmethod
-    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> GRPO:
+    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> GRPO:
         return cls(clip=spec.clip, kl_coef=spec.kl_coef, pad_id=pad_id, tis_cap=spec.tis_cap,
-                   tis_mode=spec.tis_mode)
+                   tis_mode=spec.tis_mode, share_prompts=share_prompts)
 
     @property
     def name(self) -> str:
@@ -62,7 +63,7 @@ class GRPO:
         return False
 
     def prepare(self, samples: Sequence[Sample], token_budget: int) -> PackedBatch:
-        batch = pack_samples(samples, token_budget, pad_id=self.pad_id)
+        batch = pack_samples(samples, token_budget, pad_id=self.pad_id, share_prompts=self.share_prompts)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = [s.group for s in samples]
         adv = F.group_advantages(rewards, groups, scale=self.scale_advantages)

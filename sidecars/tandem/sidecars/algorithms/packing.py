@@ -18,12 +18,21 @@ Rows are filled first-fit-decreasing by unit length. A unit is one sequence or s
 share a row (DPO keeps each chosen/rejected pair in one row so that splitting rows into
 micro-batches never splits a pair). Rows are padded with `pad_id` to the longest row (rounded up to
 `pad_to_multiple`); padding has segment 0, position 0 and no loss.
+
+Shared prompts (`share_prompts`): the samples of a unit with one prompt (a GRPO group) hold it once.
+The row gets the prompt's first n-1 tokens as a prefix segment, then each sample's own segment:
+the prompt's last token and its completion, at positions n-1, n, ... Its tokens attend to the
+prefix (`prefix_ids` names the prefix segment) and to their own earlier tokens, so every log-prob
+equals that of the sample packed whole, while a group of g samples costs (n-1) + g(1 + c) tokens
+instead of g(n + c). The prompt's last token stays in each sample: the logits there predict the
+sample's first completion token. A group too long for a row is split into sub-units that fit,
+each with its own copy of the prefix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,13 +47,21 @@ class Placement:
 
     sample: int  # index of the sample in the caller's list
     row: int
-    start: int  # first position of the sequence in its row
+    start: int  # first position of the sequence's own tokens in its row
     prompt_len: int
     completion_len: int
+    shared: int = 0  # leading prompt tokens held once for the group, in the prefix segment
+    prefix_start: int = 0  # where that prefix starts in the row (when shared > 0)
 
     @property
     def length(self) -> int:
-        return self.prompt_len + self.completion_len
+        """The sequence's own tokens in its row (the shared prefix not counted)."""
+        return self.prompt_len - self.shared + self.completion_len
+
+    @property
+    def first(self) -> int:
+        """Position (labels layout) of the log-prob of completion token 0."""
+        return self.start + self.prompt_len - self.shared - 1
 
 
 @dataclass
@@ -68,6 +85,7 @@ class PackedBatch:
     seq_fields: dict[str, torch.Tensor] = field(default_factory=dict)
     weights: torch.Tensor | None = None  # [R, L] float32
     stats: dict[str, float] = field(default_factory=dict)  # prepare-time metrics (advantage mean…)
+    prefix_ids: torch.Tensor | None = None  # [R, L] int64: the shared-prompt segment a token also sees, 0: none
 
     @property
     def num_rows(self) -> int:
@@ -81,8 +99,11 @@ class PackedBatch:
         """Cumulative sequence boundaries of the rows flattened end to end (THD layout), int32.
 
         Each row's padding tail counts as one extra segment so that the lengths add up to
-        rows x length; `cu_seqlens[-1] == numel(input_ids)`.
+        rows x length; `cu_seqlens[-1] == numel(input_ids)`. A batch with shared prompts has no
+        such layout (its samples are not contiguous): PackingError.
         """
+        if self.prefix_ids is not None:
+            raise PackingError("a batch with shared prompts has no THD layout: pack with share_prompts=False")
         bounds = [0]
         for r in range(self.num_rows):
             base = r * self.row_length
@@ -102,13 +123,7 @@ class PackedBatch:
         (Megatron's local attention takes the inverse: True = masked out; pass `~mask`.)
         Padding positions attend only to themselves so that no row of the softmax is empty.
         """
-        seg = self.segment_ids
-        length = self.row_length
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
-        same = seg.unsqueeze(2) == seg.unsqueeze(1)
-        pad = (seg == 0).unsqueeze(2) & torch.eye(length, dtype=torch.bool).unsqueeze(0)
-        allowed = (same & causal.unsqueeze(0) & (seg != 0).unsqueeze(2)) | pad
-        return allowed.unsqueeze(1)
+        return allowed_attention(self.segment_ids, self.prefix_ids)
 
     def scatter(self, per_sample: Sequence[Sequence[float] | torch.Tensor]) -> torch.Tensor:
         """Place per-completion-token values (indexed by sample) into a `[R, L]` float tensor."""
@@ -118,23 +133,22 @@ class PackedBatch:
             if values.numel() != p.completion_len:
                 raise PackingError(
                     f"sample {p.sample}: {values.numel()} values for {p.completion_len} completion tokens")
-            first = p.start + p.prompt_len - 1
-            out[p.row, first:first + p.completion_len] = values
+            out[p.row, p.first:p.first + p.completion_len] = values
         return out
 
     def unpack(self, packed: torch.Tensor) -> dict[int, torch.Tensor]:
         """Per-completion-token values of each sample (keyed by sample index) from a `[R, L]` tensor."""
         result: dict[int, torch.Tensor] = {}
         for p in self.placements:
-            first = p.start + p.prompt_len - 1
-            result[p.sample] = packed[p.row, first:first + p.completion_len]
+            result[p.sample] = packed[p.row, p.first:p.first + p.completion_len]
         return result
 
     def unpack_tokens(self) -> dict[int, tuple[list[int], list[int]]]:
         """(prompt ids, completion ids) of each packed sample, keyed by sample index."""
         result: dict[int, tuple[list[int], list[int]]] = {}
         for p in self.placements:
-            ids = self.input_ids[p.row, p.start:p.start + p.length].tolist()
+            ids = self.input_ids[p.row, p.prefix_start:p.prefix_start + p.shared].tolist()
+            ids += self.input_ids[p.row, p.start:p.start + p.length].tolist()
             result[p.sample] = (ids[:p.prompt_len], ids[p.prompt_len:])
         return result
 
@@ -159,7 +173,8 @@ class PackedBatch:
             move(self.input_ids), move(self.position_ids), move(self.segment_ids), move(self.labels),
             move(self.loss_mask), move(self.seq_index), list(self.placements),
             {k: move(v) for k, v in self.token_fields.items()}, {k: move(v) for k, v in self.seq_fields.items()},
-            None if self.weights is None else move(self.weights), dict(self.stats))
+            None if self.weights is None else move(self.weights), dict(self.stats),
+            None if self.prefix_ids is None else move(self.prefix_ids))
 
     def normalised(self) -> PackedBatch:
         """This part as a batch of its own: weights rescaled to sum to 1 over its rows, DPO's pair
@@ -188,11 +203,27 @@ class PackedBatch:
             seq_fields={k: v[keep] for k, v in self.seq_fields.items()},
             weights=None if self.weights is None else self.weights[sl],
             stats=dict(self.stats),
+            prefix_ids=None if self.prefix_ids is None else self.prefix_ids[sl],
         )
 
 
 def _shift_row(p: Placement, lo: int) -> Placement:
-    return Placement(p.sample, p.row - lo, p.start, p.prompt_len, p.completion_len)
+    return replace(p, row=p.row - lo)
+
+
+def allowed_attention(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`[R, 1, L, L]`, True where query t may attend to key s: earlier tokens of its own segment, and
+    of the shared-prompt segment `prefix_ids[t]` names (which precedes it in the row). Padding
+    (segment 0) attends only to itself so that no row of the softmax is empty."""
+    seg = segment_ids
+    length = seg.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=seg.device).tril()
+    same = seg.unsqueeze(2) == seg.unsqueeze(1)
+    if prefix_ids is not None:
+        same = same | ((prefix_ids.unsqueeze(2) == seg.unsqueeze(1)) & (prefix_ids != 0).unsqueeze(2))
+    pad = (seg == 0).unsqueeze(2) & torch.eye(length, dtype=torch.bool, device=seg.device).unsqueeze(0)
+    allowed = (same & causal.unsqueeze(0) & (seg != 0).unsqueeze(2)) | pad
+    return allowed.unsqueeze(1)
 
 
 def plan_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -222,11 +253,14 @@ def pack(
     units: Sequence[Sequence[int]] | None = None,
     pad_id: int = 0,
     pad_to_multiple: int = 1,
+    share_prompts: bool = False,
 ) -> PackedBatch:
     """Pack samples i = (prompts[i] + completions[i]) into rows of at most `token_budget` tokens.
 
     `units` (default: each sample alone) lists sample indices that must share a row, in order.
     Every sample must appear in exactly one unit. Rows keep the units' order of placement.
+    With `share_prompts`, a unit of two or more samples with one prompt holds it once (module
+    docstring); split into sub-units when the whole group exceeds the budget.
     """
     if len(prompts) != len(completions):
         raise PackingError("prompts and completions differ in length")
@@ -237,7 +271,10 @@ def pack(
     seen = sorted(i for u in unit_list for i in u)
     if seen != list(range(len(prompts))):
         raise PackingError("units must cover every sample exactly once")
-    lengths = [sum(len(prompts[i]) + len(completions[i]) for i in u) for u in unit_list]
+    if share_prompts:
+        unit_list = [sub for u in unit_list for sub in _shared_units(u, prompts, completions, token_budget)]
+    shared = [_shares(u, prompts) for u in unit_list]
+    lengths = [_unit_length(u, prompts, completions, sh) for u, sh in zip(unit_list, shared, strict=True)]
     plan = plan_rows(lengths, token_budget)
     fill = max((sum(lengths[u] for u in row) for row in plan), default=0)
     length = max(1, -(-fill // pad_to_multiple) * pad_to_multiple)
@@ -246,27 +283,80 @@ def pack(
     labels = torch.full((n_rows, length), pad_id, dtype=torch.int64)
     position_ids = torch.zeros(n_rows, length, dtype=torch.int64)
     segment_ids = torch.zeros(n_rows, length, dtype=torch.int64)
+    prefix_ids = torch.zeros(n_rows, length, dtype=torch.int64)
     seq_index = torch.full((n_rows, length), -1, dtype=torch.int64)
     loss_mask = torch.zeros(n_rows, length, dtype=torch.float32)
     placements: list[Placement] = []
+
+    def put(r: int, start: int, ids: list[int], first_pos: int, segment: int) -> int:
+        end = start + len(ids)
+        t = torch.tensor(ids, dtype=torch.int64)
+        input_ids[r, start:end] = t
+        labels[r, start:end - 1] = t[1:]
+        position_ids[r, start:end] = torch.arange(first_pos, first_pos + len(ids))
+        segment_ids[r, start:end] = segment
+        return end
+
     for r, row in enumerate(plan):
-        start = 0
-        segment = 0
+        start = segment = 0
         for u in row:
+            n_shared = shared[u]
+            prefix, prefix_segment = start, 0
+            if n_shared:  # the group's prompt, all but its last token, once
+                segment += 1
+                prefix_segment = segment
+                start = put(r, start, list(prompts[unit_list[u][0]][:n_shared]), 0, segment)
             for i in unit_list[u]:
                 segment += 1
                 n_p, n_c = len(prompts[i]), len(completions[i])
-                end = start + n_p + n_c
-                ids = torch.tensor([*prompts[i], *completions[i]], dtype=torch.int64)
-                input_ids[r, start:end] = ids
-                labels[r, start:end - 1] = ids[1:]
-                position_ids[r, start:end] = torch.arange(n_p + n_c)
-                segment_ids[r, start:end] = segment
+                own = [*prompts[i][n_shared:], *completions[i]]
+                end = put(r, start, own, n_shared, segment)
+                prefix_ids[r, start:end] = prefix_segment
                 seq_index[r, start:end] = len(placements)
-                loss_mask[r, start + n_p - 1:end - 1] = 1.0
-                placements.append(Placement(i, r, start, n_p, n_c))
+                loss_mask[r, start + n_p - n_shared - 1:end - 1] = 1.0
+                placements.append(Placement(i, r, start, n_p, n_c, n_shared, prefix if n_shared else 0))
                 start = end
-    return PackedBatch(input_ids, position_ids, segment_ids, labels, loss_mask, seq_index, placements)
+    return PackedBatch(input_ids, position_ids, segment_ids, labels, loss_mask, seq_index, placements,
+                       prefix_ids=prefix_ids if any(shared) else None)
+
+
+def _shares(unit: Sequence[int], prompts: Sequence[Sequence[int]]) -> int:
+    """Prompt tokens the unit's samples hold once: n-1 when two or more share one prompt of n >= 2."""
+    first = prompts[unit[0]]
+    if len(unit) < 2 or len(first) < 2 or any(list(prompts[i]) != list(first) for i in unit[1:]):
+        return 0
+    return len(first) - 1
+
+
+def _unit_length(unit: Sequence[int], prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                 shared: int) -> int:
+    return shared + sum(len(prompts[i]) - shared + len(completions[i]) for i in unit)
+
+
+def _shared_units(unit: Sequence[int], prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                  budget: int) -> list[list[int]]:
+    """`unit` as sub-units that each fit `budget` with its prompt held once: consecutive samples are
+    added while the sub-unit fits. A unit with no common prompt stays as it is."""
+    if _shares(unit, prompts) == 0:
+        return [list(unit)]
+    out: list[list[int]] = []
+    for i in unit:
+        if out and _unit_length([*out[-1], i], prompts, completions, len(prompts[i]) - 1) <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def shared_row_budget(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                      groups: Sequence[Sequence[int]], cap: int) -> int:
+    """The longest group with its prompt held once, up to `cap`: a row budget that lets each group
+    share its prompt in one row (a longer group is split by `pack`)."""
+    longest = 0
+    for g in groups:
+        n = _shares(g, prompts)
+        longest = max(longest, _unit_length(g, prompts, completions, n) if n else 0)
+    return min(longest, cap)
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

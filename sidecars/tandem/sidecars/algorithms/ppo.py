@@ -37,12 +37,13 @@ class PPO:
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
     tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
+    share_prompts: bool = False  # a group's prompt packed once per row (packing.py)
 
     @classmethod
-    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0) -> PPO:
+    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> PPO:
         return cls(clip=spec.clip, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
                    critic=spec.critic, pad_id=pad_id, tis_cap=spec.tis_cap,
-                   tis_mode=spec.tis_mode)
+                   tis_mode=spec.tis_mode, share_prompts=share_prompts)
 
     @property
     def name(self) -> str:
@@ -90,7 +91,7 @@ class PPO:
         return [[sum(sums[s.group]) / len(sums[s.group])] * len(s.completion_ids) for s in samples]
 
     def prepare(self, samples: Sequence[Sample], token_budget: int) -> PackedBatch:
-        batch = pack_samples(samples, token_budget, pad_id=self.pad_id)
+        batch = pack_samples(samples, token_budget, pad_id=self.pad_id, share_prompts=self.share_prompts)
         rewards = self.token_rewards(samples)
         values = self.baseline_values(samples)
         t_max = max((len(s.completion_ids) for s in samples), default=0)

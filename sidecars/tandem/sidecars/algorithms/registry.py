@@ -1,7 +1,7 @@
 """The one place choosing an algorithm: the job's `algorithm.name` -> its class, configured from the spec.
 
 Role: sits above the algorithm modules (they import `base`, never this), so no import cycle joins
-them. Caller: the trainer context (`make_algorithm(spec.algorithm, pad_id=...)`), tests.
+them. Caller: the trainer context (`make_algorithm(spec.algorithm, pad_id=..., share_prompts=...)`), tests.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 CLASSES: dict[str, type[GRPO] | type[PPO] | type[DPO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO}
 
 
-def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0) -> Algorithm:
+def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> Algorithm:
     """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec.
 
     Knobs the spec does not carry (reduction, advantage scaling, whitening) keep their documented
@@ -27,4 +27,4 @@ def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0) -> Algorithm:
     """
     if spec.name not in CLASSES:
         raise AlgorithmError(f"algorithm.name: unknown algorithm {spec.name!r}")
-    return CLASSES[spec.name].from_spec(spec, pad_id=pad_id)
+    return CLASSES[spec.name].from_spec(spec, pad_id=pad_id, share_prompts=share_prompts)

@@ -27,7 +27,7 @@ from tandem.checkpoint_engine.durable import DurableStore
 from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.sidecars.algorithms.base import Algorithm, Sample
+from tandem.sidecars.algorithms.base import Algorithm, Sample, row_budget
 from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
@@ -93,7 +93,7 @@ class TrainerContext:
         tok = AutoTokenizer.from_pretrained(spec.model.path)
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
-        algorithm = make_algorithm(spec.algorithm, pad_id=pad)
+        algorithm = make_algorithm(spec.algorithm, pad_id=pad, share_prompts=spec.trainer.share_prompts)
         critic = None
         if algorithm.needs_values:  # PPO's learned critic: the policy's transformer with a zeroed value head
             critic = MegatronEngine.from_hf(
@@ -278,8 +278,7 @@ class TrainerContext:
         return self.algorithm.prepare(samples, self.token_budget(samples))
 
     def token_budget(self, samples: list[Sample]) -> int:
-        longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-        return max(64, math.ceil(longest / 64) * 64)
+        return row_budget(samples, share_prompts=self.job.spec.trainer.share_prompts)
 
     def inference(self, samples: list[Sample], inputs: list[RewardInput]) -> dict[str, Any]:
         """Reference log-probs (collective) overlapped with rewards (driver); fills the samples.
@@ -289,7 +288,8 @@ class TrainerContext:
         """
         from tandem.sidecars.algorithms.base import pack_samples
 
-        packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id)
+        packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id,
+                              share_prompts=self.job.spec.trainer.share_prompts)
         need_old = self.algorithm.needs_old_logprobs or self.job.spec.algorithm.epochs > 1
         forwards = [self.reference, self.engine if need_old else None, self.critic]
 

@@ -174,8 +174,10 @@ class MegatronEngine:
         if positions is None:
             positions = micro_batches.position_ids(seg)
         index = heads.scored_positions(mb) if self._scoring else None
-        with heads.only_scored(self.gpt.decoder, index):
-            output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg))
+        prefix = micro_batches.field(mb, "prefix_ids")
+        rope = None if prefix is None else positions  # shared prompts: RoPE at the batch's positions
+        with heads.only_scored(self.gpt.decoder, index), micro_batches.rope_at(self.gpt, rope):
+            output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg, prefix))
         return output, (partial(loss_fn, mb) if loss_fn is not None else None)
 
     def _run(

@@ -3,17 +3,21 @@
 Used by :class:`~tandem.sidecars.trainer.megatron_engine.MegatronEngine`. A batch is either the
 algorithms' ``PackedBatch`` (:mod:`tandem.sidecars.algorithms.packing`, the RL loop's type) or a
 plain mapping of ``[rows, row_len]`` tensors; both carry ``input_ids`` and ``segment_ids``
-(1, 2, ... for the samples of a row, 0 for padding) and optionally ``position_ids``.
-Attention never crosses a segment boundary.
+(1, 2, ... for the samples of a row, 0 for padding) and optionally ``position_ids`` and
+``prefix_ids`` (a group's shared prompt, see the packing module). Attention never crosses a
+segment boundary, except from a sample to its shared prompt.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from tandem.sidecars.algorithms.packing import allowed_attention
 
 
 class BatchError(ValueError):
@@ -45,15 +49,44 @@ def position_ids(segment_ids: torch.Tensor) -> torch.Tensor:
     return index - start_index
 
 
-def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+def attention_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Megatron's boolean mask ``[rows, 1, len, len]``: True where attention is NOT allowed.
 
-    A token sees the earlier tokens of its own sample only (causal, block-diagonal).
+    A token sees the earlier tokens of its own sample, and of the shared-prompt segment that
+    ``prefix_ids`` names for it (``packing.allowed_attention``); padding sees itself.
     """
-    cols = segment_ids.shape[1]
-    causal = torch.ones(cols, cols, dtype=torch.bool, device=segment_ids.device).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return ~(same & causal)[:, None]
+    return ~allowed_attention(segment_ids, prefix_ids)
+
+
+@contextmanager
+def rope_at(gpt: Any, positions: torch.Tensor | None) -> Iterator[None]:
+    """While active, the model's rotary embedding rotates token t of row r by ``positions[r, t]``.
+
+    Megatron's RoPE rotates by the index in the row and ignores ``position_ids``; packing samples one
+    after another is still exact because attention only sees differences of positions within a
+    sample. A shared prompt breaks that (the second sample of a group sits further from the prefix
+    than its position says), so batches with ``prefix_ids`` pass their ``position_ids`` through here:
+    rows of the model's own table (scaling included), ``[len, rows, 1, dim]``, broadcast over heads.
+    ``None`` leaves the model as it is.
+    """
+    rotary = getattr(gpt, "rotary_pos_emb", None)
+    if positions is None:
+        yield
+        return
+    if rotary is None or getattr(gpt, "position_embedding_type", "rope") != "rope":
+        raise BatchError("shared prompts need a model with rotary position embeddings (rope)")
+    length = int(positions.shape[1])
+    table = rotary(length)  # [len, 1, 1, dim]: positions 0..len-1 (a position never exceeds its index)
+    emb = table[:, 0, 0, :][positions.t().to(table.device)].unsqueeze(2)
+
+    def forward(*_args: Any, **_kwargs: Any) -> torch.Tensor:
+        return emb
+
+    rotary.forward = forward
+    try:
+        yield
+    finally:
+        del rotary.forward
 
 
 def split_rows(batch: Any, micro_batch_size: int) -> list[Any]:
