@@ -49,6 +49,7 @@ JOB = "bench-rollout-modes"
 LONG_SHARE = 10  # every 10th training prompt asks for an endless count
 MAX_TOKENS = 320
 POSITIONS = 512  # the bench's copy of the toy model is taught positions beyond the toy's 128
+EVAL_PROMPTS = 64  # held-out sums scored by spec.eval (a sum's answer is ~6 tokens: 16 suffice)
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
     "partial": {"rollout": {"partial": {"tokenBudget": 48, "maxAge": 8}}},
@@ -69,7 +70,8 @@ def count_from(n: int, tokens: int, tokenizer: Any) -> list[int]:
 
 def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
     """(model dir, train.jsonl): the toy model taught to count without end after `Count from N:`, and
-    its sums with every LONG_SHARE-th prompt replaced by a count. Cached in `out`."""
+    its sums with every LONG_SHARE-th prompt replaced by a count. Cached in `out`. The held-out sums
+    (spec.eval) are the toy's test.jsonl beside them (`out / "toy" / "test.jsonl"`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,6 +126,8 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
 
 
 def job_yaml(mode: str, model: Path, train: Path, iterations: int, path: Path) -> Path:
+    """The mode's job; spec.eval scores held-out sums (greedy pass@1 and 4 samples at temperature 1)
+    at the start, every quarter of the run and the end, the same prompts in every mode."""
     import yaml
 
     from tandem.sidecars.toy.dataset import reward_specs
@@ -136,6 +140,9 @@ def job_yaml(mode: str, model: Path, train: Path, iterations: int, path: Path) -
     rollout |= MODES[mode].get("rollout", {})
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": JOB},
             "spec": {"model": {"path": str(model)}, "dataset": {"path": str(train)}, "algorithm": algorithm,
+                     "eval": {"dataset": {"path": str(train.parent / "toy" / "test.jsonl")},
+                              "every": max(1, iterations // 4), "prompts": EVAL_PROMPTS, "samples": 4,
+                              "temperature": 1.0, "maxTokens": 16},
                      "replicas": 1, "rolloutOnlyReplicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": 128,
                                  "microBatchSize": 32, "offload": False},
@@ -156,6 +163,8 @@ def run_mode(mode: str, job: Path, workdir: Path, pin_pods: bool) -> dict[str, A
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     path = workdir / JOB / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    evals_path = workdir / JOB / "eval.jsonl"
+    evals = [json.loads(x) for x in evals_path.read_text().splitlines() if x.strip()] if evals_path.exists() else []
     if rc != 0 or not rows:
         raise SystemExit(f"{mode}: tandem run failed (rc={rc}); see {workdir / 'tandem-run.log'}")
     done, curve = 0, []
@@ -167,9 +176,11 @@ def run_mode(mode: str, job: Path, workdir: Path, pin_pods: bool) -> dict[str, A
     for r in rows:
         for k, v in r.get("staleness_hist", {}).items():
             hist[k] = hist.get(k, 0) + v
-    seconds = sum(r["total_seconds"] for r in rows)
+    # the loop without its evaluations (the same held-out work in every mode, not rollout throughput)
+    seconds = sum(r["total_seconds"] - r["seconds"].get("eval", 0.0) for r in rows)
     return {"completions": done, "loop_seconds": seconds, "completions_per_s": done / seconds,
             "reward_last": sum(r["reward_mean"] for r in last) / len(last), "curve": curve,
+            "eval": [(e["iteration"], e["pass_at_1"], e["pass_at_k"]) for e in evals],
             "staleness_hist": hist, "carried_share": sum(r.get("carried_share", 0.0) for r in rows) / len(rows),
             "wasted_tokens": sum(r.get("wasted_tokens", 0) for r in rows),
             "completion_len": sum(r["completion_tokens"] for r in rows) / done,
@@ -177,22 +188,40 @@ def run_mode(mode: str, job: Path, workdir: Path, pin_pods: bool) -> dict[str, A
             "train_s": sum(r["seconds"]["train"] for r in rows) / len(rows)}
 
 
-def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode, r in results.items():
-        xs, ys = zip(*r["curve"], strict=True)
-        a.plot(xs, ys, marker=".", label=mode)
-    a.set(xlabel="trained completions", ylabel="reward mean", title="reward vs trained completions")
+    fig, (a, e, b) = plt.subplots(1, 3, figsize=(16, 4))
+    for n, (mode, runs) in enumerate(results.items()):
+        color = f"C{n}"
+        for k, r in enumerate(runs):
+            xs, ys = zip(*r["curve"], strict=True)
+            a.plot(xs, ys, marker=".", color=color, alpha=0.8, label=mode if k == 0 else None)
+            if r["eval"]:
+                its, p1, _ = zip(*r["eval"], strict=True)
+                e.plot(its, p1, marker="o", color=color, alpha=0.8, label=mode if k == 0 else None)
+    a.set(xlabel="trained completions", ylabel="training reward mean", title="reward vs trained completions")
+    e.set(xlabel="iterations", ylabel="held-out pass@1 (sampled, T=1)", title="held-out sums")
     a.legend()
-    b.bar(list(results), [r["completions_per_s"] for r in results.values()])
-    b.set(ylabel="completions/s (loop)", title="throughput")
+    e.legend()
+    modes = list(results)
+    b.bar(modes, [mean([r["completions_per_s"] for r in results[m]]) for m in modes])
+    for i, m in enumerate(modes):
+        b.scatter([i] * len(results[m]), [r["completions_per_s"] for r in results[m]], color="k", zorder=3)
+    b.set(ylabel="completions/s (loop, without eval)", title="throughput (bars: mean, dots: runs)")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def spread(xs: list[float]) -> str:
+    return f"{mean(xs):.3f}" if len(xs) == 1 else f"{mean(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,25 +229,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rollout_modes"))
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    ap.add_argument("--repeats", type=int, default=1, help="runs per mode, interleaved (sync, partial, ..., sync, ...)")
     ap.add_argument("--pin-pods", action="store_true",
                     help="each pod on its own cores (tandem run --pin-pods), as on separate nodes")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print("building the long-tailed task (cached)", flush=True)
     model, train = build_task(args.out)
-    results: dict[str, dict[str, Any]] = {}
-    for mode in args.modes.split(","):
-        print(f"running {mode}", flush=True)
-        slug = mode.replace(" ", "").replace("=", "")
-        results[mode] = run_mode(mode, job_yaml(mode, model, train, args.iterations, args.out / f"{slug}.yaml"),
-                                 args.out / slug, args.pin_pods)
-    base = results.get("sync", next(iter(results.values())))["completions_per_s"]
-    print(f"{'mode':<10} {'trained':>8} {'compl/s':>8} {'ratio':>6} {'reward':>7} {'len':>5} {'rollout s':>9} "
-          f"{'train s':>7} {'carried':>7} {'wasted':>6}  staleness")
-    for mode, r in results.items():
-        print(f"{mode:<10} {r['completions']:>8} {r['completions_per_s']:>8.1f} {r['completions_per_s'] / base:>6.2f} "
-              f"{r['reward_last']:>7.3f} {r['completion_len']:>5.1f} {r['rollout_s']:>9.2f} {r['train_s']:>7.2f} "
-              f"{r['carried_share']:>7.2f} {r['wasted_tokens']:>6}  {r['staleness_hist']}")
+    modes = args.modes.split(",")
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for k in range(args.repeats):
+        for mode in modes:
+            print(f"running {mode} ({k + 1}/{args.repeats})", flush=True)
+            slug = mode.replace(" ", "").replace("=", "")
+            job = job_yaml(mode, model, train, args.iterations, args.out / f"{slug}.yaml")
+            results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods))
+    base = mean([r["completions_per_s"] for r in results.get("sync", next(iter(results.values())))])
+    print(f"{'mode':<10} {'trained':>8} {'compl/s':>20} {'ratio':>5} {'reward(last 1/4)':>20} {'pass@1 0->end':>22} "
+          f"{'len':>5} {'rollout s':>9} {'train s':>7} {'carried':>7} {'wasted':>6}  staleness")
+    for mode, runs in results.items():
+        cps = [r["completions_per_s"] for r in runs]
+        first = [r["eval"][0][1] for r in runs if r["eval"]]
+        end = [r["eval"][-1][1] for r in runs if r["eval"]]
+        evals = f"{mean(first):.3f} -> {spread(end)}" if end else "-"
+        print(f"{mode:<10} {runs[0]['completions']:>8} {spread(cps):>20} {mean(cps) / base:>5.2f} "
+              f"{spread([r['reward_last'] for r in runs]):>20} {evals:>22} "
+              f"{mean([r['completion_len'] for r in runs]):>5.1f} {mean([r['rollout_s'] for r in runs]):>9.2f} "
+              f"{mean([r['train_s'] for r in runs]):>7.2f} {mean([r['carried_share'] for r in runs]):>7.2f} "
+              f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}")
     (args.out / "rollout_modes.json").write_text(json.dumps(results, indent=2))
     plot(results, args.out / "rollout_modes.png")
     print(f"wrote {args.out / 'rollout_modes.json'} and {args.out / 'rollout_modes.png'}")

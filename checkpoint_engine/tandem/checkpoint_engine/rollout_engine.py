@@ -49,16 +49,20 @@ class EngineConfig:
     seed: int = 0
     enable_sleep_mode: bool = False
     shutdown_timeout_s: float = 2.0  # graceful vLLM exit, then kill (vLLM's own default: 5 s)
+    cpu_reserved_cores: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU on CPU (None: vLLM's default, 1)
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare_env(cfg: EngineConfig) -> None:
-    """Environment vLLM reads at import/start: offline, private caches, small CPU KV cache."""
+    """Environment vLLM reads at import/start: offline, private caches, small CPU KV cache, the cores
+    it reserves for its engine loop on CPU."""
     cache = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    if cfg.cpu_reserved_cores is not None:  # an explicit setting in the environment wins
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(cfg.cpu_reserved_cores))
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if _CE_ROOT not in paths:  # worker processes must import the extension
         os.environ["PYTHONPATH"] = os.pathsep.join([_CE_ROOT, *[p for p in paths if p]])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import start_sidecar
@@ -50,7 +52,10 @@ def main() -> int:
     engine = PodRolloutEngine(EngineConfig(shm_root=env.shm_dir, job=env.job,
                                            tensor_parallel=spec.rollout.tensor_parallel,
                                            max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens),
-                                           enable_sleep_mode=spec.rollout.between_rollouts == "sleep"),
+                                           enable_sleep_mode=spec.rollout.between_rollouts == "sleep",
+                                           cpu_reserved_cores=cores.reserved_cores(
+                                               spec, rollout_only=env.rollout_only,
+                                               cores=len(os.sched_getaffinity(0)))),
                               registry, node)
     try:
         engine.start(spec.model.path, dummy=True)
