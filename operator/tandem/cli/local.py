@@ -102,17 +102,24 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
     return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
 
 
+SHARED_CORES_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # vLLM's default reservation, set where pods share cores
+
+
 def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pods: bool) -> list[LocalContainer]:
     extra = PodEnv.environ(resume=resume, job_uid=_job_uid(run_dir, resume))
     local = job.model_copy(update={"metadata": job.metadata.model_copy(update={"labels": {}})})  # no Kueue here
     pods = builders.build_pods(local, restart_generation=_generation(run_dir, resume))
     containers = processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
                                shm_root=shm_root_of(job), extra=extra)
+    pods_here = sorted({c.pod for c in containers})
     if pin_pods:
-        share = pod_cpus(sorted({c.pod for c in containers}), sorted(os.sched_getaffinity(0)))
+        share = pod_cpus(pods_here, sorted(os.sched_getaffinity(0)))
         for c in containers:
             c.cpus = share[c.pod]
         console.print("pods pinned: " + ", ".join(f"{pod} cores {sorted(cpus)}" for pod, cpus in share.items()))
+    elif len(pods_here) > 1:  # pods share every core: no vLLM may take them all (sidecars/rollout/cores.py)
+        for c in containers:
+            c.env.setdefault(SHARED_CORES_ENV, "1")
     return containers
 
 

@@ -9,7 +9,8 @@ waits (synchronous and partial rollouts) and a rollout-only pod has its cores to
 asynchronous rollouts on the hybrid pods themselves (`algorithm.maxStaleness` > 0 and
 `rollout.betweenRollouts: keep`), vLLM generates while the trainer trains, and its compute
 threads would contend with the trainer's for every core: vLLM's default stays. A pod with one core
-also keeps the default. An explicit VLLM_CPU_NUM_OF_RESERVED_CPU in the pod's env always wins.
+also keeps the default. An explicit VLLM_CPU_NUM_OF_RESERVED_CPU in the pod's env always wins; `tandem
+run` sets the default explicitly where several pods share the machine's cores (not `--pin-pods`).
 Ignored on GPUs. Caller: `tandem.sidecars.rollout.__main__`.
 """
 
