@@ -38,8 +38,8 @@ def samples(tokenizer: Any, group: int, completion: int) -> list[Any]:
     gen = torch.Generator().manual_seed(0)
     out = []
     for g, row in enumerate(rows):
-        ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
-        prompt = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        prompt = list(tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"])
         for k in range(group):
             n = max(1, completion + (k % 3) - 1)  # lengths vary a little within a group, as sampled ones do
             out.append(Sample(prompt, torch.randint(10, 40000, (n,), generator=gen).tolist(), group=g,
