@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = {}
     for share in (False, True):
         algo = GRPO(kl_coef=0.0, share_prompts=share)
-        batch = algo.prepare(batch_samples, row_budget(batch_samples, share_prompts=share))
+        batch = algo.prepare(batch_samples, row_budget(batch_samples, share_prompts=share, hidden=engine.shape.hidden))
 
         def loss(out: torch.Tensor, mb: Any, algo: GRPO = algo) -> tuple[torch.Tensor, dict[str, float]]:
             return algo.loss(shift_to_labels(out), mb)

@@ -92,6 +92,10 @@ def test_row_budget_fits_a_group_up_to_the_cap() -> None:
     assert row_budget(group, share_prompts=True) == 192  # 39 + 4 x 31 = 163: the whole group in a row
     big = [Sample([1] * 40, [2] * 600, group=0) for _ in range(8)]
     assert row_budget(big, share_prompts=True) == 1024  # capped: the group is split over rows
+    assert row_budget(big, share_prompts=True, hidden=8192) == 1024
+    # a narrow model: dense attention over a long row would cost more than sharing saves
+    assert row_budget(group, share_prompts=True, hidden=576) == 192  # SmolLM2: the group fits under 288
+    assert row_budget(group, share_prompts=True, hidden=64) == 128  # no growth: sub-units within 128
 
 
 def test_logprobs_of_shared_rows_equal_whole_rows_with_an_exact_causal_model() -> None:

@@ -105,15 +105,18 @@ def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
     return list(groups.values())
 
 
-def row_budget(samples: Sequence[Sample], *, share_prompts: bool = False) -> int:
-    """Tokens per packed row: the longest sample rounded up to 64 (at least 64); with `share_prompts`,
-    enough for the longest group with its prompt held once, up to SHARED_ROW_CAP tokens (the
-    attention mask is rows x len x len; a longer group is split over rows)."""
+def row_budget(samples: Sequence[Sample], *, share_prompts: bool = False, hidden: int | None = None) -> int:
+    """Tokens per packed row: the longest sample rounded up to 64 (at least 64). With `share_prompts`,
+    the row may grow to hold the longest group with its prompt once, up to `hidden // 2` tokens (the
+    model's hidden size; SHARED_ROW_CAP when unknown or larger): every row's attention is dense
+    (len x len under the mask), which costs about len / (6 hidden) of a token's other work, so a
+    longer row would spend on attention what sharing saves; a longer group is split over rows."""
     longest = max((len(s.prompt_ids) + len(s.completion_ids) for s in samples), default=1)
     if share_prompts:
+        cap = SHARED_ROW_CAP if hidden is None else min(SHARED_ROW_CAP, hidden // 2)
         longest = max(longest, shared_row_budget([s.prompt_ids for s in samples],
                                                  [s.completion_ids for s in samples], prompt_groups(samples),
-                                                 cap=SHARED_ROW_CAP))
+                                                 cap=cap))
     return max(64, -(-longest // 64) * 64)
 
 

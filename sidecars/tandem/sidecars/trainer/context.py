@@ -278,7 +278,7 @@ class TrainerContext:
         return self.algorithm.prepare(samples, self.token_budget(samples))
 
     def token_budget(self, samples: list[Sample]) -> int:
-        return row_budget(samples, share_prompts=self.job.spec.trainer.share_prompts)
+        return row_budget(samples, share_prompts=self.job.spec.trainer.share_prompts, hidden=self.engine.shape.hidden)
 
     def inference(self, samples: list[Sample], inputs: list[RewardInput]) -> dict[str, Any]:
         """Reference log-probs (collective) overlapped with rewards (driver); fills the samples.
