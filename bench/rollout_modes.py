@@ -6,27 +6,31 @@ prompt (`Count from N:`) by counting without end, so those answers run to `rollo
 and earn no reward (an unfinished answer is wrong). Each mode runs `tandem run` on one hybrid pod
 plus one rollout-only pod, the same model, prompts, rewards, group size, learning rate and number
 of iterations; GRPO with tisCap 2 in every mode (the synchronous loop's weights are ~1: same loss).
-Reported per mode: trained completions, completions/s in the loop (sum of per-iteration seconds),
-mean reward over the last iterations, staleness, carried share and wasted tokens, and the ratio of
-completions/s to sync's; the reward curves against trained completions go to DIR/rollout_modes.png.
+Reported per mode (mean and range over --repeats runs, interleaved so that load drifts hit every
+mode): trained completions, completions/s in the loop (sum of per-iteration seconds, evaluations left
+out), mean reward over the last quarter, held-out pass@1 on 64 of the toy's test sums (spec.eval at
+the start, every quarter and the end, the same prompts in every mode), staleness, carried share and
+wasted tokens, and the ratio of completions/s to sync's; DIR/rollout_modes.png plots every run's
+reward against trained completions, its held-out pass@1, and the throughput.
 
-Measured here (2 cores, 16 iterations of 16 prompts x 8, every process on both cores):
-    mode       compl/s  ratio  reward(last 4)  rollout s  train s  staleness
-    sync          37.3   1.00           0.775       1.81     1.37  all 0
-    partial       38.2   1.02           0.521       1.72     1.17  0: 1792, 1: 16, 6: 184
-    async k=1     48.1   1.29           0.617       0.71     1.86  1: 1920 (batch 0 fresh)
-    async k=2     47.7   1.28           0.476       0.64     1.97  2: 1664
-The long tail costs little here: a 0.5M-parameter decode step is cheap, so a batch's rollout is
-overhead-bound (1.8 s whether or not 13 of its 128 answers run to 320 tokens), and partial
-rollouts gain nothing; asynchronous mode gains what overlapping saves, bounded because the producer's
-generation and training share the same two cores. With --pin-pods (hybrid pod on core 0, rollout-only
-pod on core 1, as separate nodes) sync alone ran 64.6 completions/s (31.7 s for 2048); the other
-modes' pinned figures are still to be taken (the first try hung on the reward bug fixed with it).
-Rewards are one seed each: the curves cross repeatedly (async k=1 0.48 -> 0.55-0.76 over its last
-quarter), so "no worse than sync" is not shown at this length.
+Measured 2026-11-25 (2 cores, AVX2), --pin-pods (hybrid pod on core 0, rollout-only pod on core 1,
+as on separate nodes), 16 iterations of 16 prompts x 8, two runs per mode interleaved (mean, range):
+    mode       compl/s             ratio  reward(last 1/4)     held-out pass@1 0 -> end
+    sync       29.0 (27.6-30.4)    1.00   0.554 (0.419-0.689)  0.746 -> 0.438 (0.305-0.570)
+    partial    44.4 (38.5-50.3)    1.53   0.656 (0.609-0.703)  0.719 -> 0.518 (0.473-0.562)
+    async k=1  53.2 (51.6-54.8)    1.83   0.590 (0.576-0.605)  0.721 -> 0.514 (0.422-0.605)
+Target (partial or async >= 1.5x sync at a reward no worse within noise): met by both. Sync waits for
+the slowest answer of every batch (rollout 2.68 s/iteration); partial rollouts cut them at 48 tokens
+(1.50 s); asynchronous k=1 generates on the rollout-only pod while the trainer trains (the hybrid pod's
+vLLM too: it shares core 0 with the trainer, train 2.23 s vs 1.52). Held-out accuracy on the sums falls
+in every mode alike (the bench's lr 2e-4 trades them for the count prompts' length), so it shows
+parity between modes, not learning. A first pair of runs the same day, before shared-prompt rows were
+capped at hidden/2 tokens (1024-token rows doubled this toy's train step), gave sync 19.4, partial 29.1
+(1.50x), async k=1 28.2 (1.46x). Unpinned (every process on both cores, 2026-11-24): sync 37.3, partial
+38.2, async k=1 48.1, k=2 47.7 completions/s — there the modes compete for the same two cores.
 
-Not a test. Run (about 10 minutes on 2 cores):
-    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--iterations N] [--out DIR]
+Not a test. Run (about 3 minutes per mode and run on 2 cores):
+    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--pin-pods] [--repeats N] [--modes ...] [--out DIR]
 It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
 """
 
