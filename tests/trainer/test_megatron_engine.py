@@ -178,7 +178,7 @@ def test_grpo_packed_batch_sums_micro_batch_losses(model_dirs: dict[str, Path]) 
         assert torch.allclose(p1[name], p2[name], atol=1e-6), name
 
 
-@pytest.mark.parametrize("family", FAMILIES)  # qwen2 untied, llama tied: the head's gradient reaches the embedding
+@pytest.mark.parametrize("family", FAMILIES)  # qwen2 tied (the head's gradient reaches the embedding), llama untied
 def test_output_layer_on_scored_positions_only_gives_the_full_step(family: str, model_dirs: dict[str, Path]) -> None:
     """A train step that runs the output layer on the completion tokens only (the default for a
     batch with a loss_mask) has the loss, metrics and gradients of the step that runs it everywhere."""

@@ -1,6 +1,6 @@
 """Shared prompts on real megatron-core (CPU, one rank): a group's prompt packed once per row gives
 the log-probs of transformers on each whole sequence, and a GRPO train step with the loss, metrics
-and gradients of the step on one copy per completion — for an untied (qwen2) and a tied (llama)
+and gradients of the step on one copy per completion — for a tied (qwen2) and an untied (llama)
 model. The packing layout itself is tested in tests/algorithms/test_shared_prompts.py.
 """
 
@@ -61,7 +61,7 @@ def test_shared_rows_give_transformers_logprobs(family: str, model_dirs: dict[st
         assert (got[i] - want).abs().max().item() < 1e-5, i
 
 
-@pytest.mark.parametrize("family", FAMILIES)  # llama is tied: the head's gradient reaches the embedding
+@pytest.mark.parametrize("family", FAMILIES)  # qwen2 is tied: the head's gradient reaches the embedding
 def test_grpo_step_on_shared_rows_equals_the_step_on_whole_rows(family: str, model_dirs: dict[str, Path]) -> None:
     samples = _groups(2)
 
