@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
 from tandem.cli import local
 from tandem.spec.load import parse_spec
 
@@ -21,15 +22,15 @@ def job(rollout_only: int) -> Any:
 @pytest.mark.parametrize(("rollout_only", "pin", "want"), [(1, False, "1"), (1, True, None), (0, False, None)])
 def test_shared_cores_keep_vllms_reservation(rollout_only: int, pin: bool, want: str | None, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(local.SHARED_CORES_ENV, raising=False)
+    monkeypatch.delenv(CPU_RESERVED_ENV, raising=False)
     etcd = SimpleNamespace(endpoint="http://127.0.0.1:2379")
     containers = local._prepare(job(rollout_only), tmp_path, etcd, resume=False, pin_pods=pin)  # type: ignore[arg-type]
     assert len({c.pod for c in containers}) == 1 + rollout_only
-    assert {c.env.get(local.SHARED_CORES_ENV) for c in containers} == {want}
+    assert {c.env.get(CPU_RESERVED_ENV) for c in containers} == {want}
 
 
 def test_an_explicit_setting_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(local.SHARED_CORES_ENV, "0")
+    monkeypatch.setenv(CPU_RESERVED_ENV, "0")
     etcd = SimpleNamespace(endpoint="http://127.0.0.1:2379")
     containers = local._prepare(job(1), tmp_path, etcd, resume=False, pin_pods=False)  # type: ignore[arg-type]
-    assert {c.env[local.SHARED_CORES_ENV] for c in containers} == {"0"}
+    assert {c.env[CPU_RESERVED_ENV] for c in containers} == {"0"}

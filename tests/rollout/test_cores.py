@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, prepare_env
+from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV, EngineConfig, prepare_env
 from tandem.sidecars.rollout.cores import reserved_cores
 from tandem.spec.load import parse_spec
 
@@ -39,11 +39,11 @@ def test_reserved_cores(algorithm: dict[str, Any], rollout: dict[str, Any], roll
 
 def test_prepare_env_sets_the_reservation_unless_the_pod_env_does(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
-    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    monkeypatch.delenv(CPU_RESERVED_ENV, raising=False)
     prepare_env(EngineConfig(shm_root=tmp_path, job="j"))
-    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ  # None: vLLM's default
+    assert CPU_RESERVED_ENV not in os.environ  # None: vLLM's default
     prepare_env(EngineConfig(shm_root=tmp_path, job="j", cpu_reserved_cores=0))
-    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
-    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")  # the user's podTemplate env
+    assert os.environ[CPU_RESERVED_ENV] == "0"
+    monkeypatch.setenv(CPU_RESERVED_ENV, "1")  # the user's podTemplate env
     prepare_env(EngineConfig(shm_root=tmp_path, job="j", cpu_reserved_cores=0))
-    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    assert os.environ[CPU_RESERVED_ENV] == "1"

