@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,10 +219,6 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     b.set(ylabel="completions/s (loop, without eval)", title="throughput (bars: mean, dots: runs)")
     fig.tight_layout()
     fig.savefig(path)
-
-
-def mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
 
 
 def spread(xs: list[float]) -> str:

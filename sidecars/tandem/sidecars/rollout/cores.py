@@ -1,8 +1,8 @@
 """How many of a CPU pod's cores vLLM keeps for its engine loop (`VLLM_CPU_NUM_OF_RESERVED_CPU`).
 
 Role: vLLM on CPU reserves one core for its engine-core process by default and computes on the
-others: on a 2-core pod, generation then runs on one core. Measured on this project's 2-core
-machines (SmolLM2-135M, 32 completions x 48 tokens): 97 tokens/s with the default, 170-180 with
+others: on a 2-core pod, generation then runs on one core. Measured on a 2-core machine here
+(SmolLM2-135M, 32 completions x 48 tokens): 97 tokens/s with the default, 170-180 with
 no reserved core — the engine loop takes ~6% of a core while the model computes. That holds while
 nothing else computes on the pod: the hybrid deployment's rollout generates while its trainer
 waits (synchronous and partial rollouts) and a rollout-only pod has its cores to itself. With
