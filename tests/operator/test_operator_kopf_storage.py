@@ -1,4 +1,8 @@
-"""The lean diff-base storage extracts exactly the essence kopf's stock annotation storage does."""
+"""The operator runs kopf without a diff-base: no essence copied, none written back into the job.
+
+The cost it removes is measured in bench/operator_scale.py; here: what kopf decides with it, from
+kopf's own cause detection, and the guard that keeps it safe (no handler that would need a diff).
+"""
 
 from __future__ import annotations
 
@@ -7,55 +11,60 @@ from typing import Any
 
 import kopf
 import pytest
+from kopf._core.intents import causes  # kopf's own cause detection: what the storage must keep right
 
-from tandem.operator.kopf_storage import LeanDiffBaseStorage
+from tandem.operator import handlers
+from tandem.operator.kopf_storage import NoDiffBaseStorage
 
 
 def body(**extra: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob",
-        "metadata": {
-            "name": "j", "namespace": "ns", "uid": "u-1", "resourceVersion": "42", "generation": 3,
-            "labels": {"team": "rl"},
-            "annotations": {"note": "keep me", "tandem.dev/last-handled-configuration": "{}",
-                            "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
-            "finalizers": ["tandem.dev/cleanup"],
-            "managedFields": [{"manager": "tandem-operator", "fieldsV1": {"f:status": {"f:phase": {}}}}] * 20,
-        },
-        "spec": {"model": {"path": "/m"}, "rewards": [{"type": "answerMatch"}], "replicas": 2},
-        "status": {"phase": "Running", "iteration": 12, "conditions": [{"type": "Ready", "status": "True"}]},
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "resourceVersion": "42", "generation": 3,
+                     "labels": {"team": "rl"}, "finalizers": [handlers.FINALIZER]},
+        "spec": {"model": {"path": "/m"}, "podTemplate": {"spec": {"nodeSelector": {"gpu": "h100"}}}},
     }
     doc.update(extra)
     return doc
 
 
-@pytest.mark.parametrize("doc", [
-    body(),
-    body(metadata={"name": "bare"}),  # no labels or annotations at all
-    body(status=None),
-    {k: v for k, v in body().items() if k != "status"},
-    body(spec={"nested": {"list": [{"a": 1}, {"b": [2, 3]}]}}),
-], ids=["full", "bare-metadata", "null-status", "no-status", "nested-spec"])
-def test_same_essence_as_the_stock_storage(doc: dict[str, Any]) -> None:
-    stock = kopf.AnnotationsDiffBaseStorage(prefix="tandem.dev")
-    lean = LeanDiffBaseStorage(prefix="tandem.dev")
-    want = stock.build(body=kopf.Body(copy.deepcopy(doc)))
-    got = lean.build(body=kopf.Body(copy.deepcopy(doc)))
-    assert got == want
+def cause(doc: dict[str, Any], event: str = "MODIFIED", initial: bool = False) -> causes.Reason:
+    storage, b = NoDiffBaseStorage(), kopf.Body(doc)
+    old, new = storage.fetch(body=b), storage.build(body=b, extra_fields=set())
+    assert old == new == {}  # whatever the body holds
+    return causes.detect_changing_cause(finalizer=handlers.FINALIZER, raw_event={"type": event, "object": doc},
+                                        body=b, old=old, new=new, diff=kopf.Diff([]), initial=initial, resource=None,
+                                        logger=None, patch=kopf.Patch(), memo=None, indices=None).reason
 
 
-def test_the_essence_is_a_copy() -> None:
-    doc = body()
-    essence = LeanDiffBaseStorage(prefix="tandem.dev").build(body=kopf.Body(doc))
-    essence["spec"]["replicas"] = 99  # type: ignore[index]
-    essence["metadata"]["labels"]["team"] = "x"  # type: ignore[index]
-    assert doc["spec"]["replicas"] == 2 and doc["metadata"]["labels"]["team"] == "rl"
+def test_nothing_is_written_or_copied() -> None:
+    storage, doc = NoDiffBaseStorage(), body()
+    patch = kopf.Patch()
+    storage.store(body=kopf.Body(doc), patch=patch, essence=storage.build(body=kopf.Body(doc)))
+    assert not patch  # no last-handled-configuration annotation: one PATCH less per new job
+    assert storage.build(body=kopf.Body(doc)) == {} and storage.fetch(body=kopf.Body(doc)) == {}
 
 
-def test_extra_fields_take_the_stock_path() -> None:
-    doc = body()
-    stock = kopf.AnnotationsDiffBaseStorage(prefix="tandem.dev")
-    lean = LeanDiffBaseStorage(prefix="tandem.dev")
-    fields = ["status.phase"]
-    assert lean.build(body=kopf.Body(doc), extra_fields=fields) == stock.build(body=kopf.Body(doc), extra_fields=fields)
-    assert lean.build(body=kopf.Body(doc), extra_fields=fields)["status"] == {"phase": "Running"}  # type: ignore[index]
+def test_kopf_sees_no_creation_or_update_but_still_sees_the_deletion() -> None:
+    assert cause(body(), event="ADDED") == causes.Reason.NOOP  # not CREATE: nothing to store afterwards
+    changed = body(spec={"model": {"path": "/other"}})
+    assert cause(changed) == causes.Reason.NOOP  # the timer reconciles from the whole spec anyway
+    assert cause(body(), initial=True) == causes.Reason.RESUME  # start-up listing: no handler, no write
+    deleting = body()
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-25T00:00:00Z"
+    assert cause(deleting) == causes.Reason.DELETE  # the finalizer handler runs
+    freed = copy.deepcopy(deleting)
+    freed["metadata"]["finalizers"] = []
+    assert cause(freed) == causes.Reason.FREE
+
+
+def test_only_the_deletion_handler_depends_on_changes() -> None:
+    """A creation, update or field handler would never fire without a diff-base: this fails first."""
+    registered = kopf.get_default_registry()._changing.get_all_handlers()
+    assert [(h.id, h.reason) for h in registered] == [("delete_job_keys", causes.Reason.DELETE)]
+    assert all(h.field is None for h in registered)
+
+
+def test_a_watched_field_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="status.phase"):
+        NoDiffBaseStorage().build(body=kopf.Body(body()), extra_fields=["status.phase"])

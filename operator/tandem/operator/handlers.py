@@ -1,7 +1,8 @@
 """kopf handlers of the RLHFJob operator: thin glue between kopf and `tandem.operator.reconcile`.
 
 Callers: kopf, after `tandem.operator.__main__` imports this module (importing registers them).
-- startup/cleanup: settings (annotation-based progress storage, finalizer name), API and etcd clients.
+- startup/cleanup: settings (annotation-based progress storage, no diff-base: `kopf_storage`, finalizer
+  name), API and etcd clients.
 - `job_pods` index: every pod labelled tandem.dev/job, summarised, keyed by (namespace, job).
 - `reconcile_job` timer: one level-triggered pass per job every TANDEM_RECONCILE_INTERVAL seconds,
   starting as soon as the job is seen (creation, operator restart, resume all look the same).
@@ -21,7 +22,7 @@ from tandem.operator import metrics, reconcile
 from tandem.operator.builders import LABEL_JOB
 from tandem.operator.config import OperatorConfig
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
-from tandem.operator.kopf_storage import LeanDiffBaseStorage
+from tandem.operator.kopf_storage import NoDiffBaseStorage
 from tandem.operator.kube import Kube, connect
 from tandem.operator.observe import pod_state
 from tandem.spec.load import SpecError, parse_spec
@@ -35,7 +36,7 @@ FINALIZER = "tandem.dev/cleanup"
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tandem.dev")
-    settings.persistence.diffbase_storage = LeanDiffBaseStorage(prefix="tandem.dev")
+    settings.persistence.diffbase_storage = NoDiffBaseStorage()  # level-triggered: no essence, no diff
     settings.posting.reporting_component = "tandem-operator"
     settings.posting.level = logging.WARNING  # only our own Events (kopf.event) and real problems
     settings.watching.server_timeout = 300

@@ -1,12 +1,20 @@
-"""kopf's annotation diff-base storage, without deep-copying the parts of a body it throws away.
+"""kopf's diff-base storage, switched off: the operator is level-triggered and never reads a diff.
 
-Role: on every event of an RLHFJob, kopf extracts the object's "essence" (spec, labels, its own
-annotations) to detect changes. Its stock `build` deep-copies the whole body first — status and
-metadata.managedFields included, which grow with every status patch — and then deletes them. Under
-100 new jobs at once that copy was the operator's largest CPU cost (19% of py-spy samples in
-bench/operator_scale.py). `LeanDiffBaseStorage` hands the stock code a body already reduced to what
-the essence keeps, so the result is identical (tests/operator/test_operator_kopf_storage.py
-compares them). Caller: `tandem.operator.handlers.startup` (settings.persistence.diffbase_storage).
+Role: kopf extracts every RLHFJob event's "essence" (spec, labels, annotations; deep-copied twice)
+to tell creations and updates apart, and after a creation writes that essence back into the object
+as the `<prefix>/last-handled-configuration` annotation. The operator has no creation, update or
+field handlers: a timer reconciles each job from its whole spec, and the only changing handler is
+the deletion (finalizer) handler, which kopf recognises by `deletionTimestamp`, not by a diff. So
+the essence was pure cost, and it grew with the spec: with a GPU cluster's `spec.podTemplate`, 100
+jobs created at once meant 100 more PATCHes carrying a copy of each spec, an object twice its size
+in every later watch event and status-patch reply, and the largest share of the operator's CPU
+(bench/operator_scale.py, py-spy).
+
+`NoDiffBaseStorage` reports the same empty essence for the old and the new state: every event is
+a no-change event to kopf (NOOP, or RESUME at start-up), nothing is written, nothing is copied.
+Deletion handling is unchanged. An operator that adds on.create/on.update/on.field handlers must
+put a real storage back: tests/operator/test_operator_kopf_storage.py fails while one is registered.
+Caller: `tandem.operator.handlers.startup` (settings.persistence.diffbase_storage).
 """
 
 from __future__ import annotations
@@ -16,17 +24,15 @@ from typing import Any, cast
 
 import kopf
 
-KEPT_METADATA = ("labels", "annotations")  # the only metadata the stock essence keeps
 
-
-class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):  # type: ignore[misc]
+class NoDiffBaseStorage(kopf.DiffBaseStorage):  # type: ignore[misc]
     def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
-        if extra_fields:  # fields cherry-picked from anywhere (status, metadata): the stock path
-            return cast(kopf.BodyEssence, super().build(body=body, extra_fields=extra_fields))
-        meta = body.get("metadata", {})
-        lean: dict[str, Any] = {k: v for k, v in body.items() if k not in ("status", "metadata")}
-        lean["metadata"] = {k: meta[k] for k in KEPT_METADATA if k in meta}
-        essence = kopf.DiffBaseStorage.build(self, body=cast(kopf.Body, lean))  # the stock extraction
-        self.remove_annotations(essence, set(self.make_keys(self.key, body=body)))
-        self.remove_empty_stanzas(essence)
-        return essence
+        if extra_fields:  # a handler asked kopf to watch a field: it would never fire with this storage
+            raise RuntimeError(f"NoDiffBaseStorage cannot watch fields {sorted(map(str, extra_fields))}")
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return cast(kopf.BodyEssence, {})  # never None: None would make every event a creation
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None

@@ -3,12 +3,12 @@
 Callers: the timer handler in `tandem.operator.handlers` (every reconcile interval, per job).
 Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, the job's pods
 (from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
-progress record in etcd. Decision: `tandem.operator.plan.decide`. Actions: ensure the Service,
-ConfigMap and Secret (create-if-absent: an existing token Secret is kept, never read; the job
-document in the ConfigMap is patched once per new metadata.generation, so pods started after a
-/scale read the current pool size), with spec.gangScheduling the Workload and the gang's PodGroup
-(`tandem.operator.gang`) before its pods, delete and create pods, patch the status subresource,
-post Events.
+progress record in etcd (from the second pass on). Decision: `tandem.operator.plan.decide`.
+Actions: ensure the Service, ConfigMap and Secret (create-if-absent: an existing token Secret is
+kept, never read; the job document in the ConfigMap is patched once per new metadata.generation,
+so pods started after a /scale read the current pool size), with spec.gangScheduling the Workload
+and the gang's PodGroup (`tandem.operator.gang`) before its pods, delete and create pods, patch the
+status subresource, post Events.
 """
 
 from __future__ import annotations
@@ -170,7 +170,10 @@ async def run(
     if job is not None:  # labels change without a new metadata.generation
         job.metadata.labels = dict(ref.labels)
     endpoints = list(job.spec.checkpoint_engine.etcd.endpoints) if job else []
-    progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if job else None
+    # a job never reconciled (no condition yet) has no driver that could have reported: its first pass
+    # creates the pods without an etcd round trip (100 new jobs at once: bench/operator_scale.py)
+    reported = job is not None and bool(current.conditions)
+    progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if reported else None
     pods = await observe_pods(kube, ref, indexed_pods, job, current)
     plan = decide(
         Observation(
