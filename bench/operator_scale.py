@@ -18,6 +18,14 @@ several times while 100 arrive at once. Re-run 2026-11-24 on Kubernetes 1.36.3 (
 load 1.2-2.0): with overrides p99 ratio 2.74x and 2.77x (operator p99 5.2 s, 4.6 s; floor 1.9 s, 1.7 s),
 without 1.89x and 2.01x; the operator's CPU until every pod existed 2.5-2.7 s with overrides against
 1.5-2.0 s without, so part of the gap is now the operator's own handling of the larger objects.
+py-spy then showed kopf's diff-base as the largest share (the essence deep-copied twice per event,
+and written back into every new job as an annotation: one more PATCH and twice the object in every
+later event) and the etcd progress read on each new job's path to its pods. Both removed
+(operator/kopf_storage.py, reconcile.run). 2026-11-25, same machine, load 1.1-1.7: with overrides
+p99 ratio 2.29x before; after, six runs 1.59, 1.60, 1.67, 1.70, 1.78, 2.13x (operator p99 4.0-5.3 s,
+floor 2.2-3.0 s); without overrides 1.52x and 1.72x. Operator CPU until every pod existed 2.9 ->
+2.5-3.0 s (run to run noise is as large as the change). What is left is mostly JSON: 20% of the
+operator's samples decode watch events (pods with their managedFields; kopf's json.loads).
 Needs the binaries of scripts/build-k8s.sh. The operator runs as a subprocess with the chart
 ServiceAccount's token, as in tests/operator. The jobs are POSTed concurrently with admin
 credentials. The machine's load average is printed too: on a shared 2-core machine the API
