@@ -11,28 +11,11 @@ import asyncio
 import logging
 from typing import Any
 
+from fakes import RecordingKube
 from wrappers import JobWrapper
 
 from tandem.operator import reconcile, status
 from tandem.spec.progress import Progress
-
-
-class RecordingKube:
-    def __init__(self) -> None:
-        self.created: list[str] = []
-
-    async def create(self, manifest: dict[str, Any]) -> bool:
-        self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-        return True
-
-    async def create_or_update_data(self, manifest: dict[str, Any]) -> None:
-        self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-
-    async def list_job_pods(self, namespace: str, job: str) -> list[Any]:
-        return []
-
-    async def patch_status(self, namespace: str, name: str, status: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "0"}}
 
 
 class DoneRecord:

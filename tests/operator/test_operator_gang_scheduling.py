@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane, fake_node
+from fakes import RecordingKube
 from harness import OperatorProcess, get_json, wait_for
 from wrappers import JobWrapper
 
@@ -64,29 +65,13 @@ def test_workload_and_pod_group_follow_the_job_controllers_shape() -> None:
     assert gang.stale_groups(listed, 2) == ["demo-hybrid-g0", "demo-hybrid-g1"]
 
 
-class NoWorkloadApi:
-    """The Kube calls a pass makes, answering as an API server without scheduling.k8s.io/v1alpha2 does
-    (404 for the resource); records what would have been created."""
-
-    def __init__(self) -> None:
-        self.created: list[str] = []
+class NoWorkloadApi(RecordingKube):
+    """An API server without scheduling.k8s.io/v1alpha2 (404 for the resource); records what would
+    have been created."""
 
     async def ensure_scheduling(self, manifest: dict[str, Any]) -> dict[str, Any]:
         raise KubeError(f"create {manifest['kind']}", 404, b'{"message": "the server could not find the '
                         b'requested resource"}')
-
-    async def create(self, manifest: dict[str, Any]) -> bool:
-        self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-        return True
-
-    async def create_or_update_data(self, manifest: dict[str, Any]) -> None:
-        self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-
-    async def list_job_pods(self, namespace: str, job: str) -> list[Any]:
-        return []
-
-    async def patch_status(self, namespace: str, name: str, status: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "0"}}
 
 
 class NoEtcd:
