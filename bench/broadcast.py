@@ -31,6 +31,13 @@ Measured 2026-11-23 22:17 UTC on the 2-core dev machine (shared with other sessi
     before this work, 0.39x in a run under heavier load). Loopback measures the 2 shared cores,
     not a link: sender, receiver, its verify thread and etcd clients share them, and the same
     pull between a bare server and client reached 2.4-5.7 GB/s in a quiet moment.
+Re-run 2026-11-25 (quiet machine, --ns 1): shaped 0.98x; loopback plain socket 4.17 GB/s, single
+  stream best of 3 0.155 s = 0.41x end to end, 0.45x bytes moving. On the same machine a bare
+  sendfile from a tmpfs file into recv_into of a MAP_POPULATE'd tmpfs map moved 3.8-4.7 GB/s
+  (0.9-1.1x the socket), so the mechanism is not the limit; in the receiver pod (py-spy) the shard
+  maps are populated by a helper thread while the first shards arrive (2.7 ms per 32 MiB recycled,
+  25 ms fresh) and the verify thread hashes each finished shard (xxh3, ~1.8 ms per 32 MiB), on the
+  same two cores as the sender.
 """
 
 from __future__ import annotations
