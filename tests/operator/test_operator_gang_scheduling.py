@@ -3,7 +3,8 @@
 whose hybrid pods cannot all fit has none of them bound, and they bind together once capacity
 appears; a job without it on the same capacity gets one pod bound and one pending (the control);
 the Workload and PodGroups go with the job. A cluster without the API gets no pods and a status
-naming the field.
+naming the field. With a Kueue queue too (the Kueue stand-in), the gang waits at Kueue's gate, then,
+admitted, still binds all-or-nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from controlplane import ControlPlane, fake_node
 from fakes import RecordingKube
 from harness import OperatorProcess, get_json, wait_for
+from kueue_standin import GATE, KueueStandIn
 from wrappers import JobWrapper
 
 from tandem.operator import builders, gang, reconcile, status
@@ -219,3 +221,64 @@ def test_a_gang_restart_gets_a_new_pod_group_and_the_old_one_goes(
     wait_for("gang 0's PodGroup deleted", lambda: get_json(cp, "podgroups.scheduling.k8s.io", f"{name}-hybrid-g0",
                                                            "-n", ns) is None, 120)
     assert get_json(cp, "podgroups.scheduling.k8s.io", f"{name}-hybrid-g1", "-n", ns) is not None
+
+
+@pytest.fixture
+def kueue(installed: ControlPlane) -> Iterator[KueueStandIn]:
+    standin = KueueStandIn(installed).start()
+    yield standin
+    standin.stop()
+
+
+@pytest.mark.k8s
+def test_a_queued_gang_waits_for_kueue_then_binds_all_or_nothing(
+    installed: ControlPlane, operator: OperatorProcess, ns: str, pool: list[str], kueue: KueueStandIn
+) -> None:
+    """Both at once, as a platform team runs them: Kueue decides when the job may start (its gate),
+    the scheduler then places the gang all-or-nothing (the PodGroup) once there is room."""
+    cp, name = installed, "qgang"
+    group = f"rlhfjob-{name}"  # Kueue's pod group (kueue.x-k8s.io/pod-group-name)
+    pool.append(f"qgang-{ns}-a")
+    cp.apply(pool_node(pool[0], ns))
+    doc = on_pool(W(name, ns).replicas(2).set("gangScheduling", True).queue("gpu-team"), ns).obj()
+    cp.kubectl("create", "-f", "-", input=json.dumps(doc))
+
+    def held() -> list[dict[str, Any]] | None:
+        items = pods(cp, ns, name)
+        ok = len(items) == 2 and all(any(g["name"] == GATE for g in p["spec"].get("schedulingGates") or ())
+                                     and not p["spec"].get("nodeName") for p in items)
+        return items if ok else None
+
+    items = wait_for("both pods held at Kueue's gate", held, 60)
+    assert [p["spec"]["schedulingGroup"] for p in items] == [{"podGroupName": f"{name}-hybrid-g0"}] * 2
+    assert {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in items} == {group}
+    assert get_json(cp, "podgroups.scheduling.k8s.io", f"{name}-hybrid-g0", "-n", ns) is not None
+    wait_for("Queued", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
+             == "Queued", 60)
+
+    assert kueue.admit(ns, group) == [f"{name}-0", f"{name}-1"]  # admitted: room for one pod only
+
+    def tried() -> list[dict[str, Any]] | None:
+        items = pods(cp, ns, name)
+        return items if len(items) == 2 and all(unschedulable(p) for p in items) else None
+
+    items = wait_for("both admitted pods tried and unschedulable", tried, 120)
+    assert not [p["metadata"]["name"] for p in items if p["spec"].get("nodeName")]  # none bound, not even one
+    def pending() -> dict[str, Any] | None:  # no longer queued, waiting for room
+        st = (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {})
+        return st if st.get("phase") == "Pending" else None
+
+    st = wait_for("Pending once admitted", pending, 60)
+    assert st["restarts"] == 0 and st.get("preemptions", 0) == 0 and "waiting for 2 of 2 pods" in st["message"]
+
+    pool.append(f"qgang-{ns}-b")
+    cp.apply(pool_node(pool[1], ns))
+
+    def both_bound() -> list[dict[str, Any]] | None:
+        items = pods(cp, ns, name)
+        return items if len(items) == 2 and all(p["spec"].get("nodeName") for p in items) else None
+
+    items = wait_for("both gang pods bound", both_bound, 180)
+    assert sorted(p["spec"]["nodeName"] for p in items) == sorted(pool)
+    wait_for("Running", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
+             == "Running", 60)
