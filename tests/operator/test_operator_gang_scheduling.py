@@ -128,6 +128,17 @@ def unschedulable(pod: dict[str, Any]) -> bool:
                for c in pod.get("status", {}).get("conditions") or [])
 
 
+def all_tried(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]] | None:
+    """Both pods, once the scheduler has tried them and given up for now (none fits as a gang)."""
+    items = pods(cp, ns, name)
+    return items if len(items) == 2 and all(unschedulable(p) for p in items) else None
+
+
+def all_bound(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]] | None:
+    items = pods(cp, ns, name)
+    return items if len(items) == 2 and all(p["spec"].get("nodeName") for p in items) else None
+
+
 @pytest.fixture
 def pool(installed: ControlPlane, ns: str) -> Iterator[list[str]]:
     names: list[str] = []
@@ -166,11 +177,7 @@ def test_a_gang_that_cannot_fit_binds_no_pod_then_binds_together(
     workload = get_json(cp, "workloads.scheduling.k8s.io", name, "-n", ns)
     assert workload["spec"]["controllerRef"] == {"apiGroup": "tandem.dev", "kind": "RLHFJob", "name": name}
 
-    def tried() -> list[dict[str, Any]] | None:  # the scheduler has tried the gang and given up for now
-        items = pods(cp, ns, name)
-        return items if len(items) == 2 and all(unschedulable(p) for p in items) else None
-
-    items = wait_for("both gang pods tried and unschedulable", tried, 120)
+    items = wait_for("both gang pods tried and unschedulable", lambda: all_tried(cp, ns, name), 120)
     assert [p["spec"]["schedulingGroup"] for p in items] == [{"podGroupName": f"{name}-hybrid-g0"}] * 2
     assert not [p["metadata"]["name"] for p in items if p["spec"].get("nodeName")]  # none bound, not even one
     st = get_json(cp, "rlhfjob", name, "-n", ns)["status"]
@@ -179,11 +186,7 @@ def test_a_gang_that_cannot_fit_binds_no_pod_then_binds_together(
     pool.append(f"gang-{ns}-b")
     cp.apply(pool_node(pool[1], ns))  # capacity appears: both bind, one per node
 
-    def both_bound() -> list[dict[str, Any]] | None:
-        items = pods(cp, ns, name)
-        return items if len(items) == 2 and all(p["spec"].get("nodeName") for p in items) else None
-
-    items = wait_for("both gang pods bound", both_bound, 180)
+    items = wait_for("both gang pods bound", lambda: all_bound(cp, ns, name), 180)
     assert sorted(p["spec"]["nodeName"] for p in items) == sorted(pool)
     wait_for("Running", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
              == "Running", 60)
@@ -258,11 +261,7 @@ def test_a_queued_gang_waits_for_kueue_then_binds_all_or_nothing(
 
     assert kueue.admit(ns, group) == [f"{name}-0", f"{name}-1"]  # admitted: room for one pod only
 
-    def tried() -> list[dict[str, Any]] | None:
-        items = pods(cp, ns, name)
-        return items if len(items) == 2 and all(unschedulable(p) for p in items) else None
-
-    items = wait_for("both admitted pods tried and unschedulable", tried, 120)
+    items = wait_for("both admitted pods tried and unschedulable", lambda: all_tried(cp, ns, name), 120)
     assert not [p["metadata"]["name"] for p in items if p["spec"].get("nodeName")]  # none bound, not even one
     def pending() -> dict[str, Any] | None:  # no longer queued, waiting for room
         st = (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {})
@@ -274,11 +273,7 @@ def test_a_queued_gang_waits_for_kueue_then_binds_all_or_nothing(
     pool.append(f"qgang-{ns}-b")
     cp.apply(pool_node(pool[1], ns))
 
-    def both_bound() -> list[dict[str, Any]] | None:
-        items = pods(cp, ns, name)
-        return items if len(items) == 2 and all(p["spec"].get("nodeName") for p in items) else None
-
-    items = wait_for("both gang pods bound", both_bound, 180)
+    items = wait_for("both gang pods bound", lambda: all_bound(cp, ns, name), 180)
     assert sorted(p["spec"]["nodeName"] for p in items) == sorted(pool)
     wait_for("Running", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
              == "Running", 60)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from dist_worker import fixed_batch, nll_loss
 from safetensors.torch import load_file
-from tiny_models import make_tiny_hf_model
+from tiny_models import make_family_dirs
 
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.grpo import GRPO
@@ -28,8 +28,7 @@ FAMILIES = ["qwen2", "llama"]
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny-hf")
-    return {family: make_tiny_hf_model(root / family, family=family) for family in FAMILIES}
+    return make_family_dirs(tmp_path_factory.mktemp("tiny-hf"), FAMILIES)
 
 
 @pytest.fixture(scope="module")

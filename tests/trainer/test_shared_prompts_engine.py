@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import make_tiny_hf_model
+from tiny_models import make_family_dirs
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
@@ -24,8 +24,7 @@ FAMILIES = ["qwen2", "llama"]
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny-hf-shared")
-    return {family: make_tiny_hf_model(root / family, family=family) for family in FAMILIES}
+    return make_family_dirs(tmp_path_factory.mktemp("tiny-hf-shared"), FAMILIES)
 
 
 def _groups(seed: int) -> list[Sample]:

@@ -70,3 +70,8 @@ def make_tiny_hf_model(
     out = Path(directory)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def make_family_dirs(root: Path, families: list[str]) -> dict[str, Path]:
+    """One tiny model per family under `root` (module-scoped fixtures of the engine tests)."""
+    return {family: make_tiny_hf_model(root / family, family=family) for family in families}
