@@ -41,7 +41,7 @@ def learner() -> Path:
 def test_async_run_learns_within_the_staleness_bound(learner: Path, tmp_path: Path) -> None:
     job = demo_job(learner, "e2e-async")
     # eight prompts, every iteration the same ones: the reward they earn rises within 16 iterations
-    # (measured +0.15 twice from the first four to the last four; the full prompt set needs ~40). At
+    # (measured +0.15, +0.15, +0.11 from the first four to the last four; the full set needs ~40). At
     # lr 5e-4 and 12 iterations it rose +0.12 to +0.16 here but stalled once in CI (+0.02); at 1e-3 it
     # collapsed (0.25 -> 0.11): Adam's first steps move this 0.5M toy a lot, so the rate stays low.
     train = tmp_path / "train.jsonl"
