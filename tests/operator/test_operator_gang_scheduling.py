@@ -19,7 +19,9 @@ import pytest
 from controlplane import ControlPlane, fake_node
 from fakes import RecordingKube
 from harness import OperatorProcess, get_json, wait_for
-from kueue_standin import GATE, KueueStandIn
+from kueue_standin import KueueStandIn
+from test_operator_cluster import phase_is
+from test_operator_kueue import gated, kueue  # noqa: F401 - kueue: the stand-in fixture
 from wrappers import JobWrapper
 
 from tandem.operator import builders, gang, reconcile, status
@@ -188,8 +190,7 @@ def test_a_gang_that_cannot_fit_binds_no_pod_then_binds_together(
 
     items = wait_for("both gang pods bound", lambda: all_bound(cp, ns, name), 180)
     assert sorted(p["spec"]["nodeName"] for p in items) == sorted(pool)
-    wait_for("Running", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
-             == "Running", 60)
+    wait_for("Running", lambda: phase_is(cp, ns, name, "Running"), 60)
 
     cp.kubectl("delete", "rlhfjob", name, "-n", ns, "--timeout=60s")  # the objects go with the job
     wait_for("PodGroup collected", lambda: get_json(cp, "podgroups.scheduling.k8s.io", f"{name}-hybrid-g0",
@@ -226,16 +227,9 @@ def test_a_gang_restart_gets_a_new_pod_group_and_the_old_one_goes(
     assert get_json(cp, "podgroups.scheduling.k8s.io", f"{name}-hybrid-g1", "-n", ns) is not None
 
 
-@pytest.fixture
-def kueue(installed: ControlPlane) -> Iterator[KueueStandIn]:
-    standin = KueueStandIn(installed).start()
-    yield standin
-    standin.stop()
-
-
 @pytest.mark.k8s
 def test_a_queued_gang_waits_for_kueue_then_binds_all_or_nothing(
-    installed: ControlPlane, operator: OperatorProcess, ns: str, pool: list[str], kueue: KueueStandIn
+    installed: ControlPlane, operator: OperatorProcess, ns: str, pool: list[str], kueue: KueueStandIn  # noqa: F811
 ) -> None:
     """Both at once, as a platform team runs them: Kueue decides when the job may start (its gate),
     the scheduler then places the gang all-or-nothing (the PodGroup) once there is room."""
@@ -246,28 +240,18 @@ def test_a_queued_gang_waits_for_kueue_then_binds_all_or_nothing(
     doc = on_pool(W(name, ns).replicas(2).set("gangScheduling", True).queue("gpu-team"), ns).obj()
     cp.kubectl("create", "-f", "-", input=json.dumps(doc))
 
-    def held() -> list[dict[str, Any]] | None:
-        items = pods(cp, ns, name)
-        ok = len(items) == 2 and all(any(g["name"] == GATE for g in p["spec"].get("schedulingGates") or ())
-                                     and not p["spec"].get("nodeName") for p in items)
-        return items if ok else None
-
-    items = wait_for("both pods held at Kueue's gate", held, 60)
+    items = wait_for("both pods held at Kueue's gate", lambda: gated(cp, ns, name, 2, 0), 60)
     assert [p["spec"]["schedulingGroup"] for p in items] == [{"podGroupName": f"{name}-hybrid-g0"}] * 2
     assert {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in items} == {group}
     assert get_json(cp, "podgroups.scheduling.k8s.io", f"{name}-hybrid-g0", "-n", ns) is not None
-    wait_for("Queued", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
-             == "Queued", 60)
+    wait_for("Queued", lambda: phase_is(cp, ns, name, "Queued"), 60)
 
     assert kueue.admit(ns, group) == [f"{name}-0", f"{name}-1"]  # admitted: room for one pod only
 
     items = wait_for("both admitted pods tried and unschedulable", lambda: all_tried(cp, ns, name), 120)
     assert not [p["metadata"]["name"] for p in items if p["spec"].get("nodeName")]  # none bound, not even one
-    def pending() -> dict[str, Any] | None:  # no longer queued, waiting for room
-        st = (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {})
-        return st if st.get("phase") == "Pending" else None
 
-    st = wait_for("Pending once admitted", pending, 60)
+    st = wait_for("Pending once admitted, waiting for room", lambda: phase_is(cp, ns, name, "Pending"), 60)
     assert st["restarts"] == 0 and st.get("preemptions", 0) == 0 and "waiting for 2 of 2 pods" in st["message"]
 
     pool.append(f"qgang-{ns}-b")
@@ -275,5 +259,4 @@ def test_a_queued_gang_waits_for_kueue_then_binds_all_or_nothing(
 
     items = wait_for("both gang pods bound", lambda: all_bound(cp, ns, name), 180)
     assert sorted(p["spec"]["nodeName"] for p in items) == sorted(pool)
-    wait_for("Running", lambda: (get_json(cp, "rlhfjob", name, "-n", ns) or {}).get("status", {}).get("phase")
-             == "Running", 60)
+    wait_for("Running", lambda: phase_is(cp, ns, name, "Running"), 60)
