@@ -26,6 +26,14 @@ p99 ratio 2.29x before; after, six runs 1.59, 1.60, 1.67, 1.70, 1.78, 2.13x (ope
 floor 2.2-3.0 s); without overrides 1.52x and 1.72x. Operator CPU until every pod existed 2.9 ->
 2.5-3.0 s (run to run noise is as large as the change). What is left is mostly JSON: 20% of the
 operator's samples decode watch events (pods with their managedFields; kopf's json.loads).
+How far one run can be trusted, 2026-11-25 later the same day (load 0.7-3.4): nine runs of the same
+code with overrides gave p99 ratios 1.72-2.79x (median 1.95x; the floor's own p99 1.7-3.9 s), and
+a 30 s reconcile interval instead of 2 s changed nothing (1.40 and 2.28x; operator CPU 4.1-4.6 s
+either way: the periodic passes are not the cost). Posting each job's pods before its Service,
+ConfigMap and Secret moved p50 (median 1.63 -> 1.43x over six alternating pairs) but not p99
+(1.93 -> 2.08x; 1.25-2.30x): the last jobs wait for the total work of all 100, and the API server,
+its etcd, the scheduler, kwok, the operator and this load generator share the 2 cores. A 1.5x
+bound needs the control plane on cores of its own (as on a cluster) to be checked; not kept.
 Needs the binaries of scripts/build-k8s.sh. The operator runs as a subprocess with the chart
 ServiceAccount's token, as in tests/operator. The jobs are POSTed concurrently with admin
 credentials. The machine's load average is printed too: on a shared 2-core machine the API
