@@ -26,8 +26,8 @@ p99 ratio 2.29x before; after, six runs 1.59, 1.60, 1.67, 1.70, 1.78, 2.13x (ope
 floor 2.2-3.0 s); without overrides 1.52x and 1.72x. Operator CPU until every pod existed 2.9 ->
 2.5-3.0 s (run to run noise is as large as the change). What is left is mostly JSON: 20% of the
 operator's samples decode watch events (pods with their managedFields; kopf's json.loads).
-How far one run can be trusted, 2026-11-25 later the same day (load 0.7-3.4): nine runs of the same
-code with overrides gave p99 ratios 1.72-2.79x (median 1.95x; the floor's own p99 1.7-3.9 s), and
+How far one run can be trusted, 2026-11-25 later the same day (load 0.7-3.4): ten runs of the same
+code with overrides gave p99 ratios 1.72-2.79x (median 1.98x; the floor's own p99 reached 3.9 s), and
 a 30 s reconcile interval instead of 2 s changed nothing (1.40 and 2.28x; operator CPU 4.1-4.6 s
 either way: the periodic passes are not the cost). Posting each job's pods before its Service,
 ConfigMap and Secret moved p50 (median 1.63 -> 1.43x over six alternating pairs) but not p99
