@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     from tandem.operator import handlers  # noqa: F401 - registers the handlers
+    from tandem.operator.log_hygiene import quiet_routine_successes
+
+    if not args.verbose:  # every timer pass and pod event would log a success line
+        quiet_routine_successes()
 
     kopf.run(
         standalone=args.peering is None,
