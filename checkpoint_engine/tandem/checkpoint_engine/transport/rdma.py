@@ -17,6 +17,7 @@ entry that no plan refers to (names are never reused).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import threading
 from pathlib import Path
@@ -38,6 +39,9 @@ CHUNK = 16 << 20
 def mooncake_available() -> bool:
     """Whether Mooncake's engine imports (it needs libibverbs.so.1 even for its TCP protocol)."""
     try:
+        # torch first: it loads libcudart.so.13, which the CUDA build's engine.so needs but does not find
+        # through its own rpath (the library lives in torch's nvidia/cu13 wheel)
+        importlib.import_module("torch")
         import mooncake.engine  # noqa: F401
     except (ImportError, OSError):
         return False
