@@ -22,6 +22,7 @@ from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.sidecars import gpu
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
@@ -41,6 +42,11 @@ def main() -> int:
     if started is None:
         return 2
     env, job = started
+    try:  # gpusPerPod > 0: CUDA or a clear refusal, never vLLM on the CPU
+        gpu.select(job.spec.gpus_per_pod, "rollout")
+    except gpu.NoUsableGpu as e:
+        log.error("%s", e)
+        return 3
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec

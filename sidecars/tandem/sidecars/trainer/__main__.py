@@ -1,6 +1,7 @@
 """`python -m tandem.sidecars.trainer`: the trainer container's entry point.
 
-Reads the pod environment (`PodEnv`), applies the CPU compatibility layer when there is no GPU,
+Reads the pod environment (`PodEnv`), refuses to start when the spec asks for GPUs and CUDA is not
+usable (`gpu.select`; gpusPerPod 0 runs on the CPU), applies the CPU compatibility layer on CPU,
 starts one process per local trainer rank (gloo on CPU, NCCL on GPUs) with global ranks derived
 from the pod index, and runs the driver loop (`driver.run`). SIGTERM stops it cleanly.
 Caller: the pod built by `tandem.operator.builders` (in a cluster) or `tandem run` (locally).
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from tandem.sidecars import gpu
 from tandem.sidecars.startup import start_sidecar
 from tandem.sidecars.trainer.driver import run_rank
 
@@ -22,6 +24,11 @@ def main() -> int:
     if started is None:
         return 2
     env, job = started
+    try:  # gpusPerPod > 0: CUDA or a clear refusal, never a quiet CPU run
+        gpu.select(job.spec.gpus_per_pod, "trainer")
+    except gpu.NoUsableGpu as e:
+        log.error("%s", e)
+        return 3
     ranks = job.spec.trainer_ranks_per_pod()
     if ranks == 1:
         run_rank(0, env, 1)

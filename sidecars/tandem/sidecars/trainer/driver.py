@@ -33,17 +33,20 @@ def run_rank(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
 
     import torch
 
+    from tandem.sidecars import gpu
     from tandem.sidecars.trainer import cpu_compat
 
-    if torch.cuda.is_available():
+    job = env.load_job()
+    on_gpu = gpu.select(job.spec.gpus_per_pod, "trainer")  # NoUsableGpu rather than a quiet CPU run
+    if on_gpu:
         torch.cuda.set_device(local_rank)
     os.environ.update(RANK=str(env.pod_index * ranks_per_pod + local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(env.replicas * ranks_per_pod), MASTER_ADDR=env.master_addr,
                       MASTER_PORT=str(env.master_port))
-    if not torch.cuda.is_available():
+    if not on_gpu:
         cpu_compat.apply()
         torch.set_num_threads(cpu_threads(ranks_per_pod))
-    run(env, env.load_job())
+    run(env, job)
 
 
 def cpu_threads(ranks_per_pod: int) -> int:
