@@ -108,7 +108,8 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
         reward_mean=0.5,
         updated_at=1000.0,
     )
-    etcd_put(etcd_server.endpoint, keys.progress(ns, name), progress.to_json())
+    uid = job_of(k8s, ns, name)["metadata"]["uid"]  # the job's records live under its uid
+    etcd_put(etcd_server.endpoint, keys.progress(ns, keys.scope(name, uid)), progress.to_json())
     wait_for("first progress record", lambda: phase_is(k8s, ns, name, "Running", iteration=2), 30)
     progress = Progress(  # 10 iterations in 20 s since the first record (the driver's clock)
         phase="train",
@@ -120,7 +121,7 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
         eval=EvalSummary(iteration=10, weight_version=10, pass_at_1=0.4, pass_at_k=0.6, k=4, prompts=256),
         updated_at=1020.0,
     )
-    etcd_put(etcd_server.endpoint, keys.progress(ns, name), progress.to_json())
+    etcd_put(etcd_server.endpoint, keys.progress(ns, keys.scope(name, uid)), progress.to_json())
     st = wait_for(
         "status from etcd", lambda: phase_is(k8s, ns, name, "Running", iteration=12, rewardMean=0.75), 30
     )
@@ -133,8 +134,9 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
 
     table = k8s.kubectl("get", "rlhfjobs", "-n", ns).stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "ITERATION", "REWARD", "EVAL", "SYNC(S)", "PROGRESS", "ETA", "AGE"]
-    assert row.split()[:8] == [name, "Running", "12", "0.75", "0.4", "2.5", "6", "6m16s"]
+    assert header.split() == ["NAME", "PHASE", "REASON", "ITERATION", "REWARD", "EVAL", "SYNC(S)", "PROGRESS", "ETA",
+                              "AGE"]
+    assert row.split()[:9] == [name, "Running", "PodsRunning", "12", "0.75", "0.4", "2.5", "6", "6m16s"]
     OUT.mkdir(exist_ok=True)
     pods_table = k8s.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
     (OUT / "kubectl-get-rlhfjobs.txt").write_text(
@@ -236,16 +238,20 @@ def test_deletion_removes_the_jobs_etcd_keys_and_owned_objects(
     wait_for("running", lambda: running(k8s, ns, name, 1), 60)
     job = job_of(k8s, ns, name)
     assert "tandem.dev/cleanup" in job["metadata"]["finalizers"]
+    mine = keys.scope(name, job["metadata"]["uid"])
+    newer = keys.scope(name, "uid-of-a-later-job")  # a job of the same name created after: not ours
     for key in (
-        keys.progress(ns, name),
-        keys.version(ns, name, 3),
-        keys.shard(ns, name, 3, 0),
-        keys.progress(ns, other),
+        keys.progress(ns, mine),
+        keys.version(ns, mine, 3),
+        keys.shard(ns, mine, 3, 0),
+        keys.progress(ns, newer),
+        keys.progress(ns, keys.scope(other, "x")),
     ):
         etcd_put(etcd_server.endpoint, key, "{}")
     k8s.kubectl("delete", "rlhfjob", name, "-n", ns, "--timeout=60s")
-    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, name)) == []
-    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, other)) == [keys.progress(ns, other)]
+    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, mine)) == []
+    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, name)) == [keys.progress(ns, newer)]
+    assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, other)) == [keys.progress(ns, keys.scope(other, "x"))]
     for kind, obj in (("service", name), ("configmap", f"{name}-spec"), ("secret", f"{name}-token")):
         wait_for(f"{kind} collected", lambda k=kind, o=obj: get_json(k8s, k, o, "-n", ns) is None, 60)
     wait_for("pods collected", lambda: not pods_of(k8s, ns, name), 60)

@@ -30,7 +30,7 @@ def test_crd_shape() -> None:
                   "labelSelectorPath": ".status.rolloutOnlySelector"},
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Iteration", "Reward", "Eval", "Sync(s)", "Progress", "ETA", "Age"]
+    assert columns == ["Phase", "Reason", "Iteration", "Reward", "Eval", "Sync(s)", "Progress", "ETA", "Age"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     for col in version["additionalPrinterColumns"]:
         # every .status column names a field the status schema keeps (the API server prunes the rest),

@@ -197,6 +197,27 @@ REJECTED: list[Case] = [
             {"name": "nope", "mountPath": "/x"}]}]}}),
         "spec.podTemplate.spec.containers",
     ),
+    (  # Pod Security: IPC_LOCK (RDMA) is the one capability a container may add
+        "pod-template-capability-sys-admin",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "trainer", "securityContext": {
+            "capabilities": {"add": ["IPC_LOCK", "SYS_ADMIN"]}}}]}}),
+        "spec.podTemplate.spec.containers[0].securityContext.capabilities.add",
+    ),
+    (
+        "pod-template-privileged",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "rollout", "securityContext": {
+            "privileged": True}}]}}),
+        "spec.podTemplate.spec.containers[0].securityContext.privileged",
+    ),
+    (
+        "pod-template-privilege-escalation",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "trainer", "securityContext": {
+            "allowPrivilegeEscalation": True}}]}}),
+        "spec.podTemplate.spec.containers[0].securityContext.allowPrivilegeEscalation",
+    ),
+    ("failure-policy-action-unknown", lambda: W().set("failurePolicy.action", "Ignore"), "spec.failurePolicy.action"),
+    ("failure-policy-container-restarts-zero", lambda: W().set("failurePolicy.maxContainerRestarts", 0),
+     "spec.failurePolicy.maxContainerRestarts"),
     (  # rollouts that never wait: partial rollouts and bounded staleness
         "partial-budget-not-below-max-tokens",
         lambda: W().set("rollout.maxTokens", 64).set("rollout.partial", {"tokenBudget": 64})

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tandem.operator.builders import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
-from tandem.operator.observe import PodState
+from tandem.operator.observe import ContainerIssue, PodState
 from tandem.spec.load import parse_job
 from tandem.spec.models import Condition, JobStatus, RLHFJob
 
@@ -151,6 +151,18 @@ class PodWrapper:
     def stopped(self, why: str = "WorkloadEvicted: Preempted to accommodate a workload") -> PodWrapper:
         """Marked by Kueue's TerminationTarget condition (and, as Kueue then deletes it, deleting)."""
         self.fields.update(stopped=why, deleting=True)
+        return self
+
+    def waiting(self, reason: str, container: str = "rollout", message: str = "", restarts: int = 0) -> PodWrapper:
+        """A container waiting with the kubelet's `reason` (or only restarted, reason "")."""
+        issue = ContainerIssue(container, reason, message, restarts)
+        self.fields["issues"] = (*self.fields.get("issues", ()), issue)
+        return self
+
+    def unschedulable(self, since: datetime, message: str = "0/4 nodes are available") -> PodWrapper:
+        """Pending, PodScheduled False (Unschedulable) since `since`."""
+        self.fields.update(phase="Pending", unschedulable=message,
+                           unschedulable_since=since.strftime("%Y-%m-%dT%H:%M:%SZ"))
         return self
 
     def state(self) -> PodState:

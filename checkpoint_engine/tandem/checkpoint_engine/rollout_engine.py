@@ -46,7 +46,8 @@ class EngineConfig:
     # that die with SIGILL where the kernel does not enable AMX)
     max_model_len: int = 1024
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = 0.85  # spec.rollout.gpuMemoryUtilization (tandem.spec.devices)
+    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on a GPU (spec.rollout.cudaGraphs)
     seed: int = 0
     enable_sleep_mode: bool = False
     shutdown_timeout_s: float = 2.0  # graceful vLLM exit, then kill (vLLM's own default: 5 s)
@@ -121,7 +122,7 @@ class RolloutEngine:
                     tensor_parallel_size=self.cfg.tensor_parallel,
                     dtype=self._dtype(),
                     max_model_len=self.cfg.max_model_len,
-                    enforce_eager=True,
+                    enforce_eager=self._enforce_eager(),
                     seed=self.cfg.seed,
                     gpu_memory_utilization=self.cfg.gpu_memory_utilization,
                     enable_sleep_mode=self.cfg.enable_sleep_mode,
@@ -147,6 +148,11 @@ class RolloutEngine:
         import torch
 
         return bool(torch.cuda.is_available())
+
+    def _enforce_eager(self) -> bool:
+        if not self._on_gpu():
+            return True  # vLLM-CPU: no CUDA graphs
+        return False if self.cfg.enforce_eager is None else self.cfg.enforce_eager
 
     def _dtype(self) -> str:
         if self.cfg.dtype is not None:

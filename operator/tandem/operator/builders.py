@@ -43,6 +43,7 @@ The rollout container also gets NVIDIA_VISIBLE_DEVICES=all when the pod has GPUs
 requests `nvidia.com/gpu: gpusPerPod` once and both containers see every GPU of the pod.
 spec.podTemplate (labels, scheduling, pull secrets, service account, extra env/envFrom/volumeMounts
 per container) is merged over each pod last, by `tandem.operator.pod_template`; what is named above wins.
+Every pod passes Pod Security "restricted" (`tandem.operator.pod_security`: user 10001, no SA token).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import kueue, pod_template
+from tandem.operator import kueue, pod_security, pod_template
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -377,7 +378,7 @@ def build_pod(
             job, pod_object_name(name, index, restart_generation, queued=bool(kueue.queue_name(job.metadata.labels))),
             owner_uid, pod_labels(name, role, index, restart_generation)
         ),
-        "spec": pod_spec,
+        "spec": pod_security.restrict(pod_spec),
     }
     pod = pod_template.apply(pod, job)  # spec.podTemplate over all of the above
     return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group

@@ -36,6 +36,7 @@ class KubeError(RuntimeError):
             reason = json.loads(body or "{}").get("message", reason)
         except (TypeError, ValueError, AttributeError):
             pass
+        self.message = reason  # the API server's own words (e.g. which PodSecurity rule or quota refused it)
         super().__init__(f"{action}: HTTP {self.status}: {reason}")
 
     @classmethod

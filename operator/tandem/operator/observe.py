@@ -13,6 +13,20 @@ from typing import Any
 from tandem.operator import kueue
 from tandem.operator.builders import LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, LABEL_ROLE
 
+# Waiting reasons of a container that is not getting anywhere by itself (the kubelet's words).
+STUCK_WAITING = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+                           "CrashLoopBackOff"})
+
+
+@dataclass(frozen=True)
+class ContainerIssue:
+    """A container (init/native-sidecar ones included) waiting in `STUCK_WAITING` or restarted."""
+
+    container: str
+    reason: str  # its waiting reason when in STUCK_WAITING, else ""
+    message: str
+    restarts: int  # restartCount
+
 
 @dataclass(frozen=True)
 class PodState:
@@ -26,6 +40,9 @@ class PodState:
     reason: str = ""
     gated: bool = False  # still held by Kueue's admission gate (`tandem.operator.kueue`)
     stopped: str = ""  # Kueue's stop condition on the pod (reason: message), "" when none
+    issues: tuple[ContainerIssue, ...] = ()  # containers stuck waiting or restarted (`tandem.operator.stuck_policy`)
+    unschedulable: str = ""  # the scheduler's message while condition PodScheduled is False (Unschedulable)
+    unschedulable_since: str = ""  # that condition's lastTransitionTime (RFC 3339)
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -47,6 +64,28 @@ def _reason(status: Mapping[str, Any]) -> str:
     return ""
 
 
+def _issues(status: Mapping[str, Any]) -> tuple[ContainerIssue, ...]:
+    out = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or ():
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = str(waiting.get("reason") or "")
+            restarts = _int(cs.get("restartCount"), 0)
+            if reason in STUCK_WAITING or restarts > 0:
+                stuck = reason in STUCK_WAITING
+                out.append(ContainerIssue(str(cs.get("name", "")), reason if stuck else "",
+                                          str(waiting.get("message") or "") if stuck else "", restarts))
+    return tuple(out)
+
+
+def _unschedulable(status: Mapping[str, Any]) -> tuple[str, str]:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message") or "Unschedulable"), str(cond.get("lastTransitionTime") or "")
+    return "", ""
+
+
 def pod_state(pod: Mapping[str, Any]) -> PodState | None:
     """Summary of a pod manifest (dict); None for a pod that carries no tandem job label."""
     meta = pod.get("metadata") or {}
@@ -55,6 +94,7 @@ def pod_state(pod: Mapping[str, Any]) -> PodState | None:
     if not job:
         return None
     status = pod.get("status") or {}
+    unschedulable, since = _unschedulable(status)
     return PodState(
         name=str(meta.get("name", "")),
         job=str(job),
@@ -66,4 +106,7 @@ def pod_state(pod: Mapping[str, Any]) -> PodState | None:
         reason=_reason(status),
         gated=kueue.gated(pod),
         stopped=kueue.stop_reason(pod),
+        issues=_issues(status),
+        unschedulable=unschedulable,
+        unschedulable_since=since,
     )

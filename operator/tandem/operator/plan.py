@@ -6,8 +6,10 @@ plan twice is harmless (creates are create-if-absent, deletes ignore missing pod
 lets the operator restart at any moment and converge without duplicate pods.
 
 Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
-suspend > restart in progress > Kueue preemption (queued jobs) > pod failures > create what is
-missing (then Running, Queued while Kueue holds pods at its gate, or Pending).
+suspend > restart in progress > Kueue preemption (queued jobs) > pod failures > a stuck gang
+(`stuck_policy`: crash loops, image/config waits, unschedulable pods past failurePolicy's limits) >
+create what is missing (then Running, Queued while Kueue holds pods at its gate, or Pending; a
+container's waiting reason or an unschedulable pod shows in the message and status.reason).
 The pods' restart generation is restarts + preemptions + suspensions (`status.gang_generation`): each
 starts a new gang that resumes from the newest durable copy; only restarts count against
 failurePolicy.maxRestarts.
@@ -19,7 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tandem.operator import admission_policy, builders, eta, kueue, restart_policy, scale_policy, status
+from tandem.operator import (
+    admission_policy,
+    builders,
+    eta,
+    kueue,
+    restart_policy,
+    scale_policy,
+    status,
+    stuck_policy,
+)
 from tandem.operator.observe import PodState
 from tandem.operator.status import Event
 from tandem.spec.load import SpecError
@@ -70,7 +81,25 @@ def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
     event = status.transition_event(before, plan.status)
     if event is not None:
         plan.events.append(event)
+    _containers_waiting(obs, plan)
     return plan
+
+
+def _containers_waiting(obs: Observation, plan: Plan) -> None:
+    """Condition ContainersWaiting from the current gang's containers, and an Event when one starts waiting."""
+    new, cond = plan.status, status.condition(plan.status, status.CONTAINERS_WAITING)
+    gen = plan.restart_generation
+    waiting = [] if new.phase in status.TERMINAL or obs.job is None else [
+        i for i in stuck_policy.issues(obs.pods, gen) if i.container]
+    if not waiting:
+        if cond is not None and cond.status == "True":
+            status.set_condition(new, status.CONTAINERS_WAITING, False, "NoneWaiting", "", obs.now)
+        return
+    first = waiting[0]
+    was = cond.reason if cond is not None and cond.status == "True" else ""
+    if not was or not stuck_policy.same_kind(was, first.reason):
+        plan.events.append(Event("Warning", first.reason, first.describe()))
+    status.set_condition(new, status.CONTAINERS_WAITING, True, first.reason, first.describe(), obs.now)
 
 
 def _resumes(job: RLHFJob) -> str:
@@ -78,6 +107,23 @@ def _resumes(job: RLHFJob) -> str:
     if job.spec.checkpoint_engine.persist is None:
         return "no checkpointEngine.persist, so training starts over from the initial model"
     return "resuming from the newest durable copy in checkpointEngine.persist.path"
+
+
+def _gang_failed(obs: Observation, job: RLHFJob, plan: Plan, before: str, what: str, reason: str,
+                 decision: str) -> Plan:
+    """Every pod goes (their GPUs with them); then a gang restart, or the job fails."""
+    new, policy = plan.status, job.spec.failure_policy
+    plan.delete, plan.create = _alive(obs.pods), []
+    limit = policy.max_restarts
+    if decision == "restart":
+        new.restarts += 1
+        status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}; {_resumes(job)}",
+                         obs.now, reason=reason)
+    else:
+        why = "failurePolicy.action FailJob" if reason and policy.action == "FailJob" else \
+            f"maxRestarts ({limit}) reached"
+        status.set_phase(new, "Failed", f"{what}; {why}", obs.now, reason=reason)
+    return _finish(obs, plan, before)
 
 
 def decide(obs: Observation) -> Plan:
@@ -158,30 +204,29 @@ def decide(obs: Observation) -> Plan:
 
     found = restart_policy.failures(obs.pods, known, generation, all_were_running=new.phase == "Running")
     found += restart_policy.failures(obs.pods, expected[len(known):], generation, all_were_running=False)
+    policy = spec.failure_policy
     if found:
         what = "; ".join(f.describe() for f in found)
-        plan.delete = _alive(obs.pods)
-        plan.create = []
-        limit = spec.failure_policy.max_restarts
-        if restart_policy.on_failure(new.restarts, limit) == "restart":
-            new.restarts += 1
-            status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}; {_resumes(obs.job)}",
-                             now)
-        else:
-            status.set_phase(new, "Failed", f"{what}; maxRestarts ({limit}) reached", now)
-        return _finish(obs, plan, before)
+        decision = restart_policy.on_failure(new.restarts, policy.max_restarts)
+        return _gang_failed(obs, obs.job, plan, before, what, "", decision)
+    stuck = stuck_policy.verdict(obs.pods, generation, policy, waiting_since=status.waiting_since(new), now=now)
+    if stuck is not None:
+        decision = stuck_policy.on_verdict(policy.action, new.restarts, policy.max_restarts)
+        return _gang_failed(obs, obs.job, plan, before, stuck.message, stuck.reason, decision)
 
     present = {p.name for p in obs.pods}  # an old-generation pod of the same name must go first
     plan.create = [i for i, name in enumerate(expected) if name not in present]
     running = not plan.create and all(p.phase == "Running" and not p.deleting for p in current) and not stale
+    issue = next(iter(stuck_policy.issues(obs.pods, generation)), None)
+    note, why = (f"; {issue.describe()}", issue.reason) if issue else ("", "")
     if running or (new.phase == "Running" and not stale
                    and scale_policy.trainers_running(obs.pods, generation, spec.replicas)):
         message = f"{len(expected)} pods running"
         if not running:  # the rollout-only pool is still growing
             up = scale_policy.pool_running(obs.pods, generation, spec.replicas)
             message = f"{spec.replicas} hybrid pods running; rollout-only pool {up}/{spec.rollout_only_replicas}"
-        if new.phase != "Running" or new.message != message:
-            status.set_phase(new, "Running", message, now)
+        if new.phase != "Running" or new.message != message + note:
+            status.set_phase(new, "Running", message + note, now, reason=why)
         return _finish(obs, plan, before)
     held = admission_policy.gated(obs.pods, generation) if queue else []
     group = f"pod group {kueue.group_name(obs.name)} (queue {queue})"
@@ -195,7 +240,7 @@ def decide(obs: Observation) -> Plan:
         phase: status.Phase = "Queued"
     else:
         waiting = len([p for p in current if p.phase != "Running"]) + len(plan.create)
-        message, phase = f"waiting for {waiting} of {len(expected)} pods", "Pending"
+        message, phase = f"waiting for {waiting} of {len(expected)} pods{note}", "Pending"
     if new.phase != phase or new.message != message or not new.conditions:
-        status.set_phase(new, phase, message, now)
+        status.set_phase(new, phase, message, now, reason=why if phase == "Pending" else "")
     return _finish(obs, plan, before)

@@ -11,7 +11,8 @@ override's labels and annotations, nodeSelector entries, tolerations, imagePullS
 are added; affinity, priorityClassName and serviceAccountName are set where the builders left them
 unset. Per container (`trainer`, `rollout`, wherever the pod holds them): env entries are appended
 after the contract's, envFrom is appended (Kubernetes lets env entries win over envFrom), and
-volumeMounts are appended, a spec.volumes entry named by its own name (pod volume `vol-<name>`).
+volumeMounts are appended, a spec.volumes entry named by its own name (pod volume `vol-<name>`);
+securityContext.capabilities.add (IPC_LOCK only) is added beside the operator's drop ALL.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def _container(c: Manifest, override: Any, spec_volumes: set[str], where: str) -
             raise PodTemplateConflict(f"{where}.volumeMounts[{i}].mountPath: {m['mountPath']} is the operator's")
         if m["name"] in spec_volumes:
             m["name"] = f"{SPEC_VOLUME_PREFIX}{m['name']}"
+    caps = override.security_context and override.security_context.capabilities
+    if caps and caps.add:  # IPC_LOCK only (the spec's rule); the operator's drop ALL stays
+        own = c.setdefault("securityContext", {}).setdefault("capabilities", {})
+        own["add"] = own.get("add", []) + [a for a in caps.add if a not in own.get("add", [])]
     _append(c, "env", _dump(override.env))
     _append(c, "envFrom", _dump(override.env_from))
     _append(c, "volumeMounts", mounts)

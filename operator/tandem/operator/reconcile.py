@@ -8,19 +8,21 @@ Actions: ensure the Service, ConfigMap and Secret (create-if-absent: an existing
 kept, never read; the job document in the ConfigMap is patched once per new metadata.generation,
 so pods started after a /scale read the current pool size), with spec.gangScheduling the Workload
 and the gang's PodGroup (`tandem.operator.gang`) before its pods, delete and create pods, patch the
-status subresource, post Events.
+status subresource, post Events. A create the API server refuses (`tandem.operator.refusal_policy`)
+shows in the status (reason PodCreateRefused, the API server's message) and is retried with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.operator import builders, gang, status
+from tandem.operator import builders, gang, refusal_policy, status
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.kube import Kube, KubeError
 from tandem.operator.observe import PodState
@@ -39,6 +41,9 @@ class JobMemory:
     error: SpecError | None = None
     objects_ensured: bool = False
     written_rv: int = 0  # resourceVersion returned by our last status patch
+    refused: str = ""  # the API server's message when it last refused a create ("" once creates succeed)
+    refusals: int = 0  # refusals in a row
+    retry_at: float = 0.0  # time.monotonic() before which no pod create is tried again
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ async def read_progress(
     etcd: EtcdStore, endpoints: Sequence[str], ref: JobRef, logger: logging.Logger
 ) -> Progress | None:
     try:
-        return await etcd.read_progress(endpoints, ref.namespace, ref.name)
+        return await etcd.read_progress(endpoints, ref.namespace, ref.name, ref.uid)
     except EtcdUnavailable as e:
         logger.warning(f"progress unavailable: {e}")
         return None
@@ -144,8 +149,19 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
             for i in plan.create
         ]
     if creates:
-        await asyncio.gather(*creates)
-        memory.objects_ensured = memory.objects_ensured or job is not None
+        results = await asyncio.gather(*creates, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        refusals = [e for e in errors if isinstance(e, KubeError) and refusal_policy.refused(e.status)]
+        others = [e for e in errors if e not in refusals]
+        if others:
+            raise others[0]
+        if refusals:
+            memory.refusals += 1
+            memory.refused = refusals[0].message or str(refusals[0])
+            memory.retry_at = time.monotonic() + refusal_policy.retry_delay(memory.refusals)
+        else:
+            memory.objects_ensured = memory.objects_ensured or job is not None
+            memory.refused, memory.refusals = "", 0
     return ""
 
 
@@ -187,11 +203,20 @@ async def run(
             now=datetime.now(UTC),
         )
     )
+    if not plan.create:
+        memory.refused, memory.refusals = "", 0
+    elif memory.refused and time.monotonic() < memory.retry_at:
+        plan.create = []  # refused a moment ago: the same request would be refused again
     held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd))
     if held:  # the same status every pass, one Event
         if current.message != held:
             plan.events.append(status.Event("Warning", gang.UNAVAILABLE_REASON, held))
         status.set_phase(plan.status, "Pending", held, datetime.now(UTC), reason=gang.UNAVAILABLE_REASON)
+    elif memory.refused and plan.status.phase in ("Pending", "Queued", "Running"):
+        if current.message != memory.refused or current.reason != refusal_policy.REASON:
+            plan.events.append(status.Event("Warning", refusal_policy.REASON, memory.refused))
+        status.set_phase(plan.status, plan.status.phase, memory.refused, datetime.now(UTC),
+                         reason=refusal_policy.REASON)
     new = _clean(status.dump_status(plan.status))
     if new != _clean(raw_status if isinstance(raw_status, Mapping) else {}):
         patched = await kube.patch_status(ref.namespace, ref.name, new)

@@ -13,10 +13,15 @@ when the condition's status flips (Kubernetes API conventions):
   Suspended   spec.suspend is true (reason SpecSuspended) or Kueue preempted the pods (Preempted)
   Complete    the job finished (the driver reported done, or every trainer pod succeeded)
   Failed      the job gave up (maxRestarts exhausted, or the driver reported failure)
+  ContainersWaiting  a container of the gang waits in ImagePullBackOff, CrashLoopBackOff, ... (reason:
+              the kubelet's; lastTransitionTime: when it began, which failurePolicy.waitingTimeoutSeconds counts from)
 Reasons (every condition carries the reason of the current phase; `REASONS` has the defaults):
 PodsPending, AwaitingAdmission, PodsRunning, GangRestart, SpecSuspended, Preempted, DriverDone,
-TrainersSucceeded, DriverFailed, MaxRestartsReached, InvalidSpec. Events: one per phase change
-(reason: the new phase), and Preempted when Kueue stops the pods.
+TrainersSucceeded, DriverFailed, MaxRestartsReached, InvalidSpec, PodCreateRefused (the API server
+refused a pod), a waiting container's reason, Unschedulable, and the `tandem.operator.stuck_policy`
+verdicts. status.reason holds the current phase's (the REASON column). Events: one per phase change
+(reason: the new phase), Preempted when Kueue stops the pods, PodCreateRefused, and one per container
+that starts waiting (reason: the kubelet's).
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ from tandem.spec.models import Condition, EvalStatus, JobStatus
 from tandem.spec.progress import Progress
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
-CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed")
+CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed",
+                   "ContainersWaiting")
+CONTAINERS_WAITING = "ContainersWaiting"
+POD_CREATE_REFUSED = "PodCreateRefused"
 REASONS: dict[str, str] = {
     "Pending": "PodsPending", "Queued": "AwaitingAdmission", "Running": "PodsRunning",
     "Restarting": "GangRestart", "Suspended": "SpecSuspended", "Succeeded": "DriverDone",
@@ -107,6 +115,7 @@ def set_phase(status: JobStatus, phase: Phase, message: str, now: datetime, reas
     status.phase = phase
     status.message = message
     reason = reason or REASONS[phase]
+    status.reason = reason
     invalid = phase == "InvalidSpec"
     set_condition(
         status,
@@ -144,6 +153,12 @@ def gang_generation(status: JobStatus) -> int:
     """The restart generation of the current gang: every gang restart, Kueue preemption and
     suspension (spec.suspend) starts a new one, whose pods resume from the newest durable copy."""
     return status.restarts + status.preemptions + status.suspensions
+
+
+def waiting_since(status: JobStatus) -> datetime | None:
+    """When condition ContainersWaiting turned True (None while it is not)."""
+    cond = condition(status, CONTAINERS_WAITING)
+    return parse_time(cond.last_transition_time) if cond is not None and cond.status == "True" else None
 
 
 def restart_began(status: JobStatus) -> datetime | None:

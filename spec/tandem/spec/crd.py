@@ -113,6 +113,8 @@ SCALE = {"specReplicasPath": ".spec.rolloutOnlyReplicas", "statusReplicasPath": 
 def build_crd() -> dict[str, Any]:
     columns = [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Reason", "type": "string", "jsonPath": ".status.reason",
+         "description": "Why the job is in its phase (a waiting container's reason, PodCreateRefused, ...)"},
         {"name": "Iteration", "type": "integer", "jsonPath": ".status.iteration"},
         {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
         {"name": "Eval", "type": "number", "jsonPath": ".status.eval.passAt1"},

@@ -116,6 +116,9 @@ class Trainer(Base):
     global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536)] = 8
     offload: bool = True
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weights and compute of the trainer, and the dtype of the rollout's vLLM, which "
+        "loads the published weights only in its own dtype: auto is bfloat16 with gpusPerPod > 0, float32 on CPU.")
     share_prompts: bool = Field(default=True, description=(
         "Pack a group's prompt once per row: its completions attend to that one copy (attention mask), "
         "so every forward and backward computes the prompt once per group instead of once per completion. "
@@ -152,6 +155,14 @@ class Rollout(Base):
         "frees the accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
     partial: Partial | None = Field(default=None, description="Partial rollouts (Kimi k1.5): long "
                                     "completions are cut at a per-iteration token budget and continued later.")
+    gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1, description="Share of each GPU's "
+                                      "memory vLLM takes (weights, activations, KV cache); default 0.85. Ignored "
+                                      "on CPU.")] = None
+    sleep_level: Annotated[Literal["auto", 1, 2], Field(json_schema_extra={"x-kubernetes-int-or-string": True},
+                           description="betweenRollouts: sleep: 1 keeps the weights in host memory, 2 drops them; "
+                           "auto is 2 because every wake-up is followed by loading the next version.")] = "auto"
+    cuda_graphs: bool = Field(default=True, description="Capture CUDA graphs in vLLM (faster decoding, slower "
+                              "start); false runs eagerly. CPU runs are always eager.")
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("!has(self.partial) || self.partial.tokenBudget < self.maxTokens",
@@ -324,8 +335,22 @@ class Tracking(Base):
 
 
 class FailurePolicy(Base):
+    """Gang restarts, and when a stuck gang fails: its pods (and their GPUs) go, then it restarts or fails."""
+
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     backoff_seconds: Annotated[int, Field(ge=0, le=3600)] = 10
+    max_container_restarts: Annotated[int, Field(ge=1, le=1000, description="A container of the gang restarted "
+                                      "this many times (restartCount, e.g. in CrashLoopBackOff) fails the "
+                                      "gang.")] = 5
+    waiting_timeout_seconds: Annotated[int, Field(ge=0, le=86_400, description="Seconds a container may wait in "
+                                       "ImagePullBackOff, ErrImagePull, InvalidImageName or "
+                                       "CreateContainerConfigError before the gang fails; 0: forever.")] = 300
+    scheduling_timeout_seconds: Annotated[int, Field(ge=0, le=86_400, description="Seconds the gang may stay "
+                                          "not fully scheduled (a pod Pending, Unschedulable; the others hold "
+                                          "their GPUs meanwhile) before it fails; 0: forever.")] = 600
+    action: Literal["RestartJob", "FailJob"] = Field(default="RestartJob", description="What a gang that failed "
+                                                     "one of the three limits above does: RestartJob (a gang "
+                                                     "restart, counted against maxRestarts) or FailJob.")
 
 
 class JobSpec(Base):
@@ -463,6 +488,9 @@ class JobStatus(Base):
     rollout_only_selector: str = Field(default="", description="Label selector of the rollout-only pods (/scale).")
     eval: EvalStatus | None = None
     message: str = ""
+    reason: str = Field(default="", description="Why the job is in its phase, one CamelCase word (the REASON "
+                        "column): PodsRunning, PodCreateRefused, ImagePullBackOff, CrashLoopBackOff, "
+                        "Unschedulable, ...")
     observed_generation: int = 0
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -7,7 +7,9 @@ NVIDIA_VISIBLE_DEVICES, which lets the rollout share the trainer's GPUs), the po
 (`shm` at /dev/shm, `job-spec` at /etc/tandem, `vol-<name>` for spec.volumes) and the operator's
 labels (tandem.dev/*) stay the operator's. Containers are named `trainer` and `rollout` wherever
 they live in the pod (the rollout is a native sidecar in hybrid pods). GPU counts and resources
-are not overridable at all (no field). Each rule is a `Rule` (CEL for the API server, Python for
+are not overridable at all (no field). A container's securityContext may add the IPC_LOCK capability
+(RDMA) and nothing broader: other capabilities, privileged or allowPrivilegeEscalation true are
+refused (the pods pass Pod Security restricted otherwise). Each rule is a `Rule` (CEL for the API server, Python for
 `tandem validate`); rules that need spec.volumes live on `JobSpec` (`JOB_RULES`).
 Callers: `tandem.spec.models.JobSpec.pod_template`; `tandem.operator.pod_template` applies it.
 """
@@ -23,6 +25,7 @@ from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, Base,
 
 RESERVED_ENV_PREFIXES = ("TANDEM_", "MASTER_")  # the pod env contract (tandem.spec.podenv.PodEnv)
 RESERVED_ENV = ("NVIDIA_VISIBLE_DEVICES",)  # set on the rollout of a hybrid pod to share the GPUs
+ALLOWED_CAPABILITIES = ("IPC_LOCK",)  # the one capability a container may add (RDMA); the rest are dropped
 RESERVED_KEY_PREFIX = "tandem.dev/"
 # Kueue's marks are the operator's too: a queue label set only on the pods (not on the job's
 # metadata.labels, where the operator reads it) would make Kueue queue each pod alone, with no group
@@ -259,6 +262,30 @@ class VolumeMount(Base):
                   lambda m: not reserved_path(m.mount_path)),)
 
 
+class Capabilities(Base):
+    add: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=4, description="IPC_LOCK only "
+                   "(RDMA memory registration); the operator drops ALL others.")] = Field(default_factory=list)
+    rules = (Rule("!has(self.add) || self.add.all(c, c == 'IPC_LOCK')",
+                  f"only {', '.join(ALLOWED_CAPABILITIES)} may be added (the pods run as Pod Security "
+                  "restricted asks; RDMA needs IPC_LOCK)", ".add",
+                  lambda c: all(x in ALLOWED_CAPABILITIES for x in c.add)),)
+
+
+class SecurityContext(Base):
+    """What a container may ask beyond the operator's restricted context (`tandem.operator.pod_security`)."""
+
+    capabilities: Capabilities | None = None
+    privileged: bool | None = Field(default=None, description="Refused when true.")
+    allow_privilege_escalation: bool | None = Field(default=None, description="Refused when true.")
+    rules = (
+        Rule("!has(self.privileged) || !self.privileged", "must not be true: the job's pods are never privileged",
+             ".privileged", lambda s: s.privileged is not True),
+        Rule("!has(self.allowPrivilegeEscalation) || !self.allowPrivilegeEscalation",
+             "must not be true: the job's containers run with allowPrivilegeEscalation false",
+             ".allowPrivilegeEscalation", lambda s: s.allow_privilege_escalation is not True),
+    )
+
+
 class ContainerOverride(Base):
     name: Literal["trainer", "rollout"] = Field(description="The container: trainer (hybrid pods) or rollout "
                                                 "(every pod; a native sidecar in hybrid pods).")
@@ -267,6 +294,8 @@ class ContainerOverride(Base):
     env_from: Annotated[list[EnvFromSource], Field(max_length=16)] = Field(default_factory=list)
     volume_mounts: Annotated[list[VolumeMount], Field(max_length=16, json_schema_extra={
         **MAP, "x-kubernetes-list-map-keys": ["mountPath"]})] = Field(default_factory=list)
+    security_context: SecurityContext | None = Field(default=None, description="May add the IPC_LOCK "
+                                                     "capability (RDMA); nothing broader.")
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,9 @@ from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import start_sidecar
+from tandem.spec import devices
+from tandem.spec.models import JobSpec
+from tandem.spec.podenv import PodEnv
 
 log = logging.getLogger("tandem.rollout")
 
@@ -35,6 +38,18 @@ def max_model_len(model_dir: str, max_tokens: int) -> int:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     limit = int(cfg.get("max_position_embeddings", 4096))
     return min(limit, max_tokens + 1024)
+
+
+def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
+    """vLLM's settings from the job: dtype (= the trainer's), memory share, CUDA graphs, sleep mode
+    (`tandem.spec.devices`), context length and, on CPU, the cores it reserves."""
+    vllm = devices.vllm_settings(spec)
+    return EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
+                        max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens), dtype=vllm.dtype,
+                        gpu_memory_utilization=vllm.gpu_memory_utilization, enforce_eager=vllm.enforce_eager,
+                        enable_sleep_mode=vllm.enable_sleep_mode,
+                        cpu_reserved_cores=cores.reserved_cores(spec, rollout_only=env.rollout_only,
+                                                                cores=len(os.sched_getaffinity(0))))
 
 
 def main() -> int:
@@ -55,14 +70,7 @@ def main() -> int:
     node = BroadcastNode(registry, env.shm_dir, transport=spec.checkpoint_engine.transport,
                          advertise=env.pod_ip).start()
     node.announce_local()
-    engine = PodRolloutEngine(EngineConfig(shm_root=env.shm_dir, job=env.job,
-                                           tensor_parallel=spec.rollout.tensor_parallel,
-                                           max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens),
-                                           enable_sleep_mode=spec.rollout.between_rollouts == "sleep",
-                                           cpu_reserved_cores=cores.reserved_cores(
-                                               spec, rollout_only=env.rollout_only,
-                                               cores=len(os.sched_getaffinity(0)))),
-                              registry, node)
+    engine = PodRolloutEngine(engine_config(env, spec), registry, node)
     try:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:

@@ -42,6 +42,7 @@ from tandem.sidecars.trainer.reference import ReferenceWeights
 from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.sidecars.trainer.tracking import Tracker
+from tandem.spec import devices
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import EvalSummary, Phase, Progress
@@ -85,10 +86,10 @@ class TrainerContext:
         from transformers import AutoTokenizer
 
         spec = job.spec
+        dtype = getattr(torch, devices.trainer_dtype(spec))  # trainer.dtype: the rollout's vLLM runs it too
         engine = MegatronEngine.from_hf(
             spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
-            pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=0,
-            dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+            pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=0, dtype=dtype,
             micro_batch_size=spec.trainer.micro_batch_size)
         tok = AutoTokenizer.from_pretrained(spec.model.path)
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
@@ -98,8 +99,7 @@ class TrainerContext:
         if algorithm.needs_values:  # PPO's learned critic: the policy's transformer with a zeroed value head
             critic = MegatronEngine.from_hf(
                 spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
-                pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=1,
-                dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+                pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=1, dtype=dtype,
                 micro_batch_size=spec.trainer.micro_batch_size, value_head=True)
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
@@ -194,7 +194,9 @@ class TrainerContext:
 
     def publish(self, version: int | None) -> int:
         """Export HF weights from every rank; the driver writes them to shm and registers them."""
-        named = self.engine.export_hf(target_tp=1, target_rank=0)
+        dtype = getattr(torch, devices.trainer_dtype(self.job.spec))  # the rollout's check wants exactly it
+        named = ((n, t if t.dtype == dtype else t.to(dtype)) for n, t in self.engine.export_hf(target_tp=1,
+                                                                                             target_rank=0))
         if self.publisher is None:
             for _ in named:  # collective: non-driver ranks take part in the gathers
                 pass
@@ -264,7 +266,7 @@ class TrainerContext:
         if mode == "terminate":
             self.rollouts.terminate()
         elif mode == "sleep":
-            self.rollouts.sleep()
+            self.rollouts.sleep(devices.sleep_level(self.job.spec))  # rollout.sleepLevel (auto: 2)
 
     # ---- phases ------------------------------------------------------------------------------
     def broadcast(self, obj: Any) -> Any:
