@@ -14,9 +14,6 @@ class RecordingKube:
         self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
         return True
 
-    async def create_or_update_data(self, manifest: dict[str, Any]) -> None:
-        self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-
     async def list_job_pods(self, namespace: str, job: str) -> list[Any]:
         return []
 

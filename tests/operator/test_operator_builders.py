@@ -129,7 +129,8 @@ def test_shm_is_memory_backed_with_size_limit(shm: str) -> None:
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
         assert mounts["/dev/shm"]["name"] == "shm"
         assert mounts["/etc/tandem"] == {"name": "job-spec", "mountPath": "/etc/tandem", "readOnly": True}
-    assert vols["job-spec"]["configMap"]["name"] == "demo-spec"
+    assert vols["job-spec"]["configMap"]["name"] == builders.build_spec_configmap(JobWrapper().set(
+        "checkpointEngine.shmSize", shm).job())["metadata"]["name"]
 
 
 def test_ports_and_resources_follow_the_spec() -> None:
@@ -191,7 +192,7 @@ def test_service_is_headless_and_selects_every_pod_of_the_job() -> None:
 def test_configmap_holds_the_job_that_parses_back_to_the_same_spec() -> None:
     job = JobWrapper("round", "ns1").replicas(2).set("algorithm.name", "ppo").job()
     cm = builders.build_spec_configmap(job)
-    assert cm["metadata"]["name"] == "round-spec"
+    assert cm["metadata"]["name"].startswith("round-spec-") and cm["immutable"] is True
     back = parse_job(yaml.safe_load(cm["data"]["job.yaml"]))
     assert back.spec == job.spec and back.metadata.name == "round" and back.metadata.namespace == "ns1"
 
@@ -299,3 +300,18 @@ def test_resume_and_job_uid_env(owner_uid: str | None, expected: str | None) -> 
             assert env.get("TANDEM_JOB_UID") == expected
             names = [e["name"] for e in c["env"]]
             assert len(names) == len(set(names))
+
+
+def test_the_job_document_is_named_by_its_content() -> None:
+    """A changed document is a new, immutable ConfigMap that the pods built after it mount; the operator
+    never patches one (its RBAC has no ConfigMap verb but create)."""
+    def name_of(w: JobWrapper) -> tuple[str, str]:
+        job = w.job()
+        pod = builders.build_pods(job)[-1]
+        mounted = next(v for v in pod["spec"]["volumes"] if v["name"] == "job-spec")["configMap"]["name"]
+        return builders.build_spec_configmap(job)["metadata"]["name"], mounted
+
+    one, mounted = name_of(JobWrapper().rollout_only(1))
+    assert one == mounted and one == name_of(JobWrapper().rollout_only(1))[0]
+    scaled, mounted = name_of(JobWrapper().rollout_only(2))
+    assert scaled == mounted and scaled != one and len(scaled) <= 253

@@ -42,6 +42,12 @@ def pods_of(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
     return (get_json(cp, "pods", "-n", ns, "-l", f"tandem.dev/job={name}") or {}).get("items", [])
 
 
+def job_documents(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    """The job's document ConfigMaps (`<job>-spec-<hash>`, one per distinct document)."""
+    items = (get_json(cp, "configmaps", "-n", ns, "-l", f"tandem.dev/job={name}") or {}).get("items", [])
+    return [c for c in items if c["metadata"]["name"].startswith(f"{name}-spec-")]
+
+
 def running(cp: ControlPlane, ns: str, name: str, n: int, generation: int = 0) -> list[dict[str, Any]] | None:
     pods = pods_of(cp, ns, name)
     ok = len(pods) == n and all(
@@ -90,7 +96,8 @@ def test_sample_job_runs_and_status_follows_etcd_progress(
     job = create(k8s, ns, sample)
     uid, name = job["metadata"]["uid"], "qwen-grpo"
     owned = {"kind": "RLHFJob", "name": name, "uid": uid, "controller": True}
-    for kind, obj in (("service", name), ("configmap", f"{name}-spec"), ("secret", f"{name}-token")):
+    document = wait_for("job document", lambda: job_documents(k8s, ns, name), 30)[0]["metadata"]["name"]
+    for kind, obj in (("service", name), ("configmap", document), ("secret", f"{name}-token")):
         got = wait_for(f"{kind}/{obj}", lambda k=kind, o=obj: get_json(k8s, k, o, "-n", ns), 30)
         assert owned.items() <= got["metadata"]["ownerReferences"][0].items()
     pods = wait_for("2 running pods", lambda: running(k8s, ns, name, 2), 60)
@@ -236,6 +243,7 @@ def test_deletion_removes_the_jobs_etcd_keys_and_owned_objects(
     name, other = "gone", "stays"
     create(k8s, ns, small(name))
     wait_for("running", lambda: running(k8s, ns, name, 1), 60)
+    assert job_documents(k8s, ns, name)
     job = job_of(k8s, ns, name)
     assert "tandem.dev/cleanup" in job["metadata"]["finalizers"]
     mine = keys.scope(name, job["metadata"]["uid"])
@@ -252,7 +260,8 @@ def test_deletion_removes_the_jobs_etcd_keys_and_owned_objects(
     assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, mine)) == []
     assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, name)) == [keys.progress(ns, newer)]
     assert etcd_keys(etcd_server.endpoint, keys.job_prefix(ns, other)) == [keys.progress(ns, keys.scope(other, "x"))]
-    for kind, obj in (("service", name), ("configmap", f"{name}-spec"), ("secret", f"{name}-token")):
+    wait_for("job documents collected", lambda: not job_documents(k8s, ns, name), 60)
+    for kind, obj in (("service", name), ("secret", f"{name}-token")):
         wait_for(f"{kind} collected", lambda k=kind, o=obj: get_json(k8s, k, o, "-n", ns) is None, 60)
     wait_for("pods collected", lambda: not pods_of(k8s, ns, name), 60)
 

@@ -92,7 +92,8 @@ class Kubelet:
         self.running: list[LocalContainer] = []
 
     def start(self, generation: int, pods: list[dict[str, Any]]) -> Path:
-        text = get_json(self.cp, "configmap", f"{self.name}-spec", "-n", self.ns)["data"]["job.yaml"]
+        document = next(v for v in pods[0]["spec"]["volumes"] if v["name"] == "job-spec")["configMap"]["name"]
+        text = get_json(self.cp, "configmap", document, "-n", self.ns)["data"]["job.yaml"]
         secret = get_json(self.cp, "secret", f"{self.name}-token", "-n", self.ns)["data"]["token"]
         job = localize(parse_job(yaml.safe_load(text)))
         run_dir = self.workdir / f"gen{generation}"

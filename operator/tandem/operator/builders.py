@@ -6,7 +6,8 @@ what these return; `tandem run` (the CLI) starts the same pods as local processe
 
 Objects of a job `<job>` in namespace `<ns>`:
   Service    `<job>`          headless, selects every pod of the job (rendezvous DNS names)
-  ConfigMap  `<job>-spec`     key `job.yaml`: the job (apiVersion, kind, metadata, spec) as YAML
+  ConfigMap  `<job>-spec-<h>` key `job.yaml`: the job (apiVersion, kind, metadata, spec) as YAML; immutable,
+                              named by its content (h), so a changed spec is a new ConfigMap, never a patch
   Secret     `<job>-token`    key `token`: the checkpoint-engine API token (created once, kept)
   Pod        `<job>-<i>`      i < replicas: trainer container + rollout native sidecar (role hybrid)
                               replicas <= i: rollout container only (rolloutOnlyReplicas; role rollout)
@@ -48,6 +49,7 @@ Every pod passes Pod Security "restricted" (`tandem.operator.pod_security`: user
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import Any
 
@@ -87,8 +89,8 @@ def service_name(job_name: str) -> str:
     return job_name
 
 
-def spec_configmap_name(job_name: str) -> str:
-    return f"{job_name}-spec"
+def spec_configmap_name(job: RLHFJob) -> str:
+    return f"{job.metadata.name}-spec-{hashlib.sha256(job_text(job).encode()).hexdigest()[:10]}"
 
 
 def token_secret_name(job_name: str) -> str:
@@ -203,15 +205,17 @@ def job_document(job: RLHFJob) -> Manifest:
     }
 
 
+def job_text(job: RLHFJob) -> str:
+    return yaml.dump(job_document(job), Dumper=SAFE_DUMPER, sort_keys=False)
+
+
 def build_spec_configmap(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
-    text = yaml.dump(job_document(job), Dumper=SAFE_DUMPER, sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(
-            job, spec_configmap_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)
-        ),
-        "data": {JOB_FILE_KEY: text},
+        "metadata": _metadata(job, spec_configmap_name(job), owner_uid, job_labels(job.metadata.name)),
+        "immutable": True,
+        "data": {JOB_FILE_KEY: job_text(job)},
     }
 
 
@@ -261,11 +265,10 @@ def _mounts(job: RLHFJob) -> list[Manifest]:
 
 
 def _pod_volumes(job: RLHFJob) -> list[Manifest]:
-    name = job.metadata.name
     items = [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]
     out: list[Manifest] = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.checkpoint_engine.shm_size}},
-        {"name": "job-spec", "configMap": {"name": spec_configmap_name(name), "items": items}},
+        {"name": "job-spec", "configMap": {"name": spec_configmap_name(job), "items": items}},
     ]
     for v in job.spec.volumes:
         if v.claim_name is not None:
@@ -384,13 +387,8 @@ def build_pod(
     return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group
 
 
-def build_pods(
-    job: RLHFJob,
-    *,
-    restart_generation: int = 0,
-    owner_uid: str | None = None,
-    default_etcd: str = DEFAULT_ETCD_ENDPOINTS,
-) -> list[Manifest]:
+def build_pods(job: RLHFJob, *, restart_generation: int = 0, owner_uid: str | None = None,
+               default_etcd: str = DEFAULT_ETCD_ENDPOINTS) -> list[Manifest]:
     """Every pod of the job, hybrid pods first, in index order."""
     return [
         build_pod(

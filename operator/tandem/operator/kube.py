@@ -101,18 +101,6 @@ class Kube:
         resp.release()
         return True
 
-    async def create_or_update_data(self, manifest: Manifest) -> None:
-        """Create a ConfigMap, or merge-patch its data when it exists (the job document follows the
-        spec's mutable fields, e.g. rolloutOnlyReplicas after a scale, for the pods started next)."""
-        if await self.create(manifest):
-            return
-        ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        call = self.core.patch_namespaced_config_map(
-            name, ns, {"data": manifest["data"]}, _content_type=MERGE_PATCH, _preload_content=False
-        )
-        resp = await self._send(f"patch ConfigMap {ns}/{name}", call)
-        resp.release()
-
     async def ensure_scheduling(self, manifest: Manifest) -> dict[str, Any]:
         """Create a Workload or PodGroup (scheduling.k8s.io/v1alpha2) if absent; returns the object
         as stored (created now, or read back when it already existed)."""

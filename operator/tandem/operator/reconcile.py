@@ -5,8 +5,9 @@ Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, 
 (from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
 progress record in etcd (from the second pass on). Decision: `tandem.operator.plan.decide`.
 Actions: ensure the Service, ConfigMap and Secret (create-if-absent: an existing token Secret is
-kept, never read; the job document in the ConfigMap is patched once per new metadata.generation,
-so pods started after a /scale read the current pool size), with spec.gangScheduling the Workload
+kept, never read; the job document's ConfigMap is immutable and named by its content: a new
+metadata.generation that changes the document, e.g. a /scale, gets a new one, which the pods started
+after it mount, so the operator never patches a ConfigMap), with spec.gangScheduling the Workload
 and the gang's PodGroup (`tandem.operator.gang`) before its pods, delete and create pods, patch the
 status subresource, post Events. A create the API server refuses (`tandem.operator.refusal_policy`)
 shows in the status (reason PodCreateRefused, the API server's message) and is retried with backoff.
@@ -129,10 +130,11 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
                 raise
             return gang.UNAVAILABLE  # no pods: without the group they would not be gang-scheduled
     creates: list[Awaitable[object]] = []
-    if job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured)):
+    objects = job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured))
+    if job is not None and objects:
         creates += [
             kube.create(builders.build_service(job, owner_uid=ref.uid)),
-            kube.create_or_update_data(builders.build_spec_configmap(job, owner_uid=ref.uid)),
+            kube.create(builders.build_spec_configmap(job, owner_uid=ref.uid)),
             kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=ref.uid)),
         ]
     if job is not None:
@@ -155,12 +157,13 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
         others = [e for e in errors if e not in refusals]
         if others:
             raise others[0]
+        if objects and not any(isinstance(r, BaseException) for r in results[:3]):
+            memory.objects_ensured = True
         if refusals:
             memory.refusals += 1
             memory.refused = refusals[0].message or str(refusals[0])
             memory.retry_at = time.monotonic() + refusal_policy.retry_delay(memory.refusals)
         else:
-            memory.objects_ensured = memory.objects_ensured or job is not None
             memory.refused, memory.refusals = "", 0
     return ""
 
