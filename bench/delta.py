@@ -144,7 +144,8 @@ def wire(etcd: str, root: Path, base: Tensors, new: Tensors, shard_bytes: int) -
     def node(pod: str) -> BroadcastNode:
         reg = SyncRegistry(etcd, "bench", job, pod, "rollout", ttl=10, timeout=30).connect()
         regs.append(reg)
-        nodes.append(BroadcastNode(reg, root / pod, transport="tcp", bind="127.0.0.1", stall_timeout=30).start())
+        nodes.append(BroadcastNode(reg, root / pod, transport="tcp", bind="127.0.0.1", stall_timeout=30,
+                                   token="bench-token").start())
         return nodes[-1]
 
     try:

@@ -92,8 +92,8 @@ def test_member_loss_mid_run(cluster: LocalEtcdCluster) -> None:
     reader = SyncRegistry(eps, "test", job, "pod1", "rollout", ttl=TTL).connect()
     watcher = SyncRegistry(eps, "test", job, "pod2", "watch", ttl=TTL).connect()
     pub = Publisher(shm / "pub", job, writer, keep=2)
-    serving = BroadcastNode(writer, shm / "pub", transport="tcp").start()
-    receiving = BroadcastNode(reader, shm / "rx", transport="tcp").start()
+    serving = BroadcastNode(writer, shm / "pub", transport="tcp", token="test-token").start()
+    receiving = BroadcastNode(reader, shm / "rx", transport="tcp", token="test-token").start()
     seen: list[int] = []
     killed_at = 0.0
     try:

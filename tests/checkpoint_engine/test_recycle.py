@@ -108,7 +108,7 @@ def test_a_version_another_pod_is_pulling_is_deleted_not_recycled(
     receiver = make_registry("pod1", "rollout")
     pub.publish(1, tensors(1))
     # pod1 is pulling v1 from this pod's holder server (which has the shard files open)
-    receiver.put_json(keys.receiving(receiver.namespace, job, 1, "pod1"), {"since": 0}, lease=True)
+    receiver.put_json(keys.receiving(receiver.namespace, receiver.scope, 1, "pod1"), {"since": 0}, lease=True)
     assert pub.publish(2, tensors(2)).collected == [1]
     assert slots.held(pub.spares) == 0, "a version being pulled went to the spare pool"
     assert pub.publish(3, tensors(3)).recycled_bytes == 0

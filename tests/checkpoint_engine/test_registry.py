@@ -99,9 +99,9 @@ def test_a_restarted_gang_ignores_the_old_generations_rollouts(make_registry: An
     from tandem.sidecars.trainer import resume
 
     old, new, driver = make_registry("job-0", "rollout", ttl=30), make_registry("job-1", "rollout"), make_registry()
-    key = keys.endpoint("test", driver.job, "job-0", "rollout")
+    key = keys.endpoint("test", driver.scope, "job-0", "rollout")
     old.put_json(key, {"address": "10.0.0.1:8000", "ready": True, "pod": "job-0", "generation": 0}, lease=True)
-    new.put_json(keys.endpoint("test", driver.job, "job-1", "rollout"),
+    new.put_json(keys.endpoint("test", driver.scope, "job-1", "rollout"),
                  {"address": "10.0.0.2:8000", "ready": True, "pod": "job-1", "generation": 1}, lease=True)
     assert resume.rollout_addresses(driver, 0) == ["10.0.0.1:8000"]
     assert resume.rollout_addresses(driver, 1) == ["10.0.0.2:8000"]

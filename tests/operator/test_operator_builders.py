@@ -137,6 +137,7 @@ def test_ports_and_resources_follow_the_spec() -> None:
     job = (
         JobWrapper()
         .set("checkpointEngine.port", 8800)
+        .set("checkpointEngine.shardPort", 9000)
         .set("trainer.resources", {"cpu": "4", "memory": "8Gi"})
         .set("rollout.resources", {"cpu": "2", "memory": "4Gi"})
         .job()
@@ -146,7 +147,11 @@ def test_ports_and_resources_follow_the_spec() -> None:
         "ce-trainer": 8800,
         "rendezvous": 29500,
     }
-    assert {p["name"]: p["containerPort"] for p in c["rollout"]["ports"]} == {"ce-rollout": 8801}
+    assert {p["name"]: p["containerPort"] for p in c["rollout"]["ports"]} == {"ce-rollout": 8801, "shards": 9000}
+    service = {p["name"]: p["port"] for p in builders.build_service(job)["spec"]["ports"]}
+    assert service == {"rendezvous": 29500, "ce-trainer": 8800, "ce-rollout": 8801, "shards": 9000}
+    env = {e["name"]: e.get("value") for e in c["rollout"]["env"]}
+    assert env["TANDEM_SHARD_PORT"] == "9000"
     assert c["trainer"]["resources"]["requests"] == {"cpu": "4", "memory": "8Gi", builders.GPU_RESOURCE: "8"}
     assert c["rollout"]["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
 
@@ -184,7 +189,7 @@ def test_service_is_headless_and_selects_every_pod_of_the_job() -> None:
     assert svc["metadata"]["name"] == "demo"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {builders.LABEL_JOB: "demo"}
-    assert sorted(p["port"] for p in svc["spec"]["ports"]) == [9000, 9001, 29500]
+    assert sorted(p["port"] for p in svc["spec"]["ports"]) == [8702, 9000, 9001, 29500]  # 8702: shardPort
     pod = builders.build_pods(JobWrapper().job())[0]
     assert pod["spec"]["subdomain"] == "demo" and pod["spec"]["hostname"] == "demo-0"
 

@@ -12,7 +12,7 @@ from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
 from tandem.operator import builders
-from tandem.spec.podenv import LOCAL_ONLY, PodEnv, PodEnvError
+from tandem.spec.podenv import ETCD_SECURITY_ONLY, LOCAL_ONLY, PodEnv, PodEnvError
 
 CONTRACT_PREFIXES = ("TANDEM_", "MASTER_")
 
@@ -36,7 +36,7 @@ def test_every_container_gets_exactly_the_cluster_contract() -> None:
             written = {n for n in names if n.startswith(CONTRACT_PREFIXES)}
             unknown = written - PodEnv.variables()
             assert not unknown, f"{pod['metadata']['name']}/{c['name']} writes {unknown} that PodEnv does not read"
-            missing = PodEnv.variables() - LOCAL_ONLY - written
+            missing = PodEnv.variables() - LOCAL_ONLY - ETCD_SECURITY_ONLY - written
             assert not missing, f"{pod['metadata']['name']}/{c['name']} lacks {missing}"
             seen += 1
     assert seen == 5  # 2 hybrid pods x (trainer + rollout) + 1 rollout-only pod
@@ -62,7 +62,8 @@ def test_tandem_run_processes_carry_the_whole_contract(tmp_path: Path) -> None:
                           extra=extra)
     assert len(procs) == 3
     for p in procs:
-        assert PodEnv.variables() <= set(p.env), f"{p.label} lacks {PodEnv.variables() - set(p.env)}"
+        want = PodEnv.variables() - ETCD_SECURITY_ONLY
+        assert want <= set(p.env), f"{p.label} lacks {want - set(p.env)}"
         parsed = PodEnv.from_environ(p.env)
         assert parsed.output_dir == tmp_path and parsed.token == "t0k" and parsed.resume is False
         assert parsed.shm_dir == tmp_path / "shm" / p.pod and parsed.pod_ip == "127.0.0.1"
@@ -76,6 +77,25 @@ def test_writers_cannot_misspell_or_mistype_a_variable() -> None:
         PodEnv.environ(ce_port=8700)
     with pytest.raises(PodEnvError, match="TANDEM_POD_INDEX"):
         PodEnv.environ(pod_index="first")
+
+
+def test_a_jobs_etcd_secrets_reach_every_container_as_files_and_secret_refs() -> None:
+    job = JobWrapper("demo").replicas(1).rollout_only(1).gpus(0).job()
+    job.spec.checkpoint_engine.etcd.tls_secret = "etcd-client-tls"
+    job.spec.checkpoint_engine.etcd.auth_secret = "demo-etcd-user"
+    for pod in builders.build_pods(job, owner_uid="uid-1"):
+        vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "job-spec")
+        tls = next(s["secret"] for s in vol["projected"]["sources"] if "secret" in s)
+        assert tls["name"] == "etcd-client-tls"
+        assert sorted(i["path"] for i in tls["items"]) == ["etcd/ca.crt", "etcd/tls.crt", "etcd/tls.key"]
+        for c in _containers(pod):
+            env = {e["name"]: e for e in c["env"]}
+            assert ETCD_SECURITY_ONLY <= set(env)
+            assert env["TANDEM_ETCD_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "demo-etcd-user",
+                                                                                "key": "password"}
+            parsed = PodEnv.from_environ({k: e.get("value", "x") for k, e in env.items()})
+            assert str(parsed.etcd_key_file) == "/etc/tandem/etcd/tls.key"
+            assert parsed.shard_port == job.spec.checkpoint_engine.shard_port
 
 
 def test_reader_names_the_bad_variable() -> None:

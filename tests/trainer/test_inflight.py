@@ -32,21 +32,34 @@ def registry(etcd_server: Any) -> Iterator[Callable[[str], SyncRegistry]]:
 
 def test_a_record_loads_with_its_own_version_only(registry: Callable[[str], SyncRegistry]) -> None:
     reg = registry("inflight-a")
-    assert inflight.load(reg, "test", "inflight-a", 3) is None  # nothing recorded yet
-    inflight.save(reg, "test", "inflight-a", Inflight(3, prompts=[7, 2, 11], next_batch=None))
-    assert inflight.load(reg, "test", "inflight-a", 3) == Inflight(3, [7, 2, 11], None)
-    assert inflight.load(reg, "test", "inflight-a", 2) is None  # an older durable copy: start afresh
-    assert inflight.load(reg, "test", "inflight-a", 4) is None
+    assert inflight.load(reg, 3) is None  # nothing recorded yet
+    inflight.save(reg, Inflight(3, prompts=[7, 2, 11], next_batch=None))
+    assert inflight.load(reg, 3) == Inflight(3, [7, 2, 11], None)
+    assert inflight.load(reg, 2) is None  # an older durable copy: start afresh
+    assert inflight.load(reg, 4) is None
 
-    inflight.save(reg, "test", "inflight-a", Inflight(4, next_batch=9))  # the next version replaces it
-    assert inflight.load(reg, "test", "inflight-a", 4) == Inflight(4, [], 9)
-    assert inflight.load(reg, "test", "inflight-a", 3) is None
+    inflight.save(reg, Inflight(4, next_batch=9))  # the next version replaces it
+    assert inflight.load(reg, 4) == Inflight(4, [], 9)
+    assert inflight.load(reg, 3) is None
 
 
 def test_records_are_per_job_and_outlive_the_writer(registry: Callable[[str], SyncRegistry]) -> None:
     writer = registry("inflight-b")
-    inflight.save(writer, "test", "inflight-b", Inflight(5, prompts=[1], next_batch=6))
+    inflight.save(writer, Inflight(5, prompts=[1], next_batch=6))
     writer.close()  # the gang restarts: its leases are revoked, the record (lease-free) stays
     reader = registry("inflight-b")
-    assert inflight.load(reader, "test", "inflight-b", 5) == Inflight(5, [1], 6)
-    assert inflight.load(reader, "test", "inflight-other", 5) is None
+    assert inflight.load(reader, 5) == Inflight(5, [1], 6)
+    assert inflight.load(registry("inflight-other"), 5) is None
+
+
+def test_a_new_job_of_the_same_name_does_not_read_the_old_ones(etcd_server: Any) -> None:
+    """Records live under the job's uid: a job re-created under the same name starts afresh."""
+    old = SyncRegistry(etcd_server.endpoint, "test", "inflight-c", "pod0", "trainer", uid="uid-1").connect()
+    new = SyncRegistry(etcd_server.endpoint, "test", "inflight-c", "pod0", "trainer", uid="uid-2").connect()
+    try:
+        inflight.save(old, Inflight(7, prompts=[3], next_batch=None))
+        assert inflight.load(new, 7) is None
+        assert inflight.load(old, 7) == Inflight(7, [3], None)
+    finally:
+        old.close()
+        new.close()

@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("role", choices=["publish", "receive"])
     ap.add_argument("--etcd", required=True)
     ap.add_argument("--job", required=True)
+    ap.add_argument("--token", default="test-token", help="the job's token (every pod of a job: the same)")
     ap.add_argument("--pod", required=True)
     ap.add_argument("--root", required=True)
     ap.add_argument("--version", type=int, default=1, help="0: the latest")
@@ -81,6 +82,7 @@ def main() -> None:
         stall_timeout=args.stall,
         max_rate=args.max_rate or None,
         deadline=120.0,
+        token=args.token,
     ).start()
     try:
         if args.role == "publish":

@@ -64,7 +64,7 @@ def test_unknown_transport_is_refused() -> None:
 
 
 def _receiving(reg: SyncRegistry, pods: Pods) -> list[str]:
-    return [k.rsplit("/", 1)[-1] for k, _, _ in reg.list_ordered(keys.receiving_prefix("test", pods.job, 1))]
+    return [k.rsplit("/", 1)[-1] for k, _, _ in reg.list_ordered(keys.receiving_prefix("test", reg.scope, 1))]
 
 
 def _registry(pods: Pods, etcd: Any) -> SyncRegistry:
@@ -90,7 +90,7 @@ def test_chain_reaches_every_receiver_byte_exact_and_late_joiner(pods: Pods, etc
     reg = _registry(pods, etcd)
     try:
         assert set(reg.holders(1)) == {"pub", "r0", "r1", "r2"}
-        assert reg.list_ordered(keys.receiving_prefix("test", pods.job, 1)) == []
+        assert reg.list_ordered(keys.receiving_prefix("test", reg.scope, 1)) == []
     finally:
         reg.close()
     late = pods.start("receive", "late", "--version", "0")
@@ -165,8 +165,8 @@ def test_in_process_nodes_receive_then_prune_unregistered_versions(etcd: Any, sh
     job = "prune"
     a = SyncRegistry(etcd.endpoint, "test", job, "pub", "trainer", timeout=15).connect()
     b = SyncRegistry(etcd.endpoint, "test", job, "rx", "rollout", timeout=15).connect()
-    na = BroadcastNode(a, shm_base / "pub", transport="tcp").start()
-    nb = BroadcastNode(b, shm_base / "rx", transport="tcp").start()
+    na = BroadcastNode(a, shm_base / "pub", transport="tcp", token="test-token").start()
+    nb = BroadcastNode(b, shm_base / "rx", transport="tcp", token="test-token").start()
     try:
         pub = Publisher(shm_base / "pub", job, a, keep=1, shard_bytes=1 << 20)
         for v in (1, 2):

@@ -117,7 +117,8 @@ class Cluster:
     def node(self, pod: str) -> BroadcastNode:
         reg = SyncRegistry(self.etcd, "test", self.job, pod, "rollout", ttl=5, timeout=5).connect()
         self.regs.append(reg)
-        node = BroadcastNode(reg, self.base / pod, transport="tcp", bind="127.0.0.1", stall_timeout=3).start()
+        node = BroadcastNode(reg, self.base / pod, transport="tcp", bind="127.0.0.1", stall_timeout=3,
+                             token="test-token").start()
         self.nodes[pod] = node
         return node
 

@@ -39,7 +39,7 @@ def net() -> Iterator[EmulatedNetwork]:
 
 
 def _receiving(reg: SyncRegistry, pods: Pods) -> list[str]:
-    return [k.rsplit("/", 1)[-1] for k, _, _ in reg.list_ordered(keys.receiving_prefix("test", pods.job, 1))]
+    return [k.rsplit("/", 1)[-1] for k, _, _ in reg.list_ordered(keys.receiving_prefix("test", reg.scope, 1))]
 
 
 def _run(net: EmulatedNetwork, etcd: LocalEtcd, shm_base: Path, transport: str) -> None:

@@ -6,7 +6,8 @@ says into (host, port) pairs for the etcd clients. Accepted: `host`, `host:port`
 port 2379; a path, query or user part is refused. Callers: `registry.Registry` (sidecars; it
 uses every endpoint, failing over among them in `etcd_failover`),
 `transport.rdma` (Mooncake's metadata server), `tandem.operator.etcd_store`, the sidecars (trainer
-context, rollout entry).
+context, rollout entry). `endpoint_scheme` tells `etcd_security` whether an endpoint asked for TLS
+(`https://`), for plain text (`http://`) or left it to the configured certificates (no scheme).
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ class EndpointError(ValueError):
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
     """(host, port) of one endpoint; raises EndpointError naming it when it is not one."""
+    _, host, port = _parse(endpoint)
+    return host, port
+
+
+def endpoint_scheme(endpoint: str) -> str | None:
+    """The scheme asked for: "https", "http", or None when the endpoint names none (host[:port])."""
+    scheme, _, _ = _parse(endpoint)
+    return scheme
+
+
+def _parse(endpoint: str) -> tuple[str | None, str, int]:
     text = endpoint.strip()
     url = urlsplit(text if "://" in text else f"http://{text}")
     try:
@@ -32,7 +44,7 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise EndpointError(f"etcd endpoint {endpoint!r} is not host[:port] or http(s)://host[:port]")
     if url.path.strip("/") or url.query or url.fragment or url.username or url.password:
         raise EndpointError(f"etcd endpoint {endpoint!r} has parts an etcd endpoint does not take")
-    return url.hostname, port or DEFAULT_PORT
+    return (url.scheme if "://" in text else None), url.hostname, port or DEFAULT_PORT
 
 
 def split_endpoints(text: str) -> list[str]:

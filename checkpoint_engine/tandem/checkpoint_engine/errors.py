@@ -61,6 +61,21 @@ class RegistryUnavailable(CheckpointEngineError):
     code = "registry_unavailable"
 
 
+class RegistryAuthFailed(CheckpointEngineError):
+    """etcd refused this client's user (wrong password, unknown user, or none given where etcd
+    requires one); retrying will not help."""
+
+    status_code = 401
+    code = "registry_auth_failed"
+
+
+class RegistryPermissionDenied(CheckpointEngineError):
+    """etcd refused a request on a key this client's user may not touch (another job's prefix)."""
+
+    status_code = 403
+    code = "registry_permission_denied"
+
+
 class VersionExists(CheckpointEngineError):
     """A publisher tried to register a version number that is already registered."""
 

@@ -33,7 +33,8 @@ import aetcd
 import aetcd.exceptions
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.endpoints import EndpointError, parse_endpoint
+from tandem.checkpoint_engine.endpoints import EndpointError
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity, invalid_token
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,13 +61,22 @@ CHANNEL_OPTIONS = {
 class EtcdCluster:
     """aetcd clients for `endpoints` (members of one cluster), used one at a time with failover."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0, failover_s: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = 5.0,
+        failover_s: float | None = None,
+        security: EtcdSecurity | None = None,
+    ) -> None:
         """`timeout`: seconds one request may take on one member; `failover_s`: how long one call
-        keeps trying members before it gives up (default twice `timeout`)."""
+        keeps trying members before it gives up (default twice `timeout`); `security`: TLS and
+        user (`etcd_security`; default none: plain text, no auth)."""
         if not endpoints:
             raise EndpointError("no etcd endpoints given")
         self.endpoints = list(endpoints)
-        self._addrs = [parse_endpoint(e) for e in self.endpoints]
+        self.security = security or EtcdSecurity()
+        self._tls = [self.security.tls_for(e) for e in self.endpoints]  # checks every endpoint now
         self.timeout = timeout
         self.failover_s = 2 * timeout if failover_s is None else failover_s
         self.transactions = aetcd.Transactions()  # compare/op builders: the same for every member
@@ -83,11 +93,21 @@ class EtcdCluster:
     def _client(self, i: int) -> aetcd.Client:
         c = self._clients[i]
         if c is None:
-            host, port = self._addrs[i]
-            c = self._clients[i] = aetcd.Client(
-                host=host, port=port, timeout=max(1, round(self.timeout)), options=dict(CHANNEL_OPTIONS)
-            )
+            c = self._clients[i] = self.security.client(self.endpoints[i], timeout=self.timeout,
+                                                        options=CHANNEL_OPTIONS)
         return c
+
+    def _refused(self, what: str, e: aetcd.exceptions.ClientError) -> errors.CheckpointEngineError:
+        """A request's own failure: an auth refusal (typed), else RegistryUnavailable."""
+        return self.security.refusal(what, e) or errors.RegistryUnavailable(
+            f"etcd {what} failed: {type(e).__name__}: {e}")
+
+    async def _redial(self, i: int) -> None:
+        """Drop member i's client (its auth token expired): the next request dials and authenticates."""
+        c, self._clients[i] = self._clients[i], None
+        if c is not None:
+            with contextlib.suppress(Exception):
+                await c.close()
 
     def _failed(self, i: int, what: str, e: BaseException) -> None:
         """Member i failed a request: later requests go to the next one (once, however many failed)."""
@@ -110,6 +130,7 @@ class EtcdCluster:
         deadline = time.monotonic() + (self.failover_s if budget is None else budget)
         failures: list[str] = []
         pause = 0.05
+        redialled = False
         while True:
             i = self._current
             try:
@@ -118,7 +139,11 @@ class EtcdCluster:
                 failures.append(f"{self.endpoints[i]}: {type(e).__name__}: {e}")
                 self._failed(i, what, e)
             except aetcd.exceptions.ClientError as e:
-                raise errors.RegistryUnavailable(f"etcd {what} failed: {type(e).__name__}: {e}") from e
+                if invalid_token(e) and not redialled:
+                    redialled = True
+                    await self._redial(i)
+                    continue
+                raise self._refused(what, e) from e
             else:
                 self._healthy[i] = True
                 return result, i, bool(failures)
@@ -163,7 +188,9 @@ class EtcdCluster:
             except MEMBER_ERRORS as e:
                 self._failed(i, what, e)
             except aetcd.exceptions.ClientError as e:
-                raise errors.RegistryUnavailable(f"etcd {what} failed: {type(e).__name__}: {e}") from e
+                if not invalid_token(e):
+                    raise self._refused(what, e) from e
+                await self._redial(i)  # resumed on a fresh dial from the next revision
             finally:
                 with contextlib.suppress(Exception):
                     await watch.cancel()

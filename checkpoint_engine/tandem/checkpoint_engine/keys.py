@@ -2,7 +2,11 @@
 
 Callers: the checkpoint engines (versions, shards, readers, engine status), the trainer driver
 (progress), the operator (reads progress for status, deletes the job prefix on deletion).
-All values are JSON. Everything of a job lives under `job_prefix(namespace, name)`.
+All values are JSON. Everything of a job lives under `job_prefix(namespace, scope(name, uid))`: the
+`job` argument of every function below is that scope, `<name>/<uid>` with the RLHFJob's
+metadata.uid, so a job created after another of the same name never reads (or deletes) the
+earlier one's records, and an etcd role granting `/tandem/jobs/<ns>/<name>/` covers every
+incarnation of one job name (`<job>` below stands for `<name>/<uid>`).
 
     /tandem/jobs/<ns>/<job>/progress                   driver: phase, iteration, metrics (JSON)
     /tandem/jobs/<ns>/<job>/versions/<v:012d>          version record, committed with its shards
@@ -21,6 +25,15 @@ All values are JSON. Everything of a job lives under `job_prefix(namespace, name
 from __future__ import annotations
 
 ROOT = "/tandem/jobs/"
+
+
+def scope(name: str, uid: str) -> str:
+    """The key segment of one incarnation of job `name` (uid: its metadata.uid; "local" in tandem run
+    without one). Raises ValueError on an empty or slashed part: keys of two jobs must never nest."""
+    for part, what in ((name, "job name"), (uid, "job uid")):
+        if not part or "/" in part:
+            raise ValueError(f"etcd key scope: {what} {part!r} must be non-empty and contain no '/'")
+    return f"{name}/{uid}"
 
 
 def job_prefix(namespace: str, name: str) -> str:

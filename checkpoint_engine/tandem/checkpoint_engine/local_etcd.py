@@ -5,12 +5,16 @@ data dir and free ports; `LocalEtcdCluster` starts several members that form one
 with its own client and peer ports and data dir). Callers: `tandem.cli.local` (the job's metadata
 store on one machine), tests/conftest.py (the session's etcd) and the member-loss test
 (tests/checkpoint_engine/test_etcd_failover.py). In a cluster the chart's etcd is used instead.
+With `tls_dir` a member serves https only and asks every client for a certificate signed by the
+directory's CA (`--client-cert-auth`; files ca.crt, server.crt, server.key, and client.crt/.key for
+its own health check): tests/checkpoint_engine/test_etcd_security.py.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -38,6 +42,7 @@ class LocalEtcd:
         name: str = "tandem",
         peer_port: int | None = None,
         initial_cluster: str | None = None,
+        tls_dir: Path | None = None,
     ):
         found = binary or shutil.which("etcd")
         if found is None:
@@ -46,7 +51,8 @@ class LocalEtcd:
         self.data_dir = data_dir
         self.host = "127.0.0.1"
         self.port = port or free_port()
-        self.endpoint = f"http://{self.host}:{self.port}"
+        self.tls_dir = tls_dir
+        self.endpoint = f"{'https' if tls_dir else 'http'}://{self.host}:{self.port}"
         self.name, self.peer_port, self.initial_cluster = name, peer_port, initial_cluster
         self.log_path = data_dir.parent / f"etcd-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -67,7 +73,7 @@ class LocalEtcd:
                 [self.binary, "--data-dir", str(self.data_dir), "--name", self.name,
                  "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                 "--initial-cluster", self.initial_cluster or f"{self.name}={peer_url}"],
+                 "--initial-cluster", self.initial_cluster or f"{self.name}={peer_url}", *self._tls_args()],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
@@ -82,10 +88,21 @@ class LocalEtcd:
             time.sleep(0.05)
         raise RuntimeError(f"etcd did not listen on {self.endpoint} within {timeout}s; see {self.log_path}")
 
+    def _tls_args(self) -> list[str]:
+        d = self.tls_dir
+        if d is None:
+            return []
+        return ["--client-cert-auth", "--trusted-ca-file", str(d / "ca.crt"),
+                "--cert-file", str(d / "server.crt"), "--key-file", str(d / "server.key")]
+
     def _healthy(self) -> bool:
         """etcd answers requests (not just accepts connections): its /health endpoint says so."""
+        ctx = None
+        if self.tls_dir is not None:
+            ctx = ssl.create_default_context(cafile=str(self.tls_dir / "ca.crt"))
+            ctx.load_cert_chain(self.tls_dir / "client.crt", self.tls_dir / "client.key")
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as r:  # noqa: S310 - loopback
+            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1, context=ctx) as r:  # noqa: S310
                 return bool(json.loads(r.read()).get("health") == "true")
         except (OSError, ValueError):
             return False

@@ -152,7 +152,7 @@ class Publisher:
         """Whether another pod is still pulling version v (it does not pin it: its pull is verified
         shard by shard); its shard files must then not be overwritten."""
         try:
-            prefix = keys.receiving_prefix(self.registry.namespace, self.registry.job, v)
+            prefix = keys.receiving_prefix(self.registry.namespace, self.registry.scope, v)
             return bool(self.registry.list_ordered(prefix))
         except errors.RegistryUnavailable:
             return True  # unknown: do not recycle

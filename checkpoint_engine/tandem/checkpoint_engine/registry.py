@@ -34,6 +34,7 @@ from aetcd.utils import prefix_range_end
 from tandem.checkpoint_engine import errors, keys
 from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.etcd_failover import EtcdCluster
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.checkpoint_engine.layout import VersionIndex
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,19 @@ class Registry:
         ttl: int = 10,
         timeout: float = 5.0,
         failover_s: float | None = None,
+        *,
+        uid: str = "local",
+        security: EtcdSecurity | None = None,
     ) -> None:
         """`endpoints`: the cluster's members, a list or comma-separated (as TANDEM_ETCD_ENDPOINTS
         carries them); `timeout`: seconds per request on one member; `failover_s`: how long a
-        request keeps trying members (default 2 x timeout)."""
+        request keeps trying members (default 2 x timeout); `uid`: the job's metadata.uid (its
+        records live under `keys.scope(job, uid)`, so a later job of the same name never reads
+        them); `security`: TLS and etcd user (`etcd_security`)."""
         self.endpoints = split_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
-        self.etcd = EtcdCluster(self.endpoints, timeout=timeout, failover_s=failover_s)
+        self.etcd = EtcdCluster(self.endpoints, timeout=timeout, failover_s=failover_s, security=security)
         self.namespace, self.job, self.pod, self.role = namespace, job, pod, role
+        self.uid, self.scope = uid, keys.scope(job, uid)
         self.ttl = ttl
         self._lease: Any = None
         self._keepalive: asyncio.Task[None] | None = None
@@ -81,7 +88,7 @@ class Registry:
     async def connect(self, wait_s: float = 60.0) -> None:
         """Wait until some member answers a read: a sidecar starting beside a just-started (or busy)
         etcd sees transient dial failures ("tcp handshaker shutdown") that a retry clears."""
-        key = _b(keys.job_prefix(self.namespace, self.job))
+        key = _b(keys.job_prefix(*self._k()))
         await self.etcd.call("first read", lambda c: c.get(key), budget=wait_s)
 
     async def lease_id(self) -> int:
@@ -125,7 +132,8 @@ class Registry:
 
     # ---- versions ----------------------------------------------------------------------------
     def _k(self) -> tuple[str, str]:
-        return self.namespace, self.job
+        """(namespace, scope): the arguments of every `keys` function for this job."""
+        return self.namespace, self.scope
 
     async def register(self, index: VersionIndex, directory: str) -> int:
         """Register version `index.version` (shards + version record + latest) in one transaction."""
@@ -187,7 +195,7 @@ class Registry:
     async def version_record(self, v: int) -> dict[str, Any]:
         got = await self.etcd.call("get version", lambda c: c.get(_b(keys.version(*self._k(), v))))
         if got is None:
-            raise errors.VersionNotFound(f"version {v} of job {self.namespace}/{self.job} is not registered")
+            raise errors.VersionNotFound(f"version {v} of job {self.namespace}/{self.scope} is not registered")
         return dict(json.loads(got.value))
 
     async def shard_records(self, v: int) -> list[dict[str, Any]]:

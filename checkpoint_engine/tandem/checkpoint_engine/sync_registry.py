@@ -14,6 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.checkpoint_engine.layout import VersionIndex
 from tandem.checkpoint_engine.registry import Registry
 
@@ -33,16 +34,21 @@ class SyncRegistry:
         ttl: int = 10,
         timeout: float = 5.0,
         failover_s: float | None = None,
+        *,
+        uid: str = "local",
+        security: EtcdSecurity | None = None,
     ) -> None:
-        """`endpoints`: every member of the etcd cluster (a list, or comma-separated); see `Registry`."""
+        """`endpoints`: every member of the etcd cluster (a list, or comma-separated); `uid`,
+        `security` and the rest: see `Registry`."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"etcd-{role}", daemon=True)
         self._thread.start()
         self.timeout = timeout
         self.reg: Registry = self._run(
-            self._make(endpoints, namespace, job, pod, role, ttl, timeout, failover_s), timeout=10
+            self._make(endpoints, namespace, job, pod, role, ttl, timeout, failover_s, uid, security), timeout=10
         )
         self.namespace, self.job, self.pod, self.role = namespace, job, pod, role
+        self.uid, self.scope = uid, self.reg.scope
         self.endpoints = self.reg.endpoints
 
     @property
@@ -53,10 +59,11 @@ class SyncRegistry:
     @staticmethod
     async def _make(
         endpoints: str | Sequence[str], namespace: str, job: str, pod: str, role: str, ttl: int, timeout: float,
-        failover_s: float | None,
+        failover_s: float | None, uid: str, security: EtcdSecurity | None,
     ) -> Registry:
         # the Registry (and its asyncio.Event) must be created on the loop that uses it
-        return Registry(endpoints, namespace, job, pod, role, ttl=ttl, timeout=timeout, failover_s=failover_s)
+        return Registry(endpoints, namespace, job, pod, role, ttl=ttl, timeout=timeout, failover_s=failover_s,
+                        uid=uid, security=security)
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self._loop.is_closed():

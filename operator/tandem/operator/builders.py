@@ -32,8 +32,12 @@ for the rollout; TANDEM_TOKEN from secretKeyRef `<job>-token`/token; TANDEM_POD_
 API; MASTER_ADDR `<job>-0.<job>.<ns>.svc`; TANDEM_RESUME 1 (a recreated pod's driver continues from
 the newest checkpoint: its pod shm or the durable store; a first start finds none); TANDEM_JOB_UID the
 RLHFJob's metadata.uid when the builders get owner_uid (durable copies live under
-`<persist.path>/<ns>/<job>/<uid>/`, so a new job of the same name never resumes an old one's copies).
-Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap). Each
+`<persist.path>/<ns>/<job>/<uid>/`, so a new job of the same name never resumes an old one's copies,
+and its etcd records live under `<job>/<uid>/`); TANDEM_SHARD_PORT checkpointEngine.shardPort (the
+rollout's shard server, port `shards`); TANDEM_ETCD_* the job's etcd TLS files and user
+(`tandem.operator.etcd_access`).
+Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap, with the etcd
+tlsSecret's files projected beside it). Each
 spec.volumes entry `<name>` becomes pod volume `vol-<name>` (the prefix keeps user names apart from
 the pod's own), a `persistentVolumeClaim` (claimName, readOnly) or a `hostPath` (type
 DirectoryOrCreate), mounted at its mountPath (readOnly as given) in every container of every pod.
@@ -55,7 +59,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import kueue, pod_security, pod_template
+from tandem.operator import etcd_access, kueue, pod_security, pod_template
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -80,6 +84,7 @@ VOLUME_PREFIX = "vol-"
 HEALTH_PATH = "/health"
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180  # 30 minutes for the rollout to import vLLM and load the model
 MASTER_PORT = 29500
+SHARD_PORT_NAME = "shards"  # the rollout's shard server (checkpointEngine.shardPort)
 TOKEN_KEY = "token"
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_ETCD_ENDPOINTS = "http://tandem-etcd.tandem-system.svc:2379"
@@ -190,6 +195,8 @@ def build_service(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
                 {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"},
                 {"name": "ce-trainer", "port": trainer_port, "targetPort": trainer_port, "protocol": "TCP"},
                 {"name": "ce-rollout", "port": rollout_port, "targetPort": rollout_port, "protocol": "TCP"},
+                {"name": SHARD_PORT_NAME, "port": job.spec.checkpoint_engine.shard_port,
+                 "targetPort": job.spec.checkpoint_engine.shard_port, "protocol": "TCP"},
             ],
         },
     }
@@ -240,14 +247,14 @@ def _env(
         replicas=job.spec.replicas, rollout_only=index >= job.spec.replicas, job_file=JOB_FILE,
         etcd_endpoints=etcd, shm_dir=SHM_DIR, port=ce_port,
         master_addr=f"{pod_name(name, 0)}.{service_name(name)}.{ns}.svc", master_port=MASTER_PORT,
-        restart_generation=generation, resume=True,
+        restart_generation=generation, resume=True, shard_port=job.spec.checkpoint_engine.shard_port,
         **({"job_uid": owner_uid} if owner_uid is not None else {}),
     )
     env: list[Manifest] = [{"name": k, "value": v} for k, v in plain.items()]
     env.append({"name": PodEnv.var("token"),
                 "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_KEY}}})
     env.append({"name": PodEnv.var("pod_ip"), "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
-    return env
+    return env + etcd_access.env(job, JOB_FILE_DIR)
 
 
 def volume_name(name: str) -> str:
@@ -268,7 +275,8 @@ def _pod_volumes(job: RLHFJob) -> list[Manifest]:
     items = [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]
     out: list[Manifest] = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.checkpoint_engine.shm_size}},
-        {"name": "job-spec", "configMap": {"name": spec_configmap_name(job), "items": items}},
+        etcd_access.job_spec_volume(job, {"name": "job-spec",
+                                          "configMap": {"name": spec_configmap_name(job), "items": items}}),
     ]
     for v in job.spec.volumes:
         if v.claim_name is not None:
@@ -333,7 +341,8 @@ def rollout_container(
         "image": job.spec.rollout.image,
         "command": list(ROLLOUT_COMMAND),
         "env": env,
-        "ports": [{"name": "ce-rollout", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": "ce-rollout", "containerPort": port, "protocol": "TCP"},
+                  {"name": SHARD_PORT_NAME, "containerPort": job.spec.checkpoint_engine.shard_port, "protocol": "TCP"}],
         "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod if owns_gpus else 0),
         "volumeMounts": _mounts(job),
         "startupProbe": _health_probe(port, period=STARTUP_PERIOD_S, failures=STARTUP_FAILURES),

@@ -12,6 +12,11 @@ Callers: `tandem.operator.handlers` (startup, timer interval) and `tandem.operat
   TANDEM_MAX_CONNECTIONS       HTTP connections to the API server (default 64)
   TANDEM_METRICS_PORT          port of the Prometheus /metrics endpoint (default 0: not served;
                                the chart sets 8081)
+  TANDEM_ETCD_CA_FILE          CA bundle etcd's serving certificate is checked against (https://)
+  TANDEM_ETCD_CERT_FILE        client certificate and key the operator presents to etcd
+  TANDEM_ETCD_KEY_FILE         (the chart mounts them from etcd.client.tlsSecret)
+  TANDEM_ETCD_USERNAME         etcd user and password of the operator (the chart: from
+  TANDEM_ETCD_PASSWORD         etcd.client.authSecret); it needs read-write on /tandem/jobs/
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity, EtcdSecurityError
 from tandem.operator.builders import DEFAULT_ETCD_ENDPOINTS
 
 
@@ -48,6 +54,7 @@ class OperatorConfig:
     finalizer_retries: int = 12
     max_connections: int = 64
     metrics_port: int = 0
+    etcd_security: EtcdSecurity = EtcdSecurity()
 
     @property
     def default_etcd(self) -> str:
@@ -65,4 +72,12 @@ class OperatorConfig:
             finalizer_retries=int(_float(env, "TANDEM_FINALIZER_RETRIES", 12, 0)),
             max_connections=int(_float(env, "TANDEM_MAX_CONNECTIONS", 64, 1)),
             metrics_port=int(_float(env, "TANDEM_METRICS_PORT", 0, 0)),
+            etcd_security=_security(env),
         )
+
+
+def _security(env: Mapping[str, str]) -> EtcdSecurity:
+    try:
+        return EtcdSecurity.from_env(env)
+    except EtcdSecurityError as e:
+        raise ConfigError(str(e)) from None

@@ -2,8 +2,12 @@
 
 Callers: `tandem.operator.reconcile` (progress → status) and the deletion handler in
 `tandem.operator.handlers` (finalizer). Keys come from `tandem.checkpoint_engine.keys`; values are
-parsed by `tandem.spec.progress.Progress`. One aetcd client per endpoint list, reused; endpoints
-are tried in order until one answers.
+parsed by `tandem.spec.progress.Progress`. One aetcd client per endpoint, reused; endpoints are
+tried in order until one answers. Every client dials with the operator's own etcd credentials
+(`tandem.checkpoint_engine.etcd_security`: TLS and user from `tandem.operator.config`), whichever
+etcd a job names; its user needs read-write on /tandem/jobs/ (the jobs' users reach their own prefix
+only). Keys are those of the job's incarnation (`keys.scope(name, uid)`): deleting a job never
+touches the records of a newer job of the same name.
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ from collections.abc import Sequence
 import aetcd
 
 from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.endpoints import parse_endpoint
+from tandem.checkpoint_engine.errors import CheckpointEngineError
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.spec.progress import Progress
 
 
 class EtcdUnavailable(RuntimeError):
-    """No endpoint of the list answered."""
+    """No endpoint of the list answered (or etcd refused the operator's credentials: the message says)."""
 
 
 class EtcdStore:
-    def __init__(self, timeout: float = 5.0):
+    def __init__(self, timeout: float = 5.0, security: EtcdSecurity | None = None):
         self.timeout = timeout
+        self.security = security or EtcdSecurity()
         self._clients: dict[str, aetcd.Client] = {}
 
     async def _call(self, endpoints: Sequence[str], op: str, key: bytes) -> object:
@@ -31,21 +37,22 @@ class EtcdStore:
         for endpoint in endpoints:
             c = self._clients.get(endpoint)
             if c is None:
-                host, port = parse_endpoint(endpoint)
-                c = self._clients[endpoint] = aetcd.Client(host, port, timeout=int(self.timeout) or 1)
+                c = self._clients[endpoint] = self.security.client(endpoint, timeout=self.timeout)
             try:
                 if op == "get":
                     return await c.get(key)
                 return await c.delete_prefix(key)
             except (aetcd.exceptions.ClientError, OSError, TimeoutError) as e:
-                errors.append(f"{endpoint}: {type(e).__name__}: {e}")
+                refused = self.security.refusal(op, e) if isinstance(e, aetcd.exceptions.ClientError) else None
+                reason: CheckpointEngineError | Exception = refused or e
+                errors.append(f"{endpoint}: {type(reason).__name__}: {reason}")
                 await c.close()
                 self._clients.pop(endpoint, None)
         raise EtcdUnavailable("; ".join(errors) or "no etcd endpoints configured")
 
-    async def read_progress(self, endpoints: Sequence[str], namespace: str, name: str) -> Progress | None:
+    async def read_progress(self, endpoints: Sequence[str], namespace: str, name: str, uid: str) -> Progress | None:
         """The job's progress record; None when the driver has not written one yet (or it is unreadable)."""
-        got = await self._call(endpoints, "get", keys.progress(namespace, name).encode())
+        got = await self._call(endpoints, "get", keys.progress(namespace, keys.scope(name, uid)).encode())
         if got is None:
             return None
         try:
@@ -53,9 +60,9 @@ class EtcdStore:
         except ValueError:
             return None
 
-    async def delete_job(self, endpoints: Sequence[str], namespace: str, name: str) -> int:
-        """Delete every key under the job's prefix; returns how many were deleted."""
-        result = await self._call(endpoints, "delete", keys.job_prefix(namespace, name).encode())
+    async def delete_job(self, endpoints: Sequence[str], namespace: str, name: str, uid: str) -> int:
+        """Delete every key under the prefix of this incarnation of the job; returns how many were deleted."""
+        result = await self._call(endpoints, "delete", keys.job_prefix(namespace, keys.scope(name, uid)).encode())
         return int(getattr(result, "deleted", 0))
 
     async def close(self) -> None:

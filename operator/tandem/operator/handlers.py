@@ -43,7 +43,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 30
     settings.background.instant_exit_timeout = 5.0  # let a running reconcile finish before cleanup
     memo.kube = Kube(await connect(CONFIG.max_connections))
-    memo.etcd = EtcdStore(CONFIG.etcd_timeout)
+    memo.etcd = EtcdStore(CONFIG.etcd_timeout, CONFIG.etcd_security)
     metrics.serve(CONFIG.metrics_port)
 
 
@@ -111,6 +111,7 @@ async def delete_job_keys(
     spec: kopf.Spec,
     name: str,
     namespace: str,
+    uid: str,
     body: kopf.Body,
     memo: kopf.Memo,
     retry: int,
@@ -122,7 +123,7 @@ async def delete_job_keys(
     except SpecError:
         endpoints = []
     try:
-        deleted = await memo.etcd.delete_job(endpoints or CONFIG.etcd_endpoints, namespace, name)
+        deleted = await memo.etcd.delete_job(endpoints or CONFIG.etcd_endpoints, namespace, name, uid)
     except EtcdUnavailable as e:
         if retry < CONFIG.finalizer_retries:
             raise kopf.TemporaryError(f"etcd unavailable, will retry: {e}", delay=5) from None

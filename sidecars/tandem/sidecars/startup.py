@@ -1,7 +1,8 @@
 """Common start of both sidecar entry points: logging, SIGTERM handling, the pod env and the job.
 
 Role: read the `TANDEM_*` variables into the typed contract (`tandem.spec.podenv.PodEnv`) and the
-job file they name. Callers: `python -m tandem.sidecars.trainer` and `python -m tandem.sidecars.rollout`.
+job file they name, and the etcd credentials they carry (`etcd_security`). Callers:
+`python -m tandem.sidecars.trainer` and `python -m tandem.sidecars.rollout`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv, PodEnvError
 
@@ -32,3 +34,12 @@ def start_sidecar(log: logging.Logger) -> tuple[PodEnv, RLHFJob] | None:
     except (PodEnvError, ValueError) as e:
         log.error("%s", e)
         return None
+
+
+def etcd_security(env: PodEnv) -> EtcdSecurity:
+    """TLS files and etcd user of the pod env (the job's etcd.tlsSecret and etcd.authSecret)."""
+    def text(p: object) -> str | None:
+        return None if p is None else str(p)
+
+    return EtcdSecurity(ca_file=text(env.etcd_ca_file), cert_file=text(env.etcd_cert_file),
+                        key_file=text(env.etcd_key_file), username=env.etcd_username, password=env.etcd_password)

@@ -50,6 +50,18 @@ class PodEnv(BaseModel):
                                     description="local runs only: where metrics.jsonl and exports go")
     resume: bool = Field(False, alias="TANDEM_RESUME", description="1: continue from the newest checkpoint")
     job_uid: str = Field("local", alias="TANDEM_JOB_UID", description="the RLHFJob's metadata.uid")
+    etcd_ca_file: Path | None = Field(None, alias="TANDEM_ETCD_CA_FILE",
+                                      description="CA bundle of etcd's serving certs (etcd.tlsSecret ca.crt)")
+    etcd_cert_file: Path | None = Field(None, alias="TANDEM_ETCD_CERT_FILE",
+                                        description="etcd client certificate (etcd.tlsSecret tls.crt)")
+    etcd_key_file: Path | None = Field(None, alias="TANDEM_ETCD_KEY_FILE",
+                                       description="etcd client key (etcd.tlsSecret tls.key)")
+    etcd_username: str | None = Field(None, alias="TANDEM_ETCD_USERNAME",
+                                      description="etcd user (etcd.authSecret username)")
+    etcd_password: str | None = Field(None, alias="TANDEM_ETCD_PASSWORD",
+                                      description="etcd password (etcd.authSecret password)")
+    shard_port: int = Field(8702, ge=1, le=65_535, alias="TANDEM_SHARD_PORT",
+                            description="port of the pod's shard server (checkpointEngine.shardPort)")
 
     @classmethod
     def var(cls, field: str) -> str:
@@ -108,3 +120,6 @@ class PodEnv(BaseModel):
 
 # Variables only `tandem run` writes (no cluster pod has them); the contract test reads this.
 LOCAL_ONLY = frozenset({PodEnv.var("output_dir")})
+# Written only for jobs naming checkpointEngine.etcd.tlsSecret (the files) or authSecret (the user).
+ETCD_SECURITY_ONLY = frozenset(PodEnv.var(f"etcd_{f}") for f in ("ca_file", "cert_file", "key_file", "username",
+                                                                  "password"))

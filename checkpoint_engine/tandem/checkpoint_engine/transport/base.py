@@ -49,13 +49,15 @@ class RdmaUnavailable(TransportError):
 
 @dataclass(frozen=True)
 class Peer:
-    """A pod's holder server as published in etcd under keys.transport_endpoint."""
+    """A pod's holder server as published in etcd under keys.transport_endpoint, and the key a
+    reader answers its challenge with (`auth.shard_key`: never published, set by the reader)."""
 
     pod: str
     host: str
     port: int
     transports: tuple[str, ...] = ("tcp",)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    key: bytes = field(default=b"", compare=False, hash=False, repr=False)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -67,10 +69,10 @@ class Peer:
         }
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> Peer:
+    def from_record(cls, rec: dict[str, Any], key: bytes = b"") -> Peer:
         try:
             extra = {k: v for k, v in rec.items() if k not in ("pod", "host", "port", "transports")}
-            return cls(str(rec["pod"]), str(rec["host"]), int(rec["port"]), tuple(rec["transports"]), extra)
+            return cls(str(rec["pod"]), str(rec["host"]), int(rec["port"]), tuple(rec["transports"]), extra, key)
         except (KeyError, TypeError, ValueError) as e:
             raise PeerFailed(f"malformed transport endpoint record {rec!r}: {e}") from e
 

@@ -90,10 +90,11 @@ def local_base(store: LocalStore, v: int) -> int | None:
     return older[-1] if older else None
 
 
-def delta_peers(reg: SyncRegistry, v: int) -> list[Peer]:
-    """Complete holders of `v` with an endpoint, spread by a hash of my name (not all on one)."""
-    prefix = keys.transport_endpoint(reg.namespace, reg.job, "")
-    peers = {p.pod: p for p in (Peer.from_record(r) for r in reg.list_json(prefix).values())}
+def delta_peers(reg: SyncRegistry, v: int, key: bytes) -> list[Peer]:
+    """Complete holders of `v` with an endpoint, spread by a hash of my name (not all on one);
+    `key`: the job's shard key (auth.py) the connections to them prove."""
+    prefix = keys.transport_endpoint(reg.namespace, reg.scope, "")
+    peers = {p.pod: p for p in (Peer.from_record(r, key) for r in reg.list_json(prefix).values())}
     names = [h for h in reg.holders(v) if h != reg.pod and h in peers]
     names.sort(key=lambda h: hashlib.blake2b(f"{reg.pod}/{h}".encode(), digest_size=8).digest())
     return [peers[n] for n in names]
@@ -106,6 +107,7 @@ def pull_deltas(
     v: int,
     fetch_index: Callable[[Peer], None],
     timeout: float,
+    key: bytes,
 ) -> DeltaStats:
     """Rebuild what shards of `v` the holders can send as deltas against this pod's newest older
     version; the others stay empty for the full pull. Never raises for a delta that fails."""
@@ -124,7 +126,7 @@ def pull_deltas(
         stats.fallbacks.append(f"base {stats.base} unusable: {e}")
         return stats
     given_up: set[int] = set()
-    for peer in delta_peers(reg, v):
+    for peer in delta_peers(reg, v, key):
         try:
             if inc.index is None:
                 fetch_index(peer)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.transport.auth import shard_key
 from tandem.checkpoint_engine.transport.base import Peer, Transport
 from tandem.checkpoint_engine.transport.receiver import Receiver, ReceiveReport
 from tandem.checkpoint_engine.transport.select import make_transport
-from tandem.checkpoint_engine.transport.server import HolderServer
+from tandem.checkpoint_engine.transport.server import MAX_CONNECTIONS, HolderServer
 from tandem.checkpoint_engine.transport.store import LocalStore
 
 
@@ -32,12 +33,19 @@ class BroadcastNode:
         stall_timeout: float = 5.0,
         deadline: float = 600.0,
         max_rate: float | None = None,
+        *,
+        token: str,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         """`registry`: this pod's SyncRegistry (its pod name names the node); `advertise`: the
-        address other pods reach this one on (the pod IP); `stall_timeout`: seconds without a
-        byte before an upstream is given up; `max_rate`: optional per-stream cap in bytes/s."""
+        address other pods reach this one on (the pod IP); `port`: where the holder server listens
+        (checkpointEngine.shardPort in a pod; 0: a free one); `stall_timeout`: seconds without a
+        byte before an upstream is given up; `max_rate`: optional per-stream cap in bytes/s;
+        `token`: the job's token (TANDEM_TOKEN): the node serves only readers that prove it and
+        proves it to the nodes it reads from (auth.py); `max_connections`: connections served at once."""
         self.registry, self.shm_root = registry, Path(shm_root)
         self.pod, self.job = registry.pod, registry.job
+        key = shard_key(token, self.job)
         self.store = LocalStore(self.shm_root, self.job)
         self.advertise = advertise
         self.transport: Transport = (
@@ -47,13 +55,16 @@ class BroadcastNode:
         )
         self.server = HolderServer(
             self.store,
+            key,
             host=bind,
             port=port,
             wait_timeout=max(30.0, stall_timeout),
             max_rate=max_rate,
             transport=self.transport,
+            max_connections=max_connections,
         )
-        self.receiver = Receiver(registry, self.store, self.transport, stall_timeout=stall_timeout, deadline=deadline)
+        self.receiver = Receiver(registry, self.store, self.transport, stall_timeout=stall_timeout, deadline=deadline,
+                                 key=key)
 
     @property
     def peer(self) -> Peer:
@@ -63,7 +74,7 @@ class BroadcastNode:
     def start(self) -> BroadcastNode:
         self.server.start()
         self.registry.put_json(
-            keys.transport_endpoint(self.registry.namespace, self.job, self.pod),
+            keys.transport_endpoint(self.registry.namespace, self.registry.scope, self.pod),
             self.peer.record(),
             lease=True,
         )
@@ -106,7 +117,7 @@ class BroadcastNode:
     def release(self, version: int) -> bool:
         """Stop serving `version` (withdraw as its holder) and keep its pages as spares for the
         next version received. For versions no local reader maps any more."""
-        self.registry.delete(keys.holder(self.registry.namespace, self.job, version, self.pod))
+        self.registry.delete(keys.holder(self.registry.namespace, self.registry.scope, version, self.pod))
         self.store.drop(version)
         return self.store.recycle(version)
 

@@ -88,9 +88,13 @@ class Receiver:
         stall_timeout: float = 5.0,
         deadline: float = 600.0,
         delta: bool = True,
+        *,
+        key: bytes,
     ) -> None:
-        """`delta`: first ask holders for shards as deltas against the newest older local version."""
+        """`delta`: first ask holders for shards as deltas against the newest older local version;
+        `key`: the job's shard key, proved to every holder server pulled from (auth.py)."""
         self.reg, self.store, self.transport = registry, store, transport
+        self.key = key
         self.delta = delta
         self.pod = registry.pod
         self.stall_timeout, self.deadline = stall_timeout, deadline
@@ -98,11 +102,11 @@ class Receiver:
 
     # ---- etcd views -----------------------------------------------------------------------------
     def _peers(self) -> dict[str, Peer]:
-        prefix = keys.transport_endpoint(self.reg.namespace, self.reg.job, "")
-        return {p.pod: p for p in (Peer.from_record(r) for r in self.reg.list_json(prefix).values())}
+        prefix = keys.transport_endpoint(self.reg.namespace, self.reg.scope, "")
+        return {p.pod: p for p in (Peer.from_record(r, self.key) for r in self.reg.list_json(prefix).values())}
 
     def _candidates(self, v: int, bad: set[str]) -> list[Peer]:
-        ns, job = self.reg.namespace, self.reg.job
+        ns, job = self.reg.namespace, self.reg.scope
         chain = [k.rsplit("/", 1)[-1] for k, _, _ in self.reg.list_ordered(keys.receiving_prefix(ns, job, v))]
         names = plan(self.pod, chain, self.reg.holders(v), bad)
         peers = self._peers()
@@ -125,14 +129,14 @@ class Receiver:
             return ReceiveReport(v, final, idx.total_bytes, time.perf_counter() - t0, 0.0, already_here=True)
         layout.clean_stale_temps(self.store.root, self.store.job)
         inc = self.store.begin(v)
-        rkey = keys.receiving(self.reg.namespace, self.reg.job, v, self.pod)
+        rkey = keys.receiving(self.reg.namespace, self.reg.scope, v, self.pod)
         report = ReceiveReport(v, final, 0, 0.0, 0.0)
         verifiers: list[ShardVerifier] = []
         try:
             self.reg.put_json(rkey, {"pod": self.pod, "since": time.time()}, lease=True)
             if self.delta:  # what it rebuilds is verified again below; the rest is pulled in full
                 fetch = functools.partial(self._fetch_index, inc, v=v, records=records)
-                report.delta = pull_deltas(self.reg, self.store, inc, v, fetch, self.stall_timeout)
+                report.delta = pull_deltas(self.reg, self.store, inc, v, fetch, self.stall_timeout, self.key)
             self._pull_all(inc, v, records, report, time.monotonic() + self.deadline, verifiers)
             index = inc.index
             if index is None or not verifiers or not verifiers[0].all_ok():  # _pull_all returns only then

@@ -1,9 +1,13 @@
 """Holder server: serves a pod's versions (complete or still arriving) to other pods' receivers.
 
 Callers: node.py starts one per pod (trainer pods serve what their publisher wrote, rollout pods
-re-serve what they received). One thread per connection; shard bytes leave by `os.sendfile`
-from the shm file (no copy through Python), as soon as they are present: a receiver's own
-downstream streams from it while it is still receiving (wire.py holds the protocol).
+re-serve what they received). One thread per connection, at most `max_connections` at once (the
+accept loop waits for a free slot, so excess connections wait in the listen backlog and get no
+challenge until one ends; an idle connection gives its slot back after `idle_timeout`). Every
+connection must first answer a challenge with the job's key (auth.py), or is refused and closed.
+Shard bytes leave by `os.sendfile` from the shm file (no copy through Python), as soon as they
+are present: a receiver's own downstream streams from it while it is still receiving (wire.py
+holds the protocol).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from typing import Any
 
 from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.transport import wire
+from tandem.checkpoint_engine.transport import auth, wire
 from tandem.checkpoint_engine.transport.base import Transport
 from tandem.checkpoint_engine.transport.deltas import DeltaSource
 from tandem.checkpoint_engine.transport.store import LocalStore
@@ -26,27 +30,46 @@ from tandem.checkpoint_engine.transport.store import LocalStore
 log = logging.getLogger(__name__)
 
 SLICE = 4 << 20
+MAX_CONNECTIONS = 64
 
 
 class HolderServer:
     def __init__(
         self,
         store: LocalStore,
+        key: bytes,
         host: str = "0.0.0.0",
         port: int = 0,
         wait_timeout: float = 30.0,
         max_rate: float | None = None,
         transport: Transport | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = 120.0,
     ) -> None:
-        """`wait_timeout`: how long a stream waits for bytes that have not arrived yet;
-        `max_rate`: optional cap in bytes/s per stream (leaves bandwidth to other traffic)."""
+        """`key`: the job's shard key (`auth.shard_key`), which every connection must prove;
+        `port`: 0 picks a free one; `wait_timeout`: how long a stream waits for bytes that have
+        not arrived yet; `max_rate`: optional cap in bytes/s per stream (leaves bandwidth to other
+        traffic); `max_connections`: connections served at once; `idle_timeout`: seconds a
+        connection may wait between requests before it is closed."""
+        if not key:
+            raise ValueError("a holder server needs the job's shard key (auth.shard_key)")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, not {max_connections}")
+        self.key = key
         self.store, self.wait_timeout, self.max_rate = store, wait_timeout, max_rate
+        self.idle_timeout, self.max_connections = idle_timeout, max_connections
         self.transport = transport  # answers `avail` with registered addresses (RDMA)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
+        try:
+            self.sock.bind((host, port))
+        except OSError as e:
+            self.sock.close()
+            raise OSError(e.errno, f"shard server cannot listen on {host}:{port}: {e.strerror}") from e
         self.sock.listen(64)
         self.host, self.port = self.sock.getsockname()[:2]
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0  # connections that failed the challenge
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="holder-server", daemon=True)
         self._conns: set[socket.socket] = set()
@@ -70,21 +93,50 @@ class HolderServer:
                 c.shutdown(socket.SHUT_RDWR)
         self._thread.join(5)
 
+    @property
+    def active(self) -> int:
+        """Connections being served now."""
+        with self._lock:
+            return len(self._conns)
+
     def _accept(self) -> None:
         while not self._stop.is_set():
+            if not self._slots.acquire(timeout=0.5):  # all slots busy: the next client waits in the backlog
+                continue
             try:
                 conn, _ = self.sock.accept()
             except OSError:
+                self._slots.release()
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # a receiver that stops reading makes sendfile fail after this long instead of hanging
+            # a receiver that stops reading makes sendfile fail after this long instead of hanging;
+            # one that sends no request for idle_timeout gives its slot back
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.wait_timeout), 0))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(self.idle_timeout), 0))
             with self._lock:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="holder-conn", daemon=True).start()
 
+    def _admit(self, conn: socket.socket) -> bool:
+        """The challenge (auth.py): True when the client proved the job's key."""
+        nonce = auth.challenge()
+        wire.send_msg(conn, {"op": "hello", "nonce": nonce.hex()})
+        why = auth.refusal(self.key, nonce, wire.recv_msg(conn))
+        if why is None:
+            return True
+        self.refused += 1
+        log.warning("shard server refused a connection: %s", why)
+        wire.send_msg(conn, {"ok": False, "error": why})
+        return False
+
     def _serve(self, conn: socket.socket) -> None:
         try:
+            try:
+                if not self._admit(conn):
+                    _drain(conn)
+                    return
+            except (ConnectionError, OSError, ValueError):
+                return
             while not self._stop.is_set():
                 try:
                     req = wire.recv_msg(conn)
@@ -100,6 +152,7 @@ class HolderServer:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+            self._slots.release()
 
     def _check_job(self, req: dict[str, Any]) -> int:
         if req.get("job") != self.store.job:
@@ -197,3 +250,13 @@ class HolderServer:
                 ahead = sent / self.max_rate - (time.monotonic() - t0)
                 if ahead > 0:
                     time.sleep(ahead)
+
+
+def _drain(conn: socket.socket, seconds: float = 1.0) -> None:
+    """Read and drop what a refused client already sent, so closing does not reset the connection
+    before it has read the refusal (a reset would hide the reason)."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(seconds)
+        while conn.recv(1 << 16):
+            pass

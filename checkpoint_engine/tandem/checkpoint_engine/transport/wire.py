@@ -9,7 +9,9 @@ Requests: {"op": "index", "job", "v"} → header {"ok", "length"} + the index.js
 [offset, total) of the shard, sent as they become available (a receiver re-serves what it has);
 {"op": "avail", "job", "v", "shard", "at_least", "wait"} → header {"ok", "avail", "total"};
 {"op": "delta", "job", "v", "base", "shard"} → header {"ok", "length"} + a delta.py payload.
-A refusal is {"ok": false, "error": "..."}.
+A refusal is {"ok": false, "error": "..."}. Before any request the server challenges the
+connection and the client answers with its key (auth.py); a reader without the job's key gets
+"unauthorized" as the refusal of its first request.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import struct
 from typing import Any
 
+from tandem.checkpoint_engine.transport import auth
 from tandem.checkpoint_engine.transport.base import Peer, PeerFailed
 
 _LEN = struct.Struct(">I")
@@ -53,7 +56,8 @@ def recv_msg(sock: socket.socket) -> dict[str, Any]:
 
 
 class Connection:
-    """One TCP connection to a peer's holder server; requests run one after another on it."""
+    """One TCP connection to a peer's holder server, authenticated with `peer.key` (auth.py);
+    requests run one after another on it."""
 
     def __init__(self, peer: Peer, timeout: float) -> None:
         self.peer = peer
@@ -62,6 +66,13 @@ class Connection:
         except OSError as e:
             raise PeerFailed(f"cannot connect to {peer.pod} at {peer.host}:{peer.port}: {e}") from e
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:  # the server speaks first (a server at its connection bound has not accepted us yet)
+            hello = recv_msg(self.sock)
+            nonce = bytes.fromhex(str(hello["nonce"]))
+            send_msg(self.sock, {"op": "auth", "mac": auth.answer(peer.key, nonce)})
+        except (OSError, KeyError, ValueError) as e:
+            self.close()
+            raise PeerFailed(f"{peer.pod} at {peer.host}:{peer.port} sent no shard-server challenge: {e}") from e
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         try:

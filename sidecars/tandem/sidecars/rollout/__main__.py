@@ -26,7 +26,7 @@ from tandem.sidecars import gpu
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
-from tandem.sidecars.startup import start_sidecar
+from tandem.sidecars.startup import etcd_security, start_sidecar
 from tandem.spec import devices
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
@@ -66,9 +66,10 @@ def main() -> int:
 
     spec = job.spec
     etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them
-    registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "rollout").connect()
+    registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "rollout", uid=env.job_uid,
+                            security=etcd_security(env)).connect()
     node = BroadcastNode(registry, env.shm_dir, transport=spec.checkpoint_engine.transport,
-                         advertise=env.pod_ip).start()
+                         advertise=env.pod_ip, port=env.shard_port, token=env.token).start()
     node.announce_local()
     engine = PodRolloutEngine(engine_config(env, spec), registry, node)
     try:
@@ -76,7 +77,7 @@ def main() -> int:
         if registry.latest() is not None:
             engine.update(None)
         server, thread = start_server(build_app(engine, env.token), env.port, "rollout-api")
-        endpoint = keys.endpoint(env.namespace, env.job, env.pod, "rollout")
+        endpoint = keys.endpoint(registry.namespace, registry.scope, env.pod, "rollout")
         registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod,
                                       "rolloutOnly": env.rollout_only, "generation": env.restart_generation},
                           lease=True)

@@ -31,6 +31,7 @@ from tandem.sidecars.algorithms.base import Algorithm, Sample, row_budget
 from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
+from tandem.sidecars.startup import etcd_security
 from tandem.sidecars.trainer import persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
 from tandem.sidecars.trainer.evaluate import EvalResult, Evaluator
@@ -112,7 +113,8 @@ class TrainerContext:
             ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
                                          job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
             etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them
-            ctx.registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "trainer").connect()
+            ctx.registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "trainer", uid=env.job_uid,
+                                        security=etcd_security(env)).connect()
             ctx.publisher = Publisher(env.shm_dir, env.job, ctx.registry, keep=2,
                                       shard_bytes=spec.checkpoint_engine.shard_size_mi_b << 20)
         saving = spec.checkpoint_engine.persist
@@ -375,9 +377,9 @@ class TrainerContext:
                      weight_version=version, last_sync_seconds=self.last_sync, reward_mean=reward,
                      kl=self.last_kl, message=message, updated_at=time.time(), eval=self._eval_summary())
         if reward is None:
-            old = self.registry.get_json(keys.progress(self.env.namespace, self.env.job))
+            old = self.registry.get_json(keys.progress(self.registry.namespace, self.registry.scope))
             p.reward_mean = None if old is None else old.get("rewardMean")
-        self.registry.put_json(keys.progress(self.env.namespace, self.env.job), json.loads(p.to_json()))
+        self.registry.put_json(keys.progress(self.registry.namespace, self.registry.scope), json.loads(p.to_json()))
 
     def _eval_summary(self) -> EvalSummary | None:
         e = self.last_eval

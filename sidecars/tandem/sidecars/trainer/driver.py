@@ -91,7 +91,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
                 version = ctx.publish(version + 1)
             if source is not None and ctx.registry is not None:  # a restart re-generates what is in flight
                 source.published(version)
-                inflight.save(ctx.registry, env.namespace, env.job, source.record(version))
+                inflight.save(ctx.registry, source.record(version))
             if ctx.durable is not None:  # checkpointEngine.persist: training state now, weights in the background
                 with timer("persist"):
                     info |= ctx.persist(it, version)
@@ -126,7 +126,7 @@ def start_source(ctx: TrainerContext, version: int) -> RolloutSource:
         raise RuntimeError("only the driver rank talks to rollouts")
     record = None
     if ctx.resumed is not None and ctx.registry is not None:
-        record = inflight.load(ctx.registry, ctx.env.namespace, ctx.env.job, ctx.resumed[0])
+        record = inflight.load(ctx.registry, ctx.resumed[0])
     source, ctx.rollouts = make_source(ctx.job.spec, ctx.dataset, ctx.rollouts, registry=ctx.registry,
                                        token=ctx.env.token, generation=ctx.env.restart_generation,
                                        version=version, first_iteration=ctx.first_iteration, resumed=record)

@@ -30,14 +30,14 @@ class Inflight:
     next_batch: int | None = None  # asynchronous: the first batch not trained
 
 
-def save(registry: SyncRegistry, namespace: str, job: str, record: Inflight) -> None:
-    registry.put_json(keys.inflight(namespace, job), {"version": record.version, "prompts": list(record.prompts),
-                                                      "nextBatch": record.next_batch})
+def save(registry: SyncRegistry, record: Inflight) -> None:
+    registry.put_json(keys.inflight(registry.namespace, registry.scope),
+                      {"version": record.version, "prompts": list(record.prompts), "nextBatch": record.next_batch})
 
 
-def load(registry: SyncRegistry, namespace: str, job: str, version: int) -> Inflight | None:
+def load(registry: SyncRegistry, version: int) -> Inflight | None:
     """The record written with `version`, or None (none, or written with another version)."""
-    raw = registry.get_json(keys.inflight(namespace, job))
+    raw = registry.get_json(keys.inflight(registry.namespace, registry.scope))
     if raw is None:
         return None
     if raw.get("version") != version:

@@ -50,7 +50,7 @@ def rollout_addresses(registry: SyncRegistry, generation: int, rollout_only: boo
     A record is bound to its writer's lease, but a killed pod's lease outlives it by its TTL: after
     a gang restart the old generation's records (same keys, dead addresses) may still be there.
     Each rollout writes its `TANDEM_RESTART_GENERATION`; only the driver's own generation counts."""
-    prefix = keys.endpoints_prefix(registry.namespace, registry.job)
+    prefix = keys.endpoints_prefix(registry.namespace, registry.scope)
     found = {k: str(v["address"]) for k, v in registry.list_json(prefix).items()
              if k.endswith("/rollout") and v.get("ready") and v.get("generation", 0) == generation
              and (rollout_only is None or bool(v.get("rolloutOnly", False)) == rollout_only)}
@@ -99,7 +99,7 @@ def _from_shm(ctx: Resumable) -> tuple[int, int, str] | None:
     local = layout.list_versions(ctx.env.shm_dir, ctx.env.job)
     if not local or ctx.registry is None:
         return None
-    raw = ctx.registry.get_json(keys.progress(ctx.env.namespace, ctx.env.job))
+    raw = ctx.registry.get_json(keys.progress(ctx.registry.namespace, ctx.registry.scope))
     p = Progress.model_validate(raw) if raw else Progress()
     newest = local[-1]
     # stopped after publishing iteration p.iteration's weights: that iteration is done
