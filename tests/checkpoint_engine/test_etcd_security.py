@@ -216,3 +216,24 @@ def test_the_operator_reads_progress_over_tls_as_root(secure_etcd: LocalEtcd) ->
     assert asyncio.run(read(EtcdStore(2.0, security(secure_etcd, "root", ROOT_PW)), "uid-2")) is None  # a newer job
     with pytest.raises(EtcdUnavailable, match="RegistryPermissionDenied"):  # job-a's user on job-b's record
         asyncio.run(read(EtcdStore(2.0, security(secure_etcd, "job-a")), "uid-1"))
+
+
+def test_an_invalidated_auth_token_is_fetched_again(secure_etcd: LocalEtcd) -> None:
+    """etcd drops a user's tokens when its password is set (as when a token idles past
+    --auth-token-ttl); the registry's next request dials again and authenticates afresh."""
+    reg = registry(secure_etcd, security(secure_etcd, "job-a")).connect(wait_s=10)
+    try:
+        reg.put_json(keys.progress(NS, reg.scope), {"n": 1})
+        d = secure_etcd.tls_dir
+        assert d is not None
+        done = subprocess.run(
+            ["etcdctl", f"--endpoints={secure_etcd.endpoint}", f"--cacert={d / 'ca.crt'}",
+             f"--cert={d / 'client.crt'}", f"--key={d / 'client.key'}", f"--user=root:{ROOT_PW}",
+             "user", "passwd", "job-a", "--interactive=false"],
+            input=JOBS["job-a"] + "\n", capture_output=True, text=True, timeout=30, env={"ETCDCTL_API": "3"})
+        assert done.returncode == 0, done.stderr
+        assert reg.get_json(keys.progress(NS, reg.scope)) == {"n": 1}
+        reg.put_json(keys.progress(NS, reg.scope), {"n": 2})
+        assert reg.get_json(keys.progress(NS, reg.scope)) == {"n": 2}
+    finally:
+        reg.close()
