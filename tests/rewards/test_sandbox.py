@@ -1,12 +1,16 @@
 """Code executor: pass fractions, and escapes refused (network, writes, fork bomb, loops, output, memory).
 
-Each escape runs in both isolation modes available here ("namespaces" needs root and unshare;
-the machine runs as root) and must score 0 within a few seconds without touching the host.
+Each escape runs in every isolation mode available here ("namespaces" needs root and unshare;
+"server" goes through a real sandbox server process running as uid 10002, see conftest.py) and
+must score 0 within a few seconds without touching the host. tests/rewards/test_sandbox_nonroot.py
+runs the trainer side as a non-root user too.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +19,9 @@ from typing import cast
 
 import pytest
 
+from tandem.sidecars.rewards._sandbox_confine import landlock_abi
 from tandem.sidecars.rewards.sandbox import (
+    SOCKET_ENV,
     Isolation,
     SandboxLimits,
     code_exec_reward,
@@ -24,13 +30,21 @@ from tandem.sidecars.rewards.sandbox import (
     run_tests,
 )
 
-MODES = ["basic"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
+MODES = ["basic", "server"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
 FAST = SandboxLimits(timeout_seconds=2.0)
 
 
 @pytest.fixture(params=MODES)
-def mode(request: pytest.FixtureRequest) -> Isolation:
-    return cast(Isolation, request.param)
+def mode(request: pytest.FixtureRequest) -> Iterator[Isolation]:
+    if request.param != "server":
+        yield cast(Isolation, request.param)
+        return
+    path, _ = request.getfixturevalue("sandbox_server")
+    os.environ[SOCKET_ENV] = str(path)  # what the pod env contract gives the trainer
+    try:
+        yield "server"
+    finally:
+        del os.environ[SOCKET_ENV]
 
 
 def test_namespaces_available_as_root() -> None:
@@ -109,7 +123,7 @@ def test_writes_outside_refused(mode: Isolation, tmp_path: Path) -> None:
         target.unlink(missing_ok=True)
         code = f"open({str(target)!r}, 'w').write('pwned')\nwrote = True\n"
         r = run_tests(code, ["assert wrote"], FAST, isolation=mode)
-        if target.parent == Path("/tmp") and mode == "namespaces":
+        if target.parent == Path("/tmp") and mode == "namespaces" and not landlock_abi():
             assert r.score == 1.0  # allowed, but into a private tmpfs that vanishes
         else:
             assert r.score == 0.0
@@ -155,8 +169,6 @@ def test_huge_memory_contained(mode: Isolation) -> None:
 
 
 def test_no_leftover_processes_or_dirs() -> None:
-    import subprocess
-
     run_tests("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n", [], FAST)
     time.sleep(0.5)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout

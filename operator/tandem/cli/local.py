@@ -36,7 +36,7 @@ from rich.table import Table
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
 from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
-from tandem.cli import plot
+from tandem.cli import local_sandbox, plot
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.operator import builders
 from tandem.spec.models import RLHFJob
@@ -100,6 +100,7 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
     for pod in pods:
         own = {(builders.token_secret_name(job.metadata.name), builders.TOKEN_KEY): token}
         out += containers_of(pod, overrides=overrides, secrets=own, logs=run_dir / "logs")
+    out = local_sandbox.rewire(out, run_dir)  # codeExec sandbox servers: a local socket, an env of their own
     return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
 
 
@@ -109,6 +110,8 @@ def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pod
     pods = builders.build_pods(local, restart_generation=_generation(run_dir, resume))
     containers = processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
                                shm_root=shm_root_of(job), extra=extra)
+    if (note := local_sandbox.isolation_note(containers)) is not None:
+        console.print(f"[yellow]{note}[/yellow]")
     pods_here = sorted({c.pod for c in containers})
     if pin_pods:
         share = pod_cpus(pods_here, sorted(os.sched_getaffinity(0)))

@@ -49,6 +49,9 @@ requests `nvidia.com/gpu: gpusPerPod` once and both containers see every GPU of 
 spec.podTemplate (labels, scheduling, pull secrets, service account, extra env/envFrom/volumeMounts
 per container) is merged over each pod last, by `tandem.operator.pod_template`; what is named above wins.
 Every pod passes Pod Security "restricted" (`tandem.operator.pod_security`: user 10001, no SA token).
+A hybrid pod of a job with a codeExec reward also has a `sandbox` native sidecar (uid 10002, no GPU,
+no token) that runs the generated programs, reached by the trainer over a Unix socket in an emptyDir
+(TANDEM_SANDBOX_SOCKET; `tandem.operator.sandbox_pod`).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import etcd_access, kueue, pod_security, pod_template
+from tandem.operator import etcd_access, kueue, pod_security, pod_template, sandbox_pod
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -390,7 +393,7 @@ def build_pod(
             job, pod_object_name(name, index, restart_generation, queued=bool(kueue.queue_name(job.metadata.labels))),
             owner_uid, pod_labels(name, role, index, restart_generation)
         ),
-        "spec": pod_security.restrict(pod_spec),
+        "spec": sandbox_pod.attach(pod_security.restrict(pod_spec), job, trainer=hybrid),  # codeExec sandbox
     }
     pod = pod_template.apply(pod, job)  # spec.podTemplate over all of the above
     return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group

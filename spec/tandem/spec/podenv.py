@@ -50,6 +50,8 @@ class PodEnv(BaseModel):
                                     description="local runs only: where metrics.jsonl and exports go")
     resume: bool = Field(False, alias="TANDEM_RESUME", description="1: continue from the newest checkpoint")
     job_uid: str = Field("local", alias="TANDEM_JOB_UID", description="the RLHFJob's metadata.uid")
+    sandbox_socket: Path | None = Field(None, alias="TANDEM_SANDBOX_SOCKET",
+                                        description="codeExec sandbox server's Unix socket (the sandbox container)")
     etcd_ca_file: Path | None = Field(None, alias="TANDEM_ETCD_CA_FILE",
                                       description="CA bundle of etcd's serving certs (etcd.tlsSecret ca.crt)")
     etcd_cert_file: Path | None = Field(None, alias="TANDEM_ETCD_CERT_FILE",
@@ -123,3 +125,5 @@ LOCAL_ONLY = frozenset({PodEnv.var("output_dir")})
 # Written only for jobs naming checkpointEngine.etcd.tlsSecret (the files) or authSecret (the user).
 ETCD_SECURITY_ONLY = frozenset(PodEnv.var(f"etcd_{f}") for f in ("ca_file", "cert_file", "key_file", "username",
                                                                   "password"))
+# Written only to the trainer and sandbox containers of jobs with a codeExec reward.
+CODE_EXEC_ONLY = frozenset({PodEnv.var("sandbox_socket")})

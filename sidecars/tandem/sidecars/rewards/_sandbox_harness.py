@@ -1,16 +1,21 @@
 """Child side of the code sandbox: confine this process, run the untrusted program, report tests.
 
-Role: started by `tandem.sidecars.rewards.sandbox` as `python -I -S -B _sandbox_harness.py`
-(inside fresh net/mount/pid namespaces when the parent is root). Stdlib only: it may run under a
-different interpreter than the trainer's. Reads one JSON job from stdin, then, in this order:
+Role: started by `tandem.sidecars.rewards.sandbox` as `python -I -S -B _sandbox_harness.py` (or its
+source with `-c` where the sandbox uid cannot read the file), inside fresh net/mount/pid namespaces
+when the parent is root, or by the sandbox server (`rewards.sandbox_server`) under its own uid.
+Stdlib only: it may run under a different interpreter than the trainer's. Reads one JSON job from
+stdin, then, in this order:
 1. with `private_fs`: mounts small private tmpfs over every world-writable directory (/tmp,
    /var/tmp, /dev/shm, /run/lock) so that nothing the program writes outlives it;
 2. makes its work dir (cwd, HOME, TMPDIR), sends the program's stdout/stderr to a file there;
 3. drops to the unprivileged uid/gid (when given), then sets hard resource limits (CPU seconds,
    address space, file size, processes, open files, no core dumps) — limits are applied here,
    in the child, rather than in a `preexec_fn`, which is unsafe in a threaded parent;
-4. in `basic` isolation (no namespaces) installs audit hooks refusing sockets, subprocesses,
-   ctypes and writes outside the work dir;
+4. confines itself with the job's `confine` source (`_sandbox_confine.py`: no_new_privs,
+   non-dumpable, Landlock where the kernel has it); then, just before the program runs (in each
+   I/O case's child for I/O cases, since the harness itself must still kill a case), the seccomp
+   filter and, outside the namespaces mode, audit hooks refusing sockets, subprocesses and ctypes
+   (and writes outside the work dir when Landlock is missing);
 5. runs the tests of the job's plan (`rewards.code_tests.TestPlan.job`), streaming one result line
    per test to the parent on the original stdout: `<nonce> start|ok i|fail i|timeout i|error|done`:
    - "snippets": execs the program, then every top-level statement of each test source, one at a
@@ -62,12 +67,14 @@ def _inside(path: str, root: str) -> bool:
     return real == root or real.startswith(root + os.sep)
 
 
-def _install_guards(work: str) -> None:
+def _install_guards(work: str, guard_writes: bool) -> None:
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if event.startswith(BLOCKED_EVENTS):
             raise PermissionError(f"sandbox: {event} is not allowed")
+        if not guard_writes:
+            return
         if event == "open" and args and isinstance(args[0], str | bytes):
             mode, flags = args[1], args[2] if len(args) > 2 else 0
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & write_flags)
@@ -125,11 +132,20 @@ def main() -> None:
     _limit(resource.RLIMIT_NOFILE, lim["open_files"])
     _limit(resource.RLIMIT_CORE, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversize writes fail with EFBIG instead
-    if not job["private_fs"]:
-        _install_guards(os.path.realpath(work))
+    confine: dict[str, Any] = {"__name__": "_sandbox_confine"}
+    exec(compile(job["confine"], "_sandbox_confine.py", "exec"), confine)  # noqa: S102 — our own module
+    landlock = confine["confine_process"](os.path.realpath(work))
+    guard_writes = not job["private_fs"] and not landlock  # audit hooks stand in for Landlock
+
+    def lock_down() -> None:  # seccomp, then the audit hooks (which refuse ctypes, so last)
+        confine["install_seccomp"]()
+        if not job["private_fs"]:
+            _install_guards(os.path.realpath(work), guard_writes)
+
     tests = job["tests"]
     say("start")
     if tests["kind"] == "snippets":
+        lock_down()
         _run_snippets(job["code"], tests["sources"], say)
     else:
         try:
@@ -137,7 +153,7 @@ def main() -> None:
         except BaseException:
             say("error")
             os._exit(0)
-        _run_cases(program, tests, work, lim["file_bytes"], report, say)
+        _run_cases(program, tests, work, lim["file_bytes"], report, say, lock_down)
     say("done")
     os._exit(0)
 
@@ -170,7 +186,7 @@ def _run_snippets(code: str, sources: list[dict[str, Any]], say: Callable[..., N
 
 
 def _run_cases(program: Any, tests: dict[str, Any], work: str, cap: int, report: TextIO,
-               say: Callable[..., None]) -> None:
+               say: Callable[..., None], lock_down: Callable[[], None]) -> None:
     in_path, out_path = os.path.join(work, "case.in"), os.path.join(work, "case.out")
     timed_out = False
     for i, case in enumerate(tests["cases"]):
@@ -186,7 +202,7 @@ def _run_cases(program: Any, tests: dict[str, Any], work: str, cap: int, report:
         deadline = time.monotonic() + tests["case_seconds"]
         pid = _fork(deadline)
         if pid == 0:
-            _case_child(program, tests, case, in_fd, out_fd, report.fileno())
+            _case_child(program, tests, case, in_fd, out_fd, report.fileno(), lock_down)
         os.close(in_fd)
         os.close(out_fd)
         if pid is None:
@@ -205,11 +221,12 @@ def _run_cases(program: Any, tests: dict[str, Any], work: str, cap: int, report:
 
 
 def _case_child(program: Any, tests: dict[str, Any], case: dict[str, Any], in_fd: int, out_fd: int,
-                report_fd: int) -> NoReturn:
+                report_fd: int, lock_down: Callable[[], None]) -> NoReturn:
     """Run one I/O case in this forked child and exit: 0 when the program ran (and returned) normally."""
     ok = False
     try:
         os.close(report_fd)  # the program gets no handle on the result channel
+        lock_down()  # here, not in the harness: the harness must still kill a case at its deadline
         stdio = tests["kind"] == "stdio"
         if stdio:
             os.dup2(in_fd, 0)

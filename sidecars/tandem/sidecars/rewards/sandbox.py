@@ -44,24 +44,36 @@ import secrets
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from tandem.sidecars.rewards.code_tests import TestPlan, parse_tests
+from tandem.sidecars.rewards.code_tests import IOCase, Source, TestPlan, parse_tests
+from tandem.spec.podenv import PodEnv
 
 HARNESS = Path(__file__).with_name("_sandbox_harness.py")
+CONFINE = Path(__file__).with_name("_sandbox_confine.py")
+SOCKET_ENV = PodEnv.var("sandbox_socket")
+CONNECT_WAIT = 60.0  # seconds a client waits for the server's socket (it may be starting or restarting)
+REPLY_MARGIN = 10.0  # seconds past a run's own deadline that a client waits for the server's reply
 UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
            "--propagation", "private", "--"]
 STARTUP_ALLOWANCE = 5.0  # seconds the interpreter may take to reach the program, on top of the timeout
 CASE_ALLOWANCE = 0.5  # seconds per I/O case for the harness's fork, files and comparison
 EXIT_GRACE = 1.0  # seconds a sandbox that reported its results gets to exit before it is killed
-Isolation = Literal["namespaces", "basic"]
+Isolation = Literal["server", "namespaces", "basic"]
+# Harnesses started and not yet reaped, and the lock held while one is started and registered: a
+# process that reaps orphans (the sandbox server, PID 1 of its container) must leave these to Popen.
+SPAWN_LOCK = threading.Lock()
+HARNESSES: set[int] = set()
 
 
 @dataclass(frozen=True)
@@ -119,14 +131,15 @@ def _nobody() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
-@functools.lru_cache(maxsize=1)
-def sandbox_python() -> str:
-    """An interpreter whose stdlib the sandbox uid can read (the trainer's may live under /root)."""
-    if _nobody() is None or _world_readable_stdlib():
+@functools.lru_cache(maxsize=4)
+def sandbox_python(ids: tuple[int, int] | None = None) -> str:
+    """An interpreter whose stdlib uid/gid `ids` (default: `nobody` when root) can read (the trainer's
+    may live under /root)."""
+    ids = ids or _nobody()
+    if ids is None or _world_readable_stdlib():
         return sys.executable
-    ids = _nobody()
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(candidate) and ids is not None:
+        if os.path.exists(candidate):
             probe = subprocess.run([candidate, "-I", "-S", "-B", "-c", "import json, fractions, re"],
                                    user=ids[0], group=ids[1], extra_groups=[], capture_output=True,
                                    timeout=30, check=False)
@@ -135,9 +148,38 @@ def sandbox_python() -> str:
     raise SandboxError("no Python interpreter readable by the sandbox user")
 
 
+@functools.lru_cache(maxsize=4)
+def harness_command(ids: tuple[int, int] | None = None) -> tuple[str, ...]:
+    """The harness's command line for a sandbox running as uid/gid `ids` (default: `nobody` when root):
+    its path, or its source with `-c` where that user cannot read the file (a checkout under /root)."""
+    ids = ids or _nobody()
+    readable = os.access(HARNESS, os.R_OK) if ids is None else _world_readable(HARNESS)
+    script = [str(HARNESS)] if readable else ["-c", HARNESS.read_text()]
+    return (sandbox_python(ids), "-I", "-S", "-B", *script)
+
+
+def _world_readable(path: Path) -> bool:
+    p = path.resolve()
+    return bool(p.stat().st_mode & 0o004) and all(q.stat().st_mode & 0o001 for q in p.parents)
+
+
+@functools.lru_cache(maxsize=1)
+def confine_source() -> str:
+    """`_sandbox_confine.py`, which the harness runs from its job (it imports nothing outside the stdlib)."""
+    return CONFINE.read_text()
+
+
+def sandbox_socket() -> str | None:
+    """The sandbox server's socket from the pod env contract (`TANDEM_SANDBOX_SOCKET`), if any."""
+    return os.environ.get(SOCKET_ENV) or None
+
+
 @functools.lru_cache(maxsize=1)
 def isolation_mode() -> Isolation:
-    """"namespaces" when root and `unshare` works here, else "basic"."""
+    """"server" when the pod env names a sandbox server; else "namespaces" when root and `unshare`
+    works here; else "basic"."""
+    if sandbox_socket() is not None:
+        return "server"
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return "basic"
     probe = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30, check=False)
@@ -160,9 +202,11 @@ def extract_code(completion: str) -> str:
 
 def run_tests(
     code: str, tests: object, limits: SandboxLimits | None = None, isolation: Isolation | None = None,
+    *, command: Sequence[str] | None = None,
 ) -> ExecResult:
     """Run `code` against `tests` (an answer field or a `TestPlan`) in the sandbox; see the module docstring.
 
+    `command` replaces `harness_command()` (the server resolves it before it drops its privileges).
     Raises `code_tests.TestFormatError` (a ValueError) when the tests are in no format it reads."""
     lim = limits or SandboxLimits()
     mode = isolation or isolation_mode()
@@ -171,24 +215,32 @@ def run_tests(
     plan = tests if isinstance(tests, TestPlan) else parse_tests(tests)
     run_seconds = lim.timeout_seconds if not plan.cases else \
         len(plan.cases) * (lim.timeout_seconds + CASE_ALLOWANCE)
+    if mode == "server":
+        path = sandbox_socket()
+        if path is None:
+            raise SandboxError(f"server isolation needs the sandbox server's socket in {SOCKET_ENV}")
+        return run_remote(path, code, plan, lim, run_seconds)
     nonce = secrets.token_hex(16)
     ids = _nobody()
     workdir = None if mode == "namespaces" else tempfile.mkdtemp(prefix="tandem-sbx-")
     job = {
         "nonce": nonce, "code": code, "tests": plan.job(lim.timeout_seconds), "private_fs": mode == "namespaces",
+        "confine": confine_source(),
         "workdir": workdir, "uid": ids[0] if ids else None, "gid": ids[1] if ids else None,
         "limits": {"cpu_seconds": lim.cpu_seconds, "memory_bytes": lim.memory_bytes,
                    "file_bytes": lim.file_bytes, "processes": lim.processes,
                    "open_files": lim.open_files, "tmpfs_bytes": lim.tmpfs_bytes},
     }
-    cmd = [sandbox_python(), "-I", "-S", "-B", str(HARNESS)]
+    cmd = list(command or harness_command())
     if mode == "namespaces":
         cmd = [*UNSHARE, *cmd]
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                start_new_session=True)
+        with SPAWN_LOCK:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                    start_new_session=True)
+            HARNESSES.add(proc.pid)
     except OSError as e:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -199,6 +251,7 @@ def run_tests(
         finished = read_status == "ok"
     finally:
         _kill_group(proc, EXIT_GRACE if finished else 0.0)
+        HARNESSES.discard(proc.pid)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     indices = {str(i) for i in range(plan.total)}  # each test counts once, however often reported
@@ -277,6 +330,62 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float = 0.0) -> None:
     proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def plan_to_json(plan: TestPlan) -> dict[str, Any]:
+    return {"sources": [[x.name, x.code, list(x.counted)] for x in plan.sources],
+            "cases": [[c.input, c.output] for c in plan.cases], "fn_name": plan.fn_name}
+
+
+def plan_from_json(data: dict[str, Any]) -> TestPlan:
+    return TestPlan(sources=tuple(Source(n, c, tuple(k)) for n, c, k in data["sources"]),
+                    cases=tuple(IOCase(i, o) for i, o in data["cases"]), fn_name=data["fn_name"])
+
+
+def _connect(path: str) -> socket.socket:
+    """A connection to the server, retried for `CONNECT_WAIT` seconds while it starts or restarts."""
+    deadline, delay = time.monotonic() + CONNECT_WAIT, 0.05
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            if time.monotonic() + delay > deadline:
+                raise SandboxError(f"no sandbox server at {path} ({SOCKET_ENV}) after {CONNECT_WAIT:g}s: {e}") from e
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
+        except OSError:
+            sock.close()
+            raise
+
+
+def run_remote(path: str, code: str, plan: TestPlan, lim: SandboxLimits, run_seconds: float) -> ExecResult:
+    """Run `code` in the sandbox server listening on `path` (Unix socket): only the program, its tests
+    and the limits cross; nothing of this process's environment does."""
+    request = json.dumps({"code": code, "plan": plan_to_json(plan), "limits": asdict(lim)}).encode()
+    t0 = time.monotonic()
+    with _connect(path) as sock:
+        sock.settimeout(run_seconds + STARTUP_ALLOWANCE + EXIT_GRACE + REPLY_MARGIN)
+        try:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+                if len(reply) > lim.read_bytes:
+                    raise SandboxError(f"sandbox server at {path}: reply over {lim.read_bytes} bytes")
+        except OSError as e:
+            raise SandboxError(f"sandbox server at {path}: {e}") from e
+    try:
+        data = json.loads(reply)
+        if "error" in data:
+            raise SandboxError(f"sandbox server at {path}: {data['error']}")
+        return ExecResult(int(data["passed"]), int(data["total"]), data["status"], time.monotonic() - t0,
+                          "server", str(data.get("detail", "")))
+    except (ValueError, KeyError, TypeError) as e:
+        raise SandboxError(f"sandbox server at {path}: unreadable reply {reply[:200]!r}") from e
 
 
 def code_exec_reward(completion: str, tests: object, timeout_seconds: float = 5.0) -> float:

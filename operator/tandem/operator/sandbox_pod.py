@@ -1,0 +1,77 @@
+"""The `sandbox` container of a hybrid pod whose job has a codeExec reward: pure, pod spec in, pod spec out.
+
+Caller: `tandem.operator.builders.build_pod`, after `pod_security.restrict` (this container carries
+its own, stricter context) and before spec.podTemplate is merged (which names only `trainer` and
+`rollout`, so it never reaches this container).
+
+The trainer scores codeExec rewards by sending each program to a sandbox server
+(`tandem.sidecars.rewards.sandbox_server`) over a Unix socket in an emptyDir that only these two
+containers mount. The server's container is where the programs run, so it gets nothing worth
+stealing: the trainer image and the server's command; uid/gid 10002 (not the trainer's 10001, so
+the trainer's files, /proc entries and processes are out of its reach) and Pod Security
+"restricted" (no privilege escalation, every capability dropped, RuntimeDefault seccomp) with a
+read-only root filesystem, writable only in the socket emptyDir and a scratch emptyDir at /tmp; no
+GPU (it requests none and gets no NVIDIA_VISIBLE_DEVICES), no token, no Secret, no job volume, no
+job spec, and only TANDEM_SANDBOX_SOCKET in its env. It is a native sidecar (an init container with
+restartPolicy Always, after the rollout): the kubelet restarts it should a program bring it down,
+and the trainer's client retries its socket meanwhile. PID 1 of its own container (pods do not share
+a process namespace), it cannot be killed by a signal its programs send.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.spec.models import RLHFJob
+from tandem.spec.podenv import PodEnv
+
+Manifest = dict[str, Any]
+CONTAINER = "sandbox"
+COMMAND = ["python", "-m", "tandem.sidecars.rewards.sandbox_server"]
+SOCKET_VOLUME, SCRATCH_VOLUME = "sandbox-socket", "sandbox-tmp"
+SOCKET_DIR = "/run/tandem-sandbox"
+SOCKET = f"{SOCKET_DIR}/sandbox.sock"
+RUN_AS = 10002
+CPU, MEMORY, SCRATCH = "2", "4Gi", "1Gi"  # per pod: a few programs at a time, 1 GiB address space each
+
+
+def wanted(job: RLHFJob) -> bool:
+    return any(r.type == "codeExec" for r in job.spec.rewards)
+
+
+def security_context() -> Manifest:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container(job: RLHFJob) -> Manifest:
+    return {
+        "name": CONTAINER,
+        "image": job.spec.trainer.image,
+        "command": list(COMMAND),
+        "env": [{"name": k, "value": v} for k, v in PodEnv.environ(sandbox_socket=SOCKET).items()],
+        "resources": {"requests": {"cpu": CPU, "memory": MEMORY}, "limits": {"cpu": CPU, "memory": MEMORY}},
+        "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR},
+                         {"name": SCRATCH_VOLUME, "mountPath": "/tmp"}],
+        "securityContext": security_context(),
+        "restartPolicy": "Always",
+    }
+
+
+def attach(pod_spec: Manifest, job: RLHFJob, *, trainer: bool) -> Manifest:
+    """`pod_spec` (in place; returned) with the sandbox container, its volumes, and the trainer's mount
+    and TANDEM_SANDBOX_SOCKET, when the pod holds a trainer and the job has a codeExec reward."""
+    if not trainer or not wanted(job):
+        return pod_spec
+    pod_spec.setdefault("initContainers", []).append(container(job))
+    pod_spec.setdefault("volumes", []).extend([
+        {"name": SOCKET_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH}},
+    ])
+    for c in pod_spec.get("containers", []):
+        if c["name"] == "trainer":
+            c.setdefault("volumeMounts", []).append({"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR})
+            c.setdefault("env", []).extend({"name": k, "value": v}
+                                           for k, v in PodEnv.environ(sandbox_socket=SOCKET).items())
+    return pod_spec

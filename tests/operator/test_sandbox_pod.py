@@ -1,0 +1,82 @@
+"""The codeExec sandbox container (`tandem.operator.sandbox_pod`) in the built pods and in `tandem run`.
+
+Only hybrid pods of jobs with a codeExec reward get it; it runs as its own uid under a restricted,
+read-only context, with no GPU, no token and no job volume; the trainer reaches it through the socket
+emptyDir named in the pod env contract. `tandem run` gives it an environment of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from wrappers import JobWrapper
+
+from tandem.cli.local import processes_for
+from tandem.operator import builders, sandbox_pod
+from tandem.spec.podenv import PodEnv
+
+SOCKET_VAR = PodEnv.var("sandbox_socket")
+
+
+def _code_job() -> JobWrapper:
+    return JobWrapper("demo").replicas(2).rollout_only(1).gpus(2).set("rewards", [
+        {"type": "codeExec", "timeoutSeconds": 3}, {"type": "answerMatch"}])
+
+
+def _by_name(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = pod["spec"]
+    return {c["name"]: c for c in spec.get("initContainers", []) + spec["containers"]}
+
+
+def test_hybrid_pods_of_code_jobs_get_the_sandbox_as_its_own_user() -> None:
+    job = _code_job().job()
+    hybrid, _, rollout_only = builders.build_pods(job, owner_uid="uid-1")
+    assert "sandbox" not in _by_name(rollout_only)  # no trainer there, nothing to score
+    spec = hybrid["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["rollout", "sandbox"]
+    box, trainer = _by_name(hybrid)["sandbox"], _by_name(hybrid)["trainer"]
+    assert box["restartPolicy"] == "Always" and box["image"] == job.spec.trainer.image
+    assert box["command"] == ["python", "-m", "tandem.sidecars.rewards.sandbox_server"]
+    ctx = box["securityContext"]
+    assert ctx["runAsUser"] == ctx["runAsGroup"] == 10002 != spec["securityContext"]["runAsUser"]
+    assert ctx["runAsNonRoot"] and ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
+    assert ctx["capabilities"] == {"drop": ["ALL"]} and ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert box["env"] == [{"name": SOCKET_VAR, "value": sandbox_pod.SOCKET}]  # no token, no contract, no Secret
+    assert builders.GPU_RESOURCE not in box["resources"]["limits"] and "envFrom" not in box
+    box_mounts = {m["name"]: m["mountPath"] for m in box["volumeMounts"]}
+    assert box_mounts == {"sandbox-socket": sandbox_pod.SOCKET_DIR, "sandbox-tmp": "/tmp"}
+    trainer_env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert trainer_env[SOCKET_VAR] == sandbox_pod.SOCKET
+    assert {"name": "sandbox-socket", "mountPath": sandbox_pod.SOCKET_DIR} in trainer["volumeMounts"]
+    rollout_mounts = {m["name"] for m in _by_name(hybrid)["rollout"]["volumeMounts"]}
+    assert "sandbox-socket" not in rollout_mounts
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes["sandbox-socket"] and "emptyDir" in volumes["sandbox-tmp"]
+    assert PodEnv.from_environ({k: v or "x" for k, v in trainer_env.items()}).sandbox_socket == \
+        Path(sandbox_pod.SOCKET)
+
+
+def test_jobs_without_code_rewards_get_no_sandbox() -> None:
+    for pod in builders.build_pods(JobWrapper("demo").replicas(1).rollout_only(1).job()):
+        assert "sandbox" not in _by_name(pod)
+        assert all(v["name"] != "sandbox-socket" for v in pod["spec"]["volumes"])
+        assert all(SOCKET_VAR not in {e["name"] for e in c["env"]} for c in _by_name(pod).values())
+
+
+def test_tandem_run_gives_the_server_its_own_env_and_the_trainer_its_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf-secret")
+    job = _code_job().gpus(0).rollout_only(0).replicas(1).job()
+    procs = processes_for(builders.build_pods(job), job, tmp_path, "http://127.0.0.1:2379", token="t0k",
+                          shm_root=tmp_path / "shm", extra=PodEnv.environ(resume=False, job_uid="u"))
+    by_name = {p.name: p for p in procs}
+    assert set(by_name) == {"rollout", "trainer", "sandbox"}
+    box, trainer = by_name["sandbox"], by_name["trainer"]
+    assert box.argv[1:] == ["-m", "tandem.sidecars.rewards.sandbox_server"]
+    assert box.env[SOCKET_VAR] == trainer.env[SOCKET_VAR] == str(tmp_path / "sandbox" / "demo-0.sock")
+    assert not [k for k in box.env if k.startswith("TANDEM_") and k != SOCKET_VAR]
+    assert "t0k" not in box.env.values() and "HF_TOKEN" not in box.env
+    assert SOCKET_VAR not in by_name["rollout"].env
