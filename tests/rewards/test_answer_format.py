@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from fractions import Fraction
 
 import pytest
 
 from tandem.sidecars.rewards.answer import answer_match, boxed, extract_answer, parse_number
-from tandem.sidecars.rewards.format import format_match
+from tandem.sidecars.rewards.combine import RewardSet
+from tandem.sidecars.rewards.format import PatternError, format_match
+from tandem.spec.models import Reward
 
 
 @pytest.mark.parametrize(
@@ -96,3 +99,18 @@ def test_format_fullmatch(completion: str, score: float) -> None:
 def test_format_dotall_and_contains() -> None:
     assert format_match("line one\nline two", r"line.*two") == 1.0
     assert format_match("blah <answer>1</answer> blah", r".*<answer>\d+</answer>.*") == 1.0
+
+
+def test_format_pattern_cannot_hang_on_a_completion() -> None:
+    """User regex x policy completion: catastrophic backtracking ends at the time limit and scores 0."""
+    t0 = time.monotonic()
+    assert format_match("a" * 40 + "!", r"(a+)+$") == 0.0  # exponential for Python's re
+    assert format_match("a" * 40 + "!", r"(a|aa)+$", timeout=0.2) == 0.0  # exponential for regex too
+    assert time.monotonic() - t0 < 3.0
+    assert format_match("a" * 40, r"(a|aa)+$", timeout=0.2) == 1.0  # the limit does not cost a real match
+
+
+def test_invalid_pattern_names_the_field() -> None:
+    with pytest.raises(PatternError, match=r"spec\.rewards\[1\]\.pattern: pattern '\(a': not a valid regular"):
+        RewardSet([Reward(type="answerMatch"), Reward.model_construct(type="format", pattern="(a", weight=1.0)])
+    assert RewardSet([Reward(type="format", pattern=r"<answer>\d+</answer>")]).names == ["format"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from tandem.sidecars.rewards.answer import answer_match
-from tandem.sidecars.rewards.format import format_match
+from tandem.sidecars.rewards.format import compile_pattern, format_match
 from tandem.sidecars.rewards.sandbox import code_exec_reward
 from tandem.spec.models import Reward
 
@@ -71,6 +71,11 @@ class RewardSet:
     model_loader: Callable[[str], Scorer] = _default_loader
     _models: dict[str, Scorer] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for i, spec in enumerate(self.specs):  # a bad pattern fails here, naming its field, not on every sample
+            if spec.type == "format":
+                compile_pattern(spec.pattern or "", f"spec.rewards[{i}].pattern")
 
     @property
     def names(self) -> list[str]:
