@@ -34,7 +34,7 @@ import aetcd.exceptions
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.endpoints import EndpointError
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity, invalid_token
+from tandem.checkpoint_engine.etcd_security import EtcdSecurity, handshake_hint, invalid_token
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,7 +149,7 @@ class EtcdCluster:
                 return result, i, bool(failures)
             if time.monotonic() >= deadline:
                 last = "; ".join(failures[-len(self.endpoints):])
-                raise errors.RegistryUnavailable(f"etcd {what} failed on every endpoint ({last})")
+                raise errors.RegistryUnavailable(f"etcd {what} failed on every endpoint ({last}){handshake_hint(last)}")
             if len(failures) % len(self.endpoints) == 0:  # a whole round failed: back off a little
                 await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 1.0)

@@ -119,6 +119,15 @@ class EtcdSecurity:
         return None
 
 
+def handshake_hint(failures: str) -> str:
+    """A reader's hint when gRPC's failure text says the TLS handshake failed (its own words are
+    terse: "Unwrap failed (TSI_DATA_CORRUPTED)", "Ssl handshake failed")."""
+    if not any(w in failures for w in ("TSI_", "SSL", "Ssl", "handshake", "certificate")):
+        return ""
+    return (f"; the TLS handshake failed: etcd must trust the client certificate ({ENV_VARS['cert_file']}, "
+            f"{ENV_VARS['key_file']}) and {ENV_VARS['ca_file']} must sign etcd's serving certificate")
+
+
 def invalid_token(e: BaseException) -> bool:
     """etcd says the auth token expired (idle past --auth-token-ttl): dial again to get a new one."""
     return isinstance(e, aetcd.exceptions.UnauthenticatedError) and "invalid auth token" in str(e)
