@@ -70,6 +70,15 @@ def test_program_error_scores_zero(mode: Isolation) -> None:
     assert r.score == 0.0
 
 
+def test_io_cases(mode: Isolation) -> None:
+    stdio = {"inputs": ["2\n", "3\n", "4\n"], "outputs": ["4", "6", "9"]}
+    r = run_tests("print(2 * int(input()))", stdio, FAST, isolation=mode)
+    assert (r.passed, r.total, r.status) == (2, 3, "ok")
+    call = {"fn_name": "twice", "inputs": [[1], [[1, 2]]], "outputs": [2, [[1, 2, 1, 2]]]}
+    r = run_tests("def twice(x):\n    return x * 2\n", call, FAST, isolation=mode)
+    assert (r.passed, r.total) == (2, 2)
+
+
 def test_reward_extracts_fenced_code_and_test_forms() -> None:
     completion = "Here you go:\n```python\ndef sq(x):\n    return x * x\n```\nDone."
     assert extract_code(completion).strip().startswith("def sq")

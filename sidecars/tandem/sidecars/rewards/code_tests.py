@@ -82,6 +82,16 @@ class TestPlan:
     def total(self) -> int:
         return len(self.cases) if self.cases else sum(len(s.counted) for s in self.sources)
 
+    def to_json(self) -> dict[str, Any]:
+        """The plan as JSON (what a trainer sends the sandbox server); `from_json` reads it back."""
+        return {"sources": [[x.name, x.code, list(x.counted)] for x in self.sources],
+                "cases": [[c.input, c.output] for c in self.cases], "fn_name": self.fn_name}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TestPlan:
+        return cls(sources=tuple(Source(str(n), str(c), tuple(map(int, k))) for n, c, k in data["sources"]),
+                   cases=tuple(IOCase(i, o) for i, o in data["cases"]), fn_name=data.get("fn_name"))
+
     def job(self, case_seconds: float) -> dict[str, Any]:
         """The harness's `tests` entry (JSON-serialisable)."""
         if self.kind == "snippets":

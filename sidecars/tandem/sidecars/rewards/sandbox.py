@@ -1,23 +1,38 @@
 """Code executor: runs generated Python against a dataset's tests in a sandbox; returns the pass fraction.
 
 Role: the `codeExec` rule-based reward. Callers: `rewards.combine` (from a thread pool, concurrently
-with model inference — hence no `preexec_fn`, which is unsafe in a threaded parent). The program is
+with model inference — hence no `preexec_fn`, which is unsafe in a threaded parent), and
+`rewards.sandbox_server`, which runs the programs its clients send here in "basic" mode. The program is
 the completion's last fenced Python block (see `extract_code`); the tests are the dataset answer
 field in any format `rewards.code_tests` reads (assert lists, HumanEval `check` + `entry_point`,
 stdin/stdout or call-based I/O cases), where only asserts, check calls and I/O cases count.
 
 Isolation, chosen once per process by `isolation_mode()`:
-- "namespaces" (root and `unshare` works — the case on these machines and in the trainer image):
-  `unshare --net --mount --pid --fork --kill-child --mount-proc` starts the harness in a fresh
-  network namespace (loopback down: no connection anywhere, 127.0.0.1 included), a private mount
-  namespace where the harness mounts small tmpfs over every world-writable directory, and a pid
-  namespace (every process the program starts dies with it). The harness then drops to `nobody`
-  (so the rest of the filesystem is read-only to it and RLIMIT_NPROC applies) and sets hard
-  limits: CPU seconds, address space, file size, processes, open files, no core.
-- "basic" (not root, or namespaces unavailable): same limits and uid drop when root; network,
-  subprocesses, ctypes and writes outside the work dir are refused by audit hooks in the child
-  (a program using C extensions could bypass these; the namespaces mode has no such gap).
-In both modes: a fresh interpreter with `-I -S -B` (no site, no env, no bytecode written), its own
+- "server" (the pod env names a sandbox server: `TANDEM_SANDBOX_SOCKET`; what every pod of a job
+  with a codeExec reward uses, and `tandem run`): `run_remote` sends the program, its tests and the
+  limits over a Unix socket to `rewards.sandbox_server`, which runs them as below ("basic") under its
+  own uid, in its own container. The trainer image runs as uid 10001 under Pod Security
+  "restricted": no capability to setuid, and the runtime's default seccomp profile refuses the
+  user/net namespaces the next mode needs, so a program run by the trainer itself would share its
+  uid, files, /proc (the job's token in its environ), GPUs and container. The server shares none of
+  it. Cost: a connect and two JSON messages per program (README, `bench/sandbox_overhead.py`).
+- "namespaces" (root, `unshare` works, no server — direct callers such as tests and benchmarks on
+  these machines): `unshare --net --mount --pid --fork --kill-child --mount-proc` starts the harness
+  in a fresh network namespace (loopback down: no connection anywhere, 127.0.0.1 included), a
+  private mount namespace where the harness mounts small tmpfs over every world-writable directory,
+  and a pid namespace (every process the program starts dies with it). The harness then drops to
+  `nobody` (so the rest of the filesystem is read-only to it and RLIMIT_NPROC applies).
+- "basic" (neither): the harness runs as this process's user (as `nobody` when root).
+In every mode the harness sets hard limits (CPU seconds, address space, file size, processes, open
+files, no core) and confines the program with `_sandbox_confine`: no_new_privs, non-dumpable, a
+seccomp filter (no socket, exec, ptrace, setsid/setpgid, namespace or mount calls, io_uring, bpf;
+signals only to its own process group) and, where the kernel has Landlock, reads limited to the
+system and interpreter trees and writes to its work dir. Outside the namespaces mode, audit hooks
+also refuse sockets, subprocesses and ctypes, and writes outside the work dir where Landlock is
+missing (a C extension could bypass those hooks; the seccomp filter holds regardless). In "basic"
+mode as a non-root user, the program shares that user's files and processes wherever Landlock is
+missing: a pod uses "server".
+In all modes: a fresh interpreter with `-I -S -B` (no site, no env, no bytecode written), its own
 work dir as cwd/HOME/TMPDIR, its output to a size-capped file, a wall-clock deadline after which
 the whole process group is SIGKILLed, and a cap on what the parent reads back.
 
@@ -54,9 +69,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from tandem.sidecars.rewards.code_tests import IOCase, Source, TestPlan, parse_tests
+from tandem.sidecars.rewards.code_tests import TestPlan, parse_tests
 from tandem.spec.podenv import PodEnv
 
 HARNESS = Path(__file__).with_name("_sandbox_harness.py")
@@ -332,16 +347,6 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float = 0.0) -> None:
         proc.stdout.close()
 
 
-def plan_to_json(plan: TestPlan) -> dict[str, Any]:
-    return {"sources": [[x.name, x.code, list(x.counted)] for x in plan.sources],
-            "cases": [[c.input, c.output] for c in plan.cases], "fn_name": plan.fn_name}
-
-
-def plan_from_json(data: dict[str, Any]) -> TestPlan:
-    return TestPlan(sources=tuple(Source(n, c, tuple(k)) for n, c, k in data["sources"]),
-                    cases=tuple(IOCase(i, o) for i, o in data["cases"]), fn_name=data["fn_name"])
-
-
 def _connect(path: str) -> socket.socket:
     """A connection to the server, retried for `CONNECT_WAIT` seconds while it starts or restarts."""
     deadline, delay = time.monotonic() + CONNECT_WAIT, 0.05
@@ -364,7 +369,7 @@ def _connect(path: str) -> socket.socket:
 def run_remote(path: str, code: str, plan: TestPlan, lim: SandboxLimits, run_seconds: float) -> ExecResult:
     """Run `code` in the sandbox server listening on `path` (Unix socket): only the program, its tests
     and the limits cross; nothing of this process's environment does."""
-    request = json.dumps({"code": code, "plan": plan_to_json(plan), "limits": asdict(lim)}).encode()
+    request = json.dumps({"code": code, "plan": plan.to_json(), "limits": asdict(lim)}).encode()
     t0 = time.monotonic()
     with _connect(path) as sock:
         sock.settimeout(run_seconds + STARTUP_ALLOWANCE + EXIT_GRACE + REPLY_MARGIN)

@@ -49,6 +49,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from tandem.sidecars.rewards.code_tests import TestPlan
 from tandem.sidecars.rewards.sandbox import (
     HARNESSES,
     SOCKET_ENV,
@@ -56,7 +57,6 @@ from tandem.sidecars.rewards.sandbox import (
     SandboxLimits,
     confine_source,
     harness_command,
-    plan_from_json,
     run_tests,
 )
 
@@ -158,7 +158,7 @@ class SandboxServer:
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         lim = _limits(request.get("limits", {}))
-        plan = plan_from_json(request["plan"])
+        plan = TestPlan.from_json(request["plan"])
         with self.slots:
             r = run_tests(str(request["code"]), plan, lim, isolation="basic", command=self.command)
         return {"passed": r.passed, "total": r.total, "status": r.status, "seconds": r.seconds, "detail": r.detail}
