@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from controlplane import ControlPlane
+from test_operator_pod_security import labelled_namespace, refused_by_admission
 from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
@@ -80,3 +82,16 @@ def test_tandem_run_gives_the_server_its_own_env_and_the_trainer_its_socket(
     assert not [k for k in box.env if k.startswith("TANDEM_") and k != SOCKET_VAR]
     assert "t0k" not in box.env.values() and "HF_TOKEN" not in box.env
     assert SOCKET_VAR not in by_name["rollout"].env
+
+
+@pytest.mark.k8s
+def test_code_job_pods_pass_restricted_admission(installed: ControlPlane) -> None:
+    """The real PodSecurity admission (server-side dry run) admits the pod with its sandbox container."""
+    ns = labelled_namespace(installed, "restricted", prefix="sandbox")
+    try:
+        pod = builders.build_pods(_code_job().replicas(1).rollout_only(0).gpus(0).job())[0]
+        pod["metadata"]["namespace"] = ns
+        assert "sandbox" in _by_name(pod)
+        assert refused_by_admission(installed, pod) == ""
+    finally:
+        installed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
