@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import json
 import logging
 import threading
 from pathlib import Path
@@ -48,6 +49,27 @@ def mooncake_available() -> bool:
     return True
 
 
+def hcas(topology: str) -> list[str]:
+    """The HCA names in Mooncake's `get_local_topology()` JSON ({location: [[preferred], [available]]})."""
+    try:
+        parsed = json.loads(topology)
+    except ValueError:
+        return []
+    found: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, str):
+            found.append(node)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    if isinstance(parsed, dict):
+        for lists in parsed.values():
+            walk(lists)
+    return sorted(set(found))
+
+
 def address_of(view: memoryview) -> int:
     """Address of a writable buffer (a map of a shard file)."""
     if len(view) == 0:
@@ -74,6 +96,9 @@ class RdmaTransport:
         rc = self.engine.initialize(self.segment, f"etcd://{etcd_host}:{etcd_port}", protocol, device)
         if rc != 0:
             raise RdmaUnavailable(f"Mooncake initialize({self.segment}, {protocol}) returned {rc}")
+        if protocol == "rdma" and not hcas(self.engine.get_local_topology()):
+            raise RdmaUnavailable(f"Mooncake found no usable HCA among {device or 'the listed devices'} (its topology "
+                                  "lists none) and would quietly move every shard over TCP")
         self._regs: dict[int, int] = {}
         self._lock = threading.Lock()
         self.bytes_received = 0
