@@ -10,7 +10,7 @@ containers mount. The server's container is where the programs run, so it gets n
 stealing: the trainer image and the server's command; uid/gid 10002 (not the trainer's 10001, so
 the trainer's files, /proc entries and processes are out of its reach) and Pod Security
 "restricted" (no privilege escalation, every capability dropped, RuntimeDefault seccomp) with a
-read-only root filesystem, writable only in the socket emptyDir and a scratch emptyDir at /tmp; no
+read-only root filesystem, writable only in the socket emptyDir and a tmpfs emptyDir at /tmp; no
 GPU (it requests none and gets no NVIDIA_VISIBLE_DEVICES), no token, no Secret, no job volume, no
 job spec, and only TANDEM_SANDBOX_SOCKET in its env. It is a native sidecar (an init container with
 restartPolicy Always, after the rollout): the kubelet restarts it should a program bring it down,
@@ -32,7 +32,9 @@ SOCKET_VOLUME, SCRATCH_VOLUME = "sandbox-socket", "sandbox-tmp"
 SOCKET_DIR = "/run/tandem-sandbox"
 SOCKET = f"{SOCKET_DIR}/sandbox.sock"
 RUN_AS = 10002
-CPU, MEMORY, SCRATCH = "2", "4Gi", "1Gi"  # per pod: a few programs at a time, 1 GiB address space each
+CPU, MEMORY = "2", "4Gi"  # per pod: a few programs at a time, 1 GiB address space each
+# tmpfs: a program that fills it gets ENOSPC (a disk emptyDir over its sizeLimit would evict the whole pod)
+SCRATCH = "256Mi"
 
 
 def wanted(job: RLHFJob) -> bool:
@@ -67,7 +69,7 @@ def attach(pod_spec: Manifest, job: RLHFJob, *, trainer: bool) -> Manifest:
     pod_spec.setdefault("initContainers", []).append(container(job))
     pod_spec.setdefault("volumes", []).extend([
         {"name": SOCKET_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-        {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH}},
+        {"name": SCRATCH_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SCRATCH}},
     ])
     for c in pod_spec.get("containers", []):
         if c["name"] == "trainer":

@@ -383,6 +383,8 @@ def run_remote(path: str, code: str, plan: TestPlan, lim: SandboxLimits, run_sec
                     raise SandboxError(f"sandbox server at {path}: reply over {lim.read_bytes} bytes")
         except OSError as e:
             raise SandboxError(f"sandbox server at {path}: {e}") from e
+    if not reply:
+        raise SandboxError(f"sandbox server at {path} closed the connection without an answer (did it exit?)")
     try:
         data = json.loads(reply)
         if "error" in data:
