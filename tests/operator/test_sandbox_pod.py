@@ -7,6 +7,8 @@ emptyDir named in the pod env contract. `tandem run` gives it an environment of 
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,10 @@ from test_operator_pod_security import labelled_namespace, refused_by_admission
 from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
+from tandem.cli.procs import stop_all
 from tandem.operator import builders, sandbox_pod
+from tandem.sidecars.rewards.code_tests import parse_tests
+from tandem.sidecars.rewards.sandbox import SandboxLimits, run_remote
 from tandem.spec.podenv import PodEnv
 
 SOCKET_VAR = PodEnv.var("sandbox_socket")
@@ -82,6 +87,33 @@ def test_tandem_run_gives_the_server_its_own_env_and_the_trainer_its_socket(
     assert not [k for k in box.env if k.startswith("TANDEM_") and k != SOCKET_VAR]
     assert "t0k" not in box.env.values() and "HF_TOKEN" not in box.env
     assert SOCKET_VAR not in by_name["rollout"].env
+
+
+def test_tandem_run_starts_a_server_the_trainer_reaches(tmp_path: Path) -> None:
+    """The sandbox process `tandem run` starts (as root: dropping to uid 10002, with the run dir in a
+    directory only root may enter) serves the socket the trainer's env names."""
+    job = _code_job().gpus(0).rollout_only(0).replicas(1).job()
+    procs = processes_for(builders.build_pods(job), job, tmp_path, "http://127.0.0.1:2379", token="t0k",
+                          shm_root=tmp_path / "shm", extra=PodEnv.environ(resume=False, job_uid="u"))
+    box = next(p for p in procs if p.name == "sandbox")
+    sock = Path(next(p for p in procs if p.name == "trainer").env[SOCKET_VAR])
+    box.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.is_socket():
+            assert box.exit_code() is None, box.tail()
+            assert time.monotonic() < deadline, "no socket after 60 s"
+            time.sleep(0.05)
+        assert box.proc is not None
+        tests = parse_tests(["assert f(1) == 2", "assert f(1) == 3"])
+        r = run_remote(str(sock), "def f(x):\n    return x + 1\n", tests, SandboxLimits(timeout_seconds=5.0), 5.0)
+        assert (r.passed, r.total, r.isolation) == (1, 2, "server")
+        if os.geteuid() == 0:
+            status = Path(f"/proc/{box.proc.pid}/status").read_text()
+            assert next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1] == "10002"
+    finally:
+        assert stop_all([box], grace=10.0) == []  # SIGTERM is enough: the server stops by itself
+    assert box.exit_code() == 0
 
 
 @pytest.mark.k8s

@@ -104,18 +104,24 @@ class SandboxServer:
     def _socket_intact(self) -> bool:
         try:
             st = self.path.stat()
+        except PermissionError:
+            return True  # out of this uid's reach (bound before the drop): out of its programs' reach too
         except OSError:
             return False
         return stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode
 
     def serve_forever(self) -> None:
-        self.bind()
+        if self.listener is None:
+            self.bind()
         threading.Thread(target=self._reap_forever, daemon=True, name="sandbox-reaper").start()
         log.info("sandbox server on %s as uid %d, harness %s", self.path, os.getuid(), self.command[0])
         while not self.stopping.is_set():
             if not self._socket_intact():
                 log.warning("socket %s was removed or replaced: listening anew", self.path)
-                self.bind()
+                try:
+                    self.bind()
+                except OSError as e:
+                    log.error("cannot listen on %s again: %s (still serving the old socket)", self.path, e)
             assert self.listener is not None
             try:
                 conn, _ = self.listener.accept()
@@ -134,8 +140,11 @@ class SandboxServer:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        if self.path.is_socket() and self._socket_intact():
-            self.path.unlink()
+        try:
+            if self._socket_intact():
+                self.path.unlink()
+        except OSError:
+            pass  # out of reach after the drop: the next start replaces it
         if self.work is not None:
             shutil.rmtree(self.work, ignore_errors=True)
 
@@ -213,6 +222,9 @@ def prepare(path: Path, user: int | None, workers: int = 8) -> SandboxServer:
     command = harness_command(ids)
     confine_source()  # read (and cached) while the checkout is readable
     work = Path(tempfile.mkdtemp(prefix="tandem-sandbox-"))
+    server = SandboxServer(path, command, workers, work)
+    # bound before the drop: the sandbox user may not traverse the run directory's parents (/root/...)
+    server.bind()
     if ids is not None:
         os.chown(work, *ids)
         if path.parent.stat().st_uid == 0:
@@ -224,7 +236,7 @@ def prepare(path: Path, user: int | None, workers: int = 8) -> SandboxServer:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of killed programs come here, as to PID 1 in a pod
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(work)})
-    return SandboxServer(path, command, workers, work)
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
