@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(sock_dir, ignore_errors=True)
     base = statistics.median(times["namespaces"]) if "namespaces" in times else None
     print(f"{'mode':<11} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'vs namespaces':>14}")
     for name, ts in times.items():
