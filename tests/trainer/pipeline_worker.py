@@ -3,7 +3,7 @@
 Megatron's parallel state and the CPU compatibility layer (which patches torch globally) are per
 process; vLLM forks its engine process from the test process, so the trainer runs here instead.
 For each case of the spec file (a JSON list of {model_dir, shm_root, job, prompts, max_new_tokens,
-out}) it builds the real `MegatronEngine.from_hf`, and for version 0 (the loaded weights) and
+out, and optionally dtype}) it builds the real `MegatronEngine.from_hf`, and for version 0 (the loaded weights) and
 version 1 (after `STEPS` training steps) writes `engine.export_hf()` as a published version with
 the checkpoint engine's own writer, then saves what the engine itself computes for the prompts:
 full logits and greedy continuations. Usage: python pipeline_worker.py SPEC_JSON
@@ -32,7 +32,8 @@ def run_case(case: dict[str, Any]) -> None:
     from tandem.checkpoint_engine import layout
     from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 
-    engine = MegatronEngine.from_hf(case["model_dir"], lr=1e-2, seed=0)
+    dtype = getattr(torch, case.get("dtype", "float32"))  # bfloat16: Megatron's Float16Module, bf16 export
+    engine = MegatronEngine.from_hf(case["model_dir"], lr=1e-2, seed=0, dtype=dtype)
     prompts: list[list[int]] = case["prompts"]
     result: dict[str, Any] = {"local_names": [n for n, _ in engine.named_parameters()]}
     for version in (0, 1):
