@@ -24,6 +24,9 @@ What each layer holds, none needing a capability (a pod under Pod Security "rest
   library falls back to clone, whose flags the filter can read. Other architectures: the filter is
   not built (`SeccompUnavailable`) and the caller decides.
 
+What programs lose: subprocesses (no exec), the network, and multiprocessing (its semaphores live in
+/dev/shm, outside Landlock's writable tree); threads, os.fork and files in the work dir stay.
+
 Why a hand-built filter rather than libseccomp: the harness runs without site-packages (`-I -S`)
 under whichever interpreter the sandbox uid can read, so a PyPI binding (pyseccomp, last released
 2021, over libseccomp2's C library) would need its own loading path in every mode; the program here

@@ -28,7 +28,9 @@ seccomp filter keeps them from signalling it or each other, non-dumpable process
 closed, and the server re-creates its socket if a program without Landlock removes it.
 
 Started as root (`tandem run` as root, the tests) it resolves the interpreter and harness the sandbox
-user can read, then drops to `--user` (default 10002) before it listens.
+user can read and binds its socket, then drops to `--user` (default 10002). Before it serves, a
+self-test scores a passing and a failing program; if the confinement cannot be installed here (say,
+a machine without a seccomp table) it exits 1 rather than score every program 0.
 """
 
 from __future__ import annotations
@@ -165,6 +167,19 @@ class SandboxServer:
             except OSError:
                 pass  # the client gave up
 
+    def self_test(self) -> str:
+        """"" when a passing program scores 1 and a failing one 0 here; else what went wrong."""
+        try:
+            good = run_tests("x = 1", ["assert x == 1"], SandboxLimits(timeout_seconds=10), isolation="basic",
+                             command=self.command)
+            bad = run_tests("x = 1", ["assert x == 2"], SandboxLimits(timeout_seconds=10), isolation="basic",
+                            command=self.command)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        if (good.score, bad.score) != (1.0, 0.0):
+            return f"a passing program scored {good.score} ({good.status} {good.detail}), a failing one {bad.score}"
+        return ""
+
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         lim = _limits(request.get("limits", {}))
         plan = TestPlan.from_json(request["plan"])
@@ -257,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
                     "but share this user's files and processes unless this uid is the sandbox's alone",
                     os.getuid())
     server = prepare(Path(args.socket), user, args.workers)
+    problem = server.self_test()
+    if problem:  # every program would score 0 without a word: refuse to serve instead (the pod shows it)
+        log.error("sandbox self-test failed: %s", problem)
+        return 1
 
     def stop(*_: object) -> None:
         server.stopping.set()
