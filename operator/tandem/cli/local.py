@@ -12,7 +12,8 @@ progress.png (reward, eval pass@1 and phase timings), eval.jsonl (held-out evalu
 (the run's stand-in for metadata.uid: durable checkpoints of `checkpointEngine.persist` are kept
 per uid, and `--resume` reuses it), generation (each `--resume` starts the next gang generation, as a
 gang restart in a cluster does, so the trainer ignores records the killed run's rollouts left in
-etcd until their leases expire). hostPath volumes become path rewrites (`tandem.cli.volumes`).
+etcd until their leases expire), sandbox/ (the codeExec sandbox servers' sockets,
+`tandem.cli.local_sandbox`). hostPath volumes become path rewrites (`tandem.cli.volumes`).
 """
 
 from __future__ import annotations
