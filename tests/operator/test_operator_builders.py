@@ -241,7 +241,8 @@ def volume_job(rollout_only: int = 1) -> Any:
 @pytest.mark.parametrize("index", [0, 1, 2])  # hybrid, hybrid, rollout-only
 def test_user_volumes_are_prefixed_and_sourced(index: int) -> None:
     vols = {v["name"]: v for v in builders.build_pods(volume_job())[index]["spec"]["volumes"]}
-    assert list(vols) == ["shm", "job-spec", "vol-models", "vol-ckpt", "vol-shm"]
+    own = ["shm", "job-spec"] + (["gpu-ids"] if index < 2 else [])  # a hybrid GPU pod's shared GPU UUIDs
+    assert list(vols) == [*own, "vol-models", "vol-ckpt", "vol-shm"]
     assert vols["vol-models"] == {
         "name": "vol-models",
         "persistentVolumeClaim": {"claimName": "models-pvc", "readOnly": True},
@@ -268,9 +269,10 @@ def test_every_container_mounts_every_volume(index: int, container: str) -> None
 
 def test_no_volumes_means_only_the_pods_own() -> None:
     pod = builders.build_pods(JobWrapper().job())[0]
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["shm", "job-spec"]
+    own = ["shm", "job-spec", "gpu-ids"]  # gpu-ids: the trainer's GPU UUIDs for the rollout (gpu_sharing)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == own
     for c in containers(pod).values():
-        assert [m["name"] for m in c["volumeMounts"]] == ["shm", "job-spec"]
+        assert [m["name"] for m in c["volumeMounts"]] == own
 
 
 def test_longest_volume_name_gives_a_valid_pod_volume_name() -> None:

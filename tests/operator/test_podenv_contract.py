@@ -12,7 +12,14 @@ from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
 from tandem.operator import builders
-from tandem.spec.podenv import CODE_EXEC_ONLY, ETCD_SECURITY_ONLY, LOCAL_ONLY, PodEnv, PodEnvError
+from tandem.spec.podenv import (
+    CODE_EXEC_ONLY,
+    ETCD_SECURITY_ONLY,
+    GPU_SHARING_ONLY,
+    LOCAL_ONLY,
+    PodEnv,
+    PodEnvError,
+)
 
 CONTRACT_PREFIXES = ("TANDEM_", "MASTER_")
 
@@ -36,7 +43,7 @@ def test_every_container_gets_exactly_the_cluster_contract() -> None:
             written = {n for n in names if n.startswith(CONTRACT_PREFIXES)}
             unknown = written - PodEnv.variables()
             assert not unknown, f"{pod['metadata']['name']}/{c['name']} writes {unknown} that PodEnv does not read"
-            missing = PodEnv.variables() - LOCAL_ONLY - ETCD_SECURITY_ONLY - CODE_EXEC_ONLY - written
+            missing = PodEnv.variables() - LOCAL_ONLY - ETCD_SECURITY_ONLY - CODE_EXEC_ONLY - GPU_SHARING_ONLY - written
             assert not missing, f"{pod['metadata']['name']}/{c['name']} lacks {missing}"
             seen += 1
     assert seen == 5  # 2 hybrid pods x (trainer + rollout) + 1 rollout-only pod
@@ -62,7 +69,7 @@ def test_tandem_run_processes_carry_the_whole_contract(tmp_path: Path) -> None:
                           extra=extra)
     assert len(procs) == 3
     for p in procs:
-        want = PodEnv.variables() - ETCD_SECURITY_ONLY - CODE_EXEC_ONLY
+        want = PodEnv.variables() - ETCD_SECURITY_ONLY - CODE_EXEC_ONLY - GPU_SHARING_ONLY
         assert want <= set(p.env), f"{p.label} lacks {want - set(p.env)}"
         parsed = PodEnv.from_environ(p.env)
         assert parsed.output_dir == tmp_path and parsed.token == "t0k" and parsed.resume is False

@@ -63,4 +63,9 @@ app.kubernetes.io/component: operator
 - apiGroups: [scheduling.k8s.io]
   resources: [podgroups]
   verbs: [get, list, create, delete]
+# spec.gpuAllocation dra: the job's ResourceClaimTemplate (its pods' claims are the scheduler's and the
+# kubelet's); the garbage collector deletes it with the job
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates]
+  verbs: [get, create]
 {{- end -}}

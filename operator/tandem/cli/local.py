@@ -102,6 +102,8 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
         own = {(builders.token_secret_name(job.metadata.name), builders.TOKEN_KEY): token}
         out += containers_of(pod, overrides=overrides, secrets=own, logs=run_dir / "logs")
     out = local_sandbox.rewire(out, run_dir)  # codeExec sandbox servers: a local socket, an env of their own
+    for c in out:  # one machine: every process sees the same GPUs, no file of the trainer's to wait for
+        c.env.pop(PodEnv.var("gpu_ids_file"), None)
     return sorted(out, key=lambda c: c.name != "rollout")  # rollouts first: the driver waits for them
 
 

@@ -44,8 +44,9 @@ DirectoryOrCreate), mounted at its mountPath (readOnly as given) in every contai
 Probes: the rollout container (native sidecar or rollout-only) has a startupProbe and a readinessProbe,
 GET /health on its checkpoint-engine port (unauthenticated; served once vLLM has loaded the model).
 The trainer has none (see `trainer_container`).
-The rollout container also gets NVIDIA_VISIBLE_DEVICES=all when the pod has GPUs: the trainer
-requests `nvidia.com/gpu: gpusPerPod` once and both containers see every GPU of the pod.
+GPUs: the trainer requests `nvidia.com/gpu: gpusPerPod` (a rollout-only pod's rollout does); how a
+hybrid pod's rollout gets the trainer's devices (a shared file of their UUIDs, or one DRA ResourceClaim
+for both with spec.gpuAllocation dra) is `tandem.operator.gpu_sharing`.
 spec.podTemplate (labels, scheduling, pull secrets, service account, extra env/envFrom/volumeMounts
 per container) is merged over each pod last, by `tandem.operator.pod_template`; what is named above wins.
 Every pod passes Pod Security "restricted" (`tandem.operator.pod_security`: user 10001, no SA token).
@@ -62,7 +63,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import etcd_access, kueue, pod_security, pod_template, sandbox_pod
+from tandem.operator import etcd_access, gpu_sharing, kueue, pod_security, pod_template, sandbox_pod
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -337,8 +338,6 @@ def rollout_container(
     env = _env(
         job, role="rollout", index=index, generation=generation, ce_port=port, etcd=etcd, owner_uid=owner_uid
     )
-    if job.spec.gpus_per_pod and not owns_gpus:
-        env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
     return {
         "name": "rollout",
         "image": job.spec.rollout.image,
@@ -386,6 +385,7 @@ def build_pod(
         pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(name, restart_generation)}
     if job.spec.gpus_per_pod:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    gpu_sharing.attach(pod_spec, job, hybrid=hybrid)  # device plugin + shared UUIDs, or one DRA claim
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.operator import builders, gang, refusal_policy, status
+from tandem.operator import builders, gang, gpu_sharing, refusal_policy, status
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.kube import Kube, KubeError
 from tandem.operator.observe import PodState
@@ -129,6 +129,9 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
             if e.status != 404:
                 raise
             return gang.UNAVAILABLE  # no pods: without the group they would not be gang-scheduled
+    if job is not None and plan.create and gpu_sharing.uses_dra(job):  # the pods' ResourceClaims come from it
+        owner = builders.owner_reference(ref.name, ref.uid) if ref.uid else None
+        await kube.ensure_scheduling(gpu_sharing.claim_template(job, owner))
     creates: list[Awaitable[object]] = []
     objects = job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured))
     if job is not None and objects:

@@ -386,6 +386,13 @@ class JobSpec(Base):
     replicas: Annotated[int, Field(ge=1, le=4096)] = 1
     rollout_only_replicas: Annotated[int, Field(ge=0, le=4096)] = 0
     gpus_per_pod: Annotated[int, Field(ge=0, le=16, description="0 runs on CPU.")] = 8
+    gpu_allocation: Literal["devicePlugin", "dra"] = Field(default="devicePlugin", description=(
+        "How the pod's trainer and rollout share its GPUs. devicePlugin: the trainer requests nvidia.com/gpu and "
+        "the rollout (NVIDIA_VISIBLE_DEVICES=all) uses exactly the trainer's devices; needs a container toolkit "
+        "that honours that variable in unprivileged containers. dra: one ResourceClaim per pod (from a "
+        "ResourceClaimTemplate of gpuDeviceClassName) referenced by both containers; needs a DRA GPU driver."))
+    gpu_device_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253, description=(
+        "DeviceClass of the GPUs with gpuAllocation: dra (NVIDIA's DRA driver: gpu.nvidia.com)."))] = "gpu.nvidia.com"
     trainer: Trainer = Field(default_factory=Trainer)
     rollout: Rollout = Field(default_factory=Rollout)
     rewards: Annotated[list[Reward], Field(min_length=1, max_length=32)]

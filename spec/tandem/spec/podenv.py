@@ -50,6 +50,9 @@ class PodEnv(BaseModel):
                                     description="local runs only: where metrics.jsonl and exports go")
     resume: bool = Field(False, alias="TANDEM_RESUME", description="1: continue from the newest checkpoint")
     job_uid: str = Field("local", alias="TANDEM_JOB_UID", description="the RLHFJob's metadata.uid")
+    gpu_ids_file: Path | None = Field(None, alias="TANDEM_GPU_IDS_FILE", description="hybrid GPU pods with "
+                                      "gpuAllocation devicePlugin: the trainer writes its GPU UUIDs there, the "
+                                      "rollout waits for them and uses exactly those")
     sandbox_socket: Path | None = Field(None, alias="TANDEM_SANDBOX_SOCKET",
                                         description="codeExec sandbox server's Unix socket (the sandbox container)")
     etcd_ca_file: Path | None = Field(None, alias="TANDEM_ETCD_CA_FILE",
@@ -127,3 +130,5 @@ ETCD_SECURITY_ONLY = frozenset(PodEnv.var(f"etcd_{f}") for f in ("ca_file", "cer
                                                                   "password"))
 # Written only to the trainer and sandbox containers of jobs with a codeExec reward.
 CODE_EXEC_ONLY = frozenset({PodEnv.var("sandbox_socket")})
+# Written only to the trainer and rollout of hybrid pods with gpusPerPod > 0 and gpuAllocation devicePlugin.
+GPU_SHARING_ONLY = frozenset({PodEnv.var("gpu_ids_file")})

@@ -22,7 +22,7 @@ from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
-from tandem.sidecars import gpu
+from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
@@ -58,6 +58,8 @@ def main() -> int:
         return 2
     env, job = started
     try:  # gpusPerPod > 0: CUDA or a clear refusal, never vLLM on the CPU
+        if env.gpu_ids_file is not None and not env.rollout_only:  # exactly the trainer's GPUs (devicePlugin)
+            gpu_share.adopt(gpu_share.wait_for(env.gpu_ids_file, port=env.port))
         gpu.select(job.spec.gpus_per_pod, "rollout")
     except gpu.NoUsableGpu as e:
         log.error("%s", e)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from tandem.sidecars import gpu
+from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.startup import start_sidecar
 from tandem.sidecars.trainer.driver import run_rank
 
@@ -26,6 +26,8 @@ def main() -> int:
     env, job = started
     try:  # gpusPerPod > 0: CUDA or a clear refusal, never a quiet CPU run
         gpu.select(job.spec.gpus_per_pod, "trainer")
+        if env.gpu_ids_file is not None:  # the rollout of this pod waits for them (gpuAllocation devicePlugin)
+            gpu_share.publish(env.gpu_ids_file, gpu_share.trainer_ids())
     except gpu.NoUsableGpu as e:
         log.error("%s", e)
         return 3
