@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from sandbox_procs import SANDBOX_UID, uid_of, uid_or_none, wait_for
 
+from tandem.sidecars.rewards._sandbox_confine import landlock_abi
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as uids 10001 and 10002: needs root")
 TRAINER_UID = 10001
 SECRET = "tandem-secret-7f3a9c"
@@ -31,16 +33,20 @@ SECRET = "tandem-secret-7f3a9c"
 # Runs as the trainer: reads {"programs": [[code, tests, timeout]...]} on stdin, scores them with
 # code_exec-style calls from a thread pool, prints [[passed, total, status, seconds]...].
 CLIENT = r"""
-import json, os, sys
+import ctypes, json, os, sys
 from concurrent.futures import ThreadPoolExecutor
-from tandem.sidecars.rewards.sandbox import SandboxLimits, run_tests
-uid = int(sys.argv[1])
+libc = ctypes.CDLL(None)
+from tandem.sidecars.rewards.sandbox import SandboxLimits, harness_command, run_tests
+uid, mode = int(sys.argv[1]), sys.argv[2]
+command = harness_command((uid, uid)) if mode == "basic" else None  # an interpreter this uid can read
 os.setgroups([]); os.setgid(uid); os.setuid(uid)
 assert os.getuid() == uid and os.geteuid() == uid
+libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: as a trainer started as this uid is
 job = json.loads(sys.stdin.read())
 def one(p):
     code, tests, timeout = p
-    r = run_tests(code.replace("TRAINER_PID", str(os.getpid())), tests, SandboxLimits(timeout_seconds=timeout))
+    r = run_tests(code.replace("TRAINER_PID", str(os.getpid())), tests, SandboxLimits(timeout_seconds=timeout),
+                  isolation=None if mode == "server" else mode, command=command)
     return [r.passed, r.total, r.status, r.seconds, r.isolation]
 with ThreadPoolExecutor(4) as pool:
     print(json.dumps(list(pool.map(one, job["programs"]))))
@@ -59,14 +65,18 @@ def trainer_home() -> Iterator[Path]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def run_as_trainer(sock: Path, programs: list[tuple[str, Any, float]]) -> list[list[Any]]:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(sys.path), "TANDEM_SANDBOX_SOCKET": str(sock),
-           "TANDEM_TOKEN": SECRET, "HF_TOKEN": SECRET}
-    proc = subprocess.run([sys.executable, "-c", CLIENT, str(TRAINER_UID)], input=json.dumps({"programs": programs}),
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+def run_as_trainer(sock: Path | None, programs: list[tuple[str, Any, float]]) -> list[list[Any]]:
+    """Results of `programs` scored by a trainer process of uid 10001: through the server at `sock`, or
+    with none (the "basic" mode: the harness under the trainer's own uid)."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(sys.path), "TANDEM_TOKEN": SECRET, "HF_TOKEN": SECRET,
+           **({"TANDEM_SANDBOX_SOCKET": str(sock)} if sock else {})}
+    mode = "server" if sock else "basic"
+    proc = subprocess.run([sys.executable, "-c", CLIENT, str(TRAINER_UID), mode],
+                          input=json.dumps({"programs": programs}), capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
     assert proc.returncode == 0, f"the trainer died (exit {proc.returncode}): {proc.stderr[-2000:]}"
     results: list[list[Any]] = json.loads(proc.stdout)
-    assert all(r[4] == "server" for r in results)
+    assert all(r[4] == mode for r in results)
     return results
 
 
@@ -186,3 +196,19 @@ def test_server_listens_again_when_its_socket_is_removed(
     sock.unlink()  # what such a program would do
     assert run_as_trainer(sock, [("x = 1", ["assert x == 1"], 2.0)])[0][:2] == [1, 1]
     assert server.poll() is None
+
+
+@pytest.mark.skipif(not landlock_abi(), reason="without Landlock a program of the trainer's own uid reads its files")
+def test_without_a_server_landlock_and_seccomp_hold_the_trainers_uid(trainer_home: Path) -> None:
+    """No server ("basic" mode, the harness as the trainer's uid 10001): the three escapes a review found
+    at this uid (its files, its environ through /proc, killing it) are held by Landlock and seccomp."""
+    ok_tests = ["assert not escaped"]
+    programs: list[tuple[str, Any, float]] = [
+        (held(attempt(f"{SECRET!r} in open({str(trainer_home / 'secret.txt')!r}).read()")), ok_tests, 5.0),
+        (held(attempt(f"{SECRET!r} in readable('/proc/TRAINER_PID/environ')")
+              + attempt(f"{SECRET!r} in readable('/proc/%d/environ' % os.getppid())")), ok_tests, 5.0),
+        (held("import signal\n" + attempt("os.kill(TRAINER_PID, signal.SIGKILL) or True")
+              + attempt("os.kill(-1, signal.SIGKILL) or True")), ok_tests, 5.0),
+        ("def add(a, b):\n    return a + b\n", ["assert add(1, 2) == 3"], 5.0),
+    ]
+    assert [r[0] / r[1] for r in run_as_trainer(None, programs)] == [1.0, 1.0, 1.0, 1.0]
