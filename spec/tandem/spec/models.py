@@ -116,6 +116,9 @@ class Trainer(Base):
     global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536)] = 8
     offload: bool = True
+    process_group_timeout_minutes: Annotated[int, Field(ge=1, le=10_080, description=(
+        "Timeout of the trainer's collectives (NCCL on GPUs); ranks wait for rollouts and evaluations on a host "
+        "group of their own, so only real collectives (gradients, exports) count against it."))] = 120
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Weights and compute of the trainer, and the dtype of the rollout's vLLM, which "
         "loads the published weights only in its own dtype: auto is bfloat16 with gpusPerPod > 0, float32 on CPU.")

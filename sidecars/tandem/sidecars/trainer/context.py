@@ -36,6 +36,7 @@ from tandem.sidecars.trainer import persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
 from tandem.sidecars.trainer.evaluate import EvalResult, Evaluator
 from tandem.sidecars.trainer.heads import shift_to_labels
+from tandem.sidecars.trainer.host_wait import broadcast as host_broadcast
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.persist import Persister
 from tandem.sidecars.trainer.prom import LoopMetrics
@@ -272,11 +273,8 @@ class TrainerContext:
 
     # ---- phases ------------------------------------------------------------------------------
     def broadcast(self, obj: Any) -> Any:
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        """Rank 0's object on every rank; the others wait on the host (`host_wait`), not in NCCL."""
+        return host_broadcast(obj)
 
     def _pack(self, samples: list[Sample]) -> PackedBatch:
         return self.algorithm.prepare(samples, self.token_budget(samples))

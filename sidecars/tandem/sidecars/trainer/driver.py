@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 from typing import Any
 
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
-from tandem.sidecars.trainer import inflight, resume
+from tandem.sidecars.trainer import host_wait, inflight, resume
 from tandem.sidecars.trainer.context import TrainerContext
 from tandem.sidecars.trainer.partial import staleness_stats
 from tandem.sidecars.trainer.sources import RolloutSource, make_source, to_samples
@@ -46,6 +47,10 @@ def run_rank(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
     if not on_gpu:
         cpu_compat.apply()
         torch.set_num_threads(cpu_threads(ranks_per_pod))
+    timeout = timedelta(minutes=job.spec.trainer.process_group_timeout_minutes)
+    host_wait.init(backend="nccl" if on_gpu else "gloo", rank=int(os.environ["RANK"]),
+                   world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    host_wait.start(timeout)  # the other ranks wait out rollouts and evals here, not in NCCL
     run(env, job)
 
 
