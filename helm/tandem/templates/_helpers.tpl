@@ -29,7 +29,7 @@ app.kubernetes.io/component: operator
 {{- if .Values.operator.etcdEndpoints -}}
 {{- join "," .Values.operator.etcdEndpoints -}}
 {{- else if .Values.etcd.enabled -}}
-{{- printf "http://tandem-etcd.%s.svc:2379" .Release.Namespace -}}
+{{- printf "%s://tandem-etcd.%s.svc:2379" (ternary "https" "http" .Values.etcd.tls.enabled) .Release.Namespace -}}
 {{- else -}}
 {{- fail "set operator.etcdEndpoints or etcd.enabled=true" -}}
 {{- end -}}
