@@ -125,5 +125,7 @@ def test_code_job_pods_pass_restricted_admission(installed: ControlPlane) -> Non
         pod["metadata"]["namespace"] = ns
         assert "sandbox" in _by_name(pod)
         assert refused_by_admission(installed, pod) == ""
+        _by_name(pod)["sandbox"]["securityContext"]["allowPrivilegeEscalation"] = True  # admission is on
+        assert 'violates PodSecurity "restricted:latest"' in refused_by_admission(installed, pod)
     finally:
         installed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
