@@ -9,13 +9,13 @@ and confinement without namespaces or server.
 
     python bench/sandbox_overhead.py --runs 20
 
-Measured 2026-11-25 (2 cores under a load of ~10 from other work, as root, Landlock ABI 7), 20 runs
-per mode, median ms (p10-p90), two runs:
-    server      136.5 (96.4-162.6)   180.9 (107.4-591.5)
-    basic       134.9 (106.4-174.6)  160.0 (101.1-231.7)
-    namespaces  162.5 (129.5-385.3)  203.4 (111.3-781.1)
+Measured 2026-11-25 (2 cores under a load of 8-12 from other work, as root, Landlock ABI 7), 20 runs
+per mode, median ms (p10-p90), three runs:
+    server      136.5 (96.4-162.6)   180.9 (107.4-591.5)  76.4 (47.1-281.6)
+    basic       134.9 (106.4-174.6)  160.0 (101.1-231.7)  68.5 (48.2-190.4)
+    namespaces  162.5 (129.5-385.3)  203.4 (111.3-781.1)  73.3 (48.7-232.7)
 The server adds a connect, two JSON messages and a thread (~2-20 ms over basic) and saves the
-namespaces mode's unshare and tmpfs mounts (0.84-0.89x of it).
+namespaces mode's unshare and tmpfs mounts: 0.84x, 0.89x and 1.04x of that mode's median.
 """
 
 from __future__ import annotations
