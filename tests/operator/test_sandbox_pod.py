@@ -50,7 +50,8 @@ def test_hybrid_pods_of_code_jobs_get_the_sandbox_as_its_own_user() -> None:
     assert ctx["runAsUser"] == ctx["runAsGroup"] == 10002 != spec["securityContext"]["runAsUser"]
     assert ctx["runAsNonRoot"] and ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
     assert ctx["capabilities"] == {"drop": ["ALL"]} and ctx["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert box["env"] == [{"name": SOCKET_VAR, "value": sandbox_pod.SOCKET}]  # no token, no contract, no Secret
+    assert box["env"] == [{"name": SOCKET_VAR, "value": sandbox_pod.SOCKET},  # no token, no contract, no Secret
+                          {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]  # and no GPU
     assert builders.GPU_RESOURCE not in box["resources"]["limits"] and "envFrom" not in box
     box_mounts = {m["name"]: m["mountPath"] for m in box["volumeMounts"]}
     assert box_mounts == {"sandbox-socket": sandbox_pod.SOCKET_DIR, "sandbox-tmp": "/tmp"}

@@ -11,8 +11,9 @@ stealing: the trainer image and the server's command; uid/gid 10002 (not the tra
 the trainer's files, /proc entries and processes are out of its reach) and Pod Security
 "restricted" (no privilege escalation, every capability dropped, RuntimeDefault seccomp) with a
 read-only root filesystem, writable only in the socket emptyDir and a tmpfs emptyDir at /tmp; no
-GPU (it requests none and gets no NVIDIA_VISIBLE_DEVICES), no token, no Secret, no job volume, no
-job spec, and only TANDEM_SANDBOX_SOCKET in its env. It is a native sidecar (an init container with
+GPU (it requests none, and NVIDIA_VISIBLE_DEVICES=void hides them from the NVIDIA runtime even
+where an image sets `all`), no token, no Secret, no job volume, no job spec, and only
+TANDEM_SANDBOX_SOCKET of the pod env contract. It is a native sidecar (an init container with
 restartPolicy Always, after the rollout): the kubelet restarts it should a program bring it down,
 and the trainer's client retries its socket meanwhile. PID 1 of its own container (pods do not share
 a process namespace), it cannot be killed by a signal its programs send.
@@ -52,7 +53,9 @@ def container(job: RLHFJob) -> Manifest:
         "name": CONTAINER,
         "image": job.spec.trainer.image,
         "command": list(COMMAND),
-        "env": [{"name": k, "value": v} for k, v in PodEnv.environ(sandbox_socket=SOCKET).items()],
+        "env": [*({"name": k, "value": v} for k, v in PodEnv.environ(sandbox_socket=SOCKET).items()),
+                # no GPU even where an image or a runtime default would expose all (NVIDIA container toolkit)
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
         "resources": {"requests": {"cpu": CPU, "memory": MEMORY}, "limits": {"cpu": CPU, "memory": MEMORY}},
         "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR},
                          {"name": SCRATCH_VOLUME, "mountPath": "/tmp"}],
