@@ -21,11 +21,13 @@ import pytest
 
 from tandem.sidecars.rewards._sandbox_confine import landlock_abi
 from tandem.sidecars.rewards.sandbox import (
+    HARNESS,
     SOCKET_ENV,
     Isolation,
     SandboxLimits,
     code_exec_reward,
     extract_code,
+    harness_command,
     isolation_mode,
     run_tests,
 )
@@ -77,6 +79,14 @@ def test_io_cases(mode: Isolation) -> None:
     call = {"fn_name": "twice", "inputs": [[1], [[1, 2]]], "outputs": [2, [[1, 2, 1, 2]]]}
     r = run_tests("def twice(x):\n    return x * 2\n", call, FAST, isolation=mode)
     assert (r.passed, r.total) == (2, 2)
+
+
+def test_harness_given_as_source() -> None:
+    """Where the sandbox user cannot read the checkout (under /root), the harness runs from `-c` source."""
+    command = (*harness_command()[:4], "-c", HARNESS.read_text())
+    r = run_tests("def sq(x):\n    return x * x\n", ["assert sq(3) == 9", "assert sq(2) == 5"], FAST,
+                  isolation="basic", command=command)
+    assert (r.passed, r.total, r.status) == (1, 2, "ok")
 
 
 def test_reward_extracts_fenced_code_and_test_forms() -> None:
