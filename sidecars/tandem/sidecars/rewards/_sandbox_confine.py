@@ -28,9 +28,11 @@ What programs lose: subprocesses (no exec), the network, and multiprocessing (it
 /dev/shm, outside Landlock's writable tree); threads, os.fork and files in the work dir stay.
 
 Why a hand-built filter rather than libseccomp: the harness runs without site-packages (`-I -S`)
-under whichever interpreter the sandbox uid can read, so a PyPI binding (pyseccomp, last released
-2021, over libseccomp2's C library) would need its own loading path in every mode; the program here
-is ~80 instructions over two syscall tables, checked by the sandbox tests on a real kernel.
+under whichever interpreter the sandbox uid can read, so a binding would need its own loading path in
+every mode, and none is well kept: PyPI's pyseccomp (ctypes over libseccomp2) was last released in
+2021, and Debian's python3-seccomp (libseccomp 2.5.4) serves only Debian's own interpreter, not the
+images' python:3.11. The program here is ~80 instructions over two syscall tables: the kernel runs
+the x86_64 one in every sandbox test, and tests/rewards/test_sandbox_confine.py interprets both.
 """
 
 from __future__ import annotations
