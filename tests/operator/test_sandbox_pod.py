@@ -8,6 +8,7 @@ emptyDir named in the pod env contract. `tandem run` gives it an environment of 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from controlplane import ControlPlane
 from test_operator_pod_security import labelled_namespace, refused_by_admission
 from wrappers import JobWrapper
 
+from tandem.cli import local_sandbox
 from tandem.cli.local import processes_for
 from tandem.cli.procs import stop_all
 from tandem.operator import builders, sandbox_pod
@@ -88,6 +90,10 @@ def test_tandem_run_gives_the_server_its_own_env_and_the_trainer_its_socket(
     assert not [k for k in box.env if k.startswith("TANDEM_") and k != SOCKET_VAR]
     assert "t0k" not in box.env.values() and "HF_TOKEN" not in box.env
     assert SOCKET_VAR not in by_name["rollout"].env
+    deep = tmp_path / ("d" * 100)  # a socket address holds 108 bytes: the socket moves under /tmp
+    far = local_sandbox.socket_path(deep, "demo-0")
+    assert len(str(far)) < 100 and far == local_sandbox.socket_path(deep, "demo-0")  # the same every run
+    assert far.parent.parent == Path(tempfile.gettempdir()) and far.name == "demo-0.sock"
 
 
 def test_tandem_run_starts_a_server_the_trainer_reaches(tmp_path: Path) -> None:

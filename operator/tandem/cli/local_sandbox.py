@@ -15,6 +15,7 @@ prints a warning.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -28,11 +29,13 @@ KEPT_ENV = ("PATH", "LANG", "PYTHONPATH")
 
 
 def socket_path(run_dir: Path, pod: str) -> Path:
-    """`<run_dir>/sandbox/<pod>.sock`, or a directory under /tmp where that is too long for a socket."""
+    """`<run_dir>/sandbox/<pod>.sock`; where that is too long for a socket address, the same name in a
+    directory under /tmp named by the run directory (so that every run of it reuses that directory)."""
     path = run_dir / "sandbox" / f"{pod}.sock"
     if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
         return path
-    return Path(tempfile.mkdtemp(prefix="tandem-sandbox-")) / f"{pod}.sock"
+    digest = hashlib.sha256(os.fsencode(run_dir.resolve())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"tandem-sandbox-{digest}" / f"{pod}.sock"
 
 
 def rewire(containers: list[LocalContainer], run_dir: Path) -> list[LocalContainer]:
