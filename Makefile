@@ -2,7 +2,7 @@
 VENV ?= $(HOME)/.cache/tandem/venv
 TOY ?= examples/toy
 
-.PHONY: setup setup-python toy demo toy-demo smollm2 test lint crd bench
+.PHONY: setup setup-python toy demo toy-demo smollm2 test lint crd bench gpu-check
 setup:
 	scripts/setup.sh all
 
@@ -32,6 +32,11 @@ lint: setup-python
 	$(VENV)/bin/ruff check operator sidecars spec checkpoint_engine tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# On a machine with an NVIDIA GPU: a venv from the images' requirement files, the driver, the GPU tests
+# (pytest -m gpu) and bench/weight_sync.py, one table (scripts/gpu-check.sh).
+gpu-check:
+	scripts/gpu-check.sh
 
 crd: setup-python
 	$(VENV)/bin/tandem crd --write

@@ -189,7 +189,7 @@ def run_size(size: str, endpoint: str, tmp: Path, memcpy: float) -> dict[str, An
     shm = Path("/dev/shm") / f"tandem-bench-{size}-{time.time_ns()}"
     pub = Publisher(shm, size, SyncRegistry(endpoint, "bench", size, "pod0", "trainer").connect(), keep=1)
     eng = RolloutEngine(
-        EngineConfig(shm_root=shm, job=size, max_model_len=512),
+        EngineConfig(shm_root=shm, job=size, max_model_len=512, dtype="float32"),  # the published dtype, GPU too
         SyncRegistry(endpoint, "bench", size, "pod0", "rollout").connect(),
     )
     r: dict[str, Any] = {"size": size, "params_m": params / 1e6}

@@ -1,0 +1,42 @@
+"""Megatron in bf16 on one GPU, in a process of its own: load, train, offload, onload, train again,
+with torch.cuda.max_memory_allocated and memory_allocated per phase. Caller: test_gpu_path.py.
+Usage: python memory_worker.py MODEL_DIR OUT_JSON"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+
+
+def main(model_dir: str, out: str) -> None:
+    from dist_worker import fixed_batch, nll_loss
+
+    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+
+    phases: dict[str, dict[str, float]] = {}
+    mib = float(1 << 20)
+
+    def phase(name: str, work: Any) -> Any:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        result = work()
+        torch.cuda.synchronize()
+        phases[name] = {"peak_mib": torch.cuda.max_memory_allocated() / mib,
+                        "allocated_mib": torch.cuda.memory_allocated() / mib}
+        return result
+
+    engine = phase("load", lambda: MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0, dtype=torch.bfloat16))
+    losses = phase("train", lambda: [engine.train_step(fixed_batch(), nll_loss)["loss"] for _ in range(2)])
+    phase("offload", engine.offload)
+    phase("onload", engine.onload)
+    losses += phase("train_again", lambda: [engine.train_step(fixed_batch(), nll_loss)["loss"]])
+    dtypes = sorted({str(p.dtype) for _, p in engine.named_parameters()})
+    with open(out, "w") as f:
+        json.dump({"phases": phases, "losses": losses, "dtypes": dtypes}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
