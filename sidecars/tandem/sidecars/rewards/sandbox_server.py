@@ -233,6 +233,9 @@ def drop_privileges(uid: int, gid: int) -> None:
 def prepare(path: Path, user: int | None, workers: int = 8) -> SandboxServer:
     """Everything that needs the starting user (root when `user` is given), then the drop to `user`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    owner = path.parent.stat().st_uid
+    if owner not in (0, os.getuid(), user):  # another user's directory could swap the socket under us
+        raise SystemExit(f"socket directory {path.parent} belongs to uid {owner}, not to root or this server")
     ids = (user, user) if user is not None else None
     command = harness_command(ids)
     confine_source()  # read (and cached) while the checkout is readable
