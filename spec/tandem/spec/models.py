@@ -115,6 +115,10 @@ class Trainer(Base):
     expert_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536)] = 8
+    micro_batch_tokens: Annotated[int | None, Field(ge=1, le=1 << 24, description=(
+        "At most this many tokens (packed rows x row length) per micro-batch: fewer rows than "
+        "microBatchSize when rows are long, never fewer than one. Activations, the largest part of a "
+        "train step's memory, grow with it; unset: microBatchSize rows whatever their length."))] = None
     offload: bool = True
     process_group_timeout_minutes: Annotated[int, Field(ge=1, le=10_080, description=(
         "Timeout of the trainer's collectives (NCCL on GPUs); ranks wait for rollouts and evaluations on a host "

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.startup import etcd_security
-from tandem.sidecars.trainer import persist, resume, sharded, train_state
+from tandem.sidecars.trainer import megatron_build, persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
 from tandem.sidecars.trainer.evaluate import EvalResult, Evaluator
 from tandem.sidecars.trainer.heads import shift_to_labels
@@ -93,6 +94,7 @@ class TrainerContext:
             spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
             pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=0, dtype=dtype,
             micro_batch_size=spec.trainer.micro_batch_size)
+        engine.micro_batch_tokens = spec.trainer.micro_batch_tokens
         tok = AutoTokenizer.from_pretrained(spec.model.path)
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
@@ -103,6 +105,7 @@ class TrainerContext:
                 spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
                 pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=1, dtype=dtype,
                 micro_batch_size=spec.trainer.micro_batch_size, value_head=True)
+            critic.micro_batch_tokens = spec.trainer.micro_batch_tokens
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
@@ -164,20 +167,26 @@ class TrainerContext:
             self.last_sync = self.sync(version, initial=True)
         return version
 
+    @property
+    def offloads(self) -> bool:
+        """Whether the state moves around rollouts: `trainer.offload`, on an accelerator only. On a
+        CPU the "host" is the memory the state already lives in: a copy would free nothing and hold
+        a second copy of every parameter, gradient and Adam moment."""
+        return moves_state(self.job.spec.trainer.offload, megatron_build.device())
+
     def onload(self) -> None:
         """Bring the trainer's models back to the accelerator (policy, and critic if any), unless
-        the job says `trainer.offload: false`."""
-        if not self.job.spec.trainer.offload:
+        the state never left (`offloads`)."""
+        if not self.offloads:
             return
         for engine in (self.engine, self.critic):
             if engine is not None:
                 engine.onload()
 
     def offload(self) -> None:
-        """Free the accelerator for the rollouts: policy and critic state to host memory. With
-        `trainer.offload: false` the state stays where it is (on a CPU-only pod there is nothing
-        to free: host memory is where it would go)."""
-        if not self.job.spec.trainer.offload:
+        """Free the accelerator for the rollouts: policy and critic state to host memory, where
+        `offloads` (not with `trainer.offload: false`, and not on a CPU-only pod)."""
+        if not self.offloads:
             return
         for engine in (self.engine, self.critic):
             if engine is not None:
@@ -297,8 +306,9 @@ class TrainerContext:
 
         def model_work() -> list[dict[int, list[float]]]:
             """Reference and old-policy log-probs, critic values: per sample, collective forwards."""
-            return sharded.per_sample_outputs([None if e is None else e.token_logprobs for e in forwards],
-                                              packed, self.engine.par)
+            return sharded.per_sample_outputs(
+                [None if e is None else partial(e.token_logprobs, scored_only=True) for e in forwards],
+                packed, self.engine.par)
 
         info: dict[str, Any] = {}
         if self.is_driver:
@@ -392,6 +402,8 @@ class TrainerContext:
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release"))}
+        if timer.memory is not None:
+            row["memory"] = timer.memory.summary()
         if self.prom is not None:
             self.prom.observe(row)
         if self.tracker is not None:
@@ -401,6 +413,11 @@ class TrainerContext:
                 f.write(json.dumps(row) + "\n")
         log.info("iteration %d: reward %.3f kl %s sync %.2fs", iteration, info.get("reward_mean", 0.0),
                  info.get("kl"), info.get("sync_seconds", 0.0))
+
+
+def moves_state(offload: bool, device: torch.device) -> bool:
+    """`trainer.offload` on a device whose memory an offload frees (an accelerator, not the host)."""
+    return offload and device.type != "cpu"
 
 
 def serve_control_api(publisher: Publisher, env: PodEnv, prom: LoopMetrics) -> None:

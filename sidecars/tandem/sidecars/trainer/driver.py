@@ -21,6 +21,7 @@ from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer import host_wait, inflight, resume
 from tandem.sidecars.trainer.context import TrainerContext
+from tandem.sidecars.trainer.memory import PhaseMemory
 from tandem.sidecars.trainer.partial import staleness_stats
 from tandem.sidecars.trainer.sources import RolloutSource, make_source, to_samples
 from tandem.sidecars.trainer.timing import PhaseTimer
@@ -74,7 +75,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
         with source.exclusive(version) if source is not None else nullcontext():
             ctx.evaluate(ctx.first_iteration, version)  # the starting weights, before any training
         for it in range(ctx.first_iteration, iterations):
-            timer = PhaseTimer()
+            timer = PhaseTimer(PhaseMemory())  # seconds and memory per phase; freed memory handed back
             info: dict[str, Any] = {}
             ctx.report("rollout", it, version)
             with timer("rollout"):

@@ -72,16 +72,69 @@ def scored_logprobs(logits: torch.Tensor, mb: Any, shape: ModelShape, par: Paral
     the same `[rows, len]` layout, with the log-probs of the scored tokens and 0 elsewhere."""
     from megatron.core import tensor_parallel as mtp
 
-    index = scored_positions(mb)
-    labels = micro_batches.require(mb, "labels")
-    if index is None:
-        raise ValueError("scored_logprobs needs a micro-batch with loss_mask")
+    index, target = _scored_targets(mb)
     logits = _mask_padded_vocab(logits.float(), shape, par)
-    target = labels.t().reshape(-1).index_select(0, index.to(labels.device)).to(logits.device)
-    nll = mtp.vocab_parallel_cross_entropy(logits.contiguous(), target.unsqueeze(0).contiguous())
-    rows, length = labels.shape
-    flat = torch.zeros(rows * length, dtype=nll.dtype, device=nll.device)
-    flat = flat.index_copy(0, index.to(nll.device), -nll.reshape(-1))
+    nll = mtp.vocab_parallel_cross_entropy(logits.contiguous(), target.to(logits.device).unsqueeze(0).contiguous())
+    return _place(-nll.reshape(-1), index, mb)
+
+
+@contextmanager
+def hidden_out(output_layer: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While active, the model's output layer hands back its input (the last hidden states) instead
+    of logits; the yielded list receives the weight it would have used (the embedding when tied),
+    for `scored_logprobs_from_hidden`. Used by `MegatronEngine` on the last pipeline stage."""
+    weights: list[torch.Tensor] = []
+    own = output_layer.weight if hasattr(output_layer, "weight") else None
+
+    def passthrough(input_: torch.Tensor, weight: torch.Tensor | None = None, **_: Any) -> tuple[torch.Tensor, None]:
+        chosen = weight if weight is not None else own
+        if chosen is None:
+            raise ValueError("the output layer has no weight to score with")
+        weights.append(chosen)
+        return input_, None
+
+    output_layer.forward = passthrough  # type: ignore[method-assign]
+    try:
+        yield weights
+    finally:
+        del output_layer.forward
+
+
+def scored_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, mb: Any, shape: ModelShape,
+                                par: Parallelism) -> torch.Tensor:
+    """`scored_logprobs` from the last hidden states of the scored positions (`[1, n, hidden]`, from
+    `only_scored` and `hidden_out`) and the output weight: the output layer and the log-softmax run a
+    chunk of positions at a time (`chunked_logprobs`), so no `[n, vocab]` tensor is ever whole."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel as mtp
+
+    from tandem.sidecars.trainer.chunked_logprobs import chunked_logprobs
+
+    index, target = _scored_targets(mb)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    group = None
+    if par.tp > 1:
+        flat = mtp.copy_to_tensor_model_parallel_region(flat)  # its backward sums the ranks' gradients
+        group = ps.get_tensor_model_parallel_group()
+    start = par.tp_rank * weight.shape[0]
+    valid = max(0, min(weight.shape[0], shape.vocab - start))
+    lp = chunked_logprobs(flat, weight, target.to(flat.device), vocab_start=start, valid=valid, group=group)
+    return _place(lp, index, mb)
+
+
+def _scored_targets(mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    index = scored_positions(mb)
+    if index is None:
+        raise ValueError("scored log-probs need a micro-batch with loss_mask")
+    labels = micro_batches.require(mb, "labels")
+    return index, labels.t().reshape(-1).index_select(0, index.to(labels.device))
+
+
+def _place(scored: torch.Tensor, index: torch.Tensor, mb: Any) -> torch.Tensor:
+    """Values of the scored positions (decoder order) → `[rows, len]` in the log-prob layout."""
+    rows, length = micro_batches.require(mb, "labels").shape
+    flat = torch.zeros(rows * length, dtype=scored.dtype, device=scored.device)
+    flat = flat.index_copy(0, index.to(scored.device), scored)
     per_label = flat.reshape(length, rows).t()  # labels layout: position t scores token t+1
     return torch.cat([torch.zeros_like(per_label[:, :1]), per_label[:, :-1]], dim=1)
 

@@ -23,6 +23,7 @@ import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -62,12 +63,17 @@ class MegatronEngine:
         self.shape, self.par, self.config = shape, par, config
         self.last_step_rows = 0  # rows of the last train_step's batch this dp rank trained on
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens: int | None = None  # trainer.microBatchTokens: fewer rows when rows are long
         self.last_export_seconds = 0.0
         self._offloader = HostOffloader()
         # train steps run the output layer on the loss's positions only (see heads.only_scored);
         # False runs it everywhere (the reference the tests compare against)
         self.score_only_loss_positions = True
-        self._scoring = False  # inside a train step that does
+        self._scoring = False  # inside a train step or forward that does
+        # ... and there, the output layer and log-softmax run a chunk of positions at a time
+        # (chunked_logprobs): no [positions, vocab] logits; False computes them whole (tests compare)
+        self.chunked_head = True
+        self._head: torch.Tensor | None = None  # the output weight while a micro-batch's loss runs
 
     # ----- construction -----
     @classmethod
@@ -158,8 +164,9 @@ class MegatronEngine:
 
     # ----- forward -----
     def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
-        mbs = micro_batch_size or self.micro_batch_size
-        rows = micro_batches.require(batch, "input_ids").shape[0]
+        rows, cols = micro_batches.require(batch, "input_ids").shape
+        mbs = micro_batches.rows_per_micro_batch(rows, cols, micro_batch_size or self.micro_batch_size,
+                                                 self.micro_batch_tokens, equal=self.par.pp > 1)
         if self.par.pp > 1 and rows % mbs:
             raise EngineError(f"with pipeline parallelism, rows ({rows}) must be a multiple of {mbs}")
         device = megatron_build.device()
@@ -176,9 +183,25 @@ class MegatronEngine:
         index = heads.scored_positions(mb) if self._scoring else None
         prefix = micro_batches.field(mb, "prefix_ids")
         rope = None if prefix is None else positions  # shared prompts: RoPE at the batch's positions
-        with heads.only_scored(self.gpt.decoder, index), micro_batches.rope_at(self.gpt, rope):
+        chunked = index is not None and self.chunked_head and bool(self.gpt.post_process)
+        scoring: AbstractContextManager[list[torch.Tensor]] = (
+            heads.hidden_out(self.gpt.output_layer) if chunked else nullcontext([]))
+        with heads.only_scored(self.gpt.decoder, index), micro_batches.rope_at(self.gpt, rope), scoring as head:
             output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg, prefix))
-        return output, (partial(loss_fn, mb) if loss_fn is not None else None)
+        if loss_fn is None:
+            return output, None
+        return output, partial(self._with_head, loss_fn, mb, head[-1] if head else None)
+
+    def _with_head(self, loss_fn: Callable[..., Any], mb: Any, head: torch.Tensor | None,
+                   output: torch.Tensor) -> Any:
+        """The micro-batch's loss, with `_outputs` told whether `output` is hidden states (and the
+        output weight to score them with) or logits. Megatron's schedules call it right after the
+        micro-batch's forward."""
+        self._head = head
+        try:
+            return loss_fn(mb, output)
+        finally:
+            self._head = None
 
     def _run(
         self, batches: list[Any], loss: Callable[..., Any] | None, forward_only: bool
@@ -202,23 +225,35 @@ class MegatronEngine:
         """What the losses and forwards see: values for a critic, token log-probs otherwise."""
         if self.value_head:
             return heads.values(logits, mb, self.par)
+        if self._head is not None:  # hidden states of the scored positions (only_scored + hidden_out)
+            return heads.scored_logprobs_from_hidden(logits, self._head, mb, self.shape, self.par)
         if self._scoring and micro_batches.field(mb, "loss_mask") is not None:  # cut by only_scored
             return heads.scored_logprobs(logits, mb, self.shape, self.par)
         return heads.logprobs(logits, mb, self.shape, self.par)
 
-    def token_logprobs(self, batch: Any, micro_batch_size: int | None = None) -> torch.Tensor:
+    def token_logprobs(self, batch: Any, micro_batch_size: int | None = None,
+                       scored_only: bool = False) -> torch.Tensor:
         """Log-probs ``[rows, len]`` (float32, CPU) on every rank; no gradient.
 
         ``out[r, t] = log p(input_ids[r, t] | the tokens of its sample before t)``; 0 at the
         first token of each sample and in padding. (``out[:, 1:]`` is the algorithms' ``labels``
         layout without its last column.) A critic (``value_head``) returns its values, same layout.
+        ``scored_only`` (a batch with a ``loss_mask``, e.g. the completions of a ``PackedBatch``): only
+        the tokens the mask scores get log-probs, 0 elsewhere, and the output layer runs on those
+        positions only, a chunk at a time, as in :meth:`train_step`.
         """
         self.model.eval()
         mbs = self._micro_batches(batch, micro_batch_size)
-        with torch.no_grad():
-            outs = self._run(
-                mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._outputs(logits, mb)}), True
-            )
+        scoring = scored_only and micro_batches.field(batch, "loss_mask") is not None
+        self._scoring = self.score_only_loss_positions and scoring and not self.value_head \
+            and bool(self.gpt.post_process)
+        try:
+            with torch.no_grad():
+                outs = self._run(
+                    mbs, lambda mb, logits: (torch.zeros(()), {"lp": self._outputs(logits, mb)}), True
+                )
+        finally:
+            self._scoring = False
         result = torch.cat([o["lp"] for o in outs]) if outs else torch.empty(0)
         size = tuple(micro_batches.require(batch, "input_ids").shape)
         return self._from_last_stage(result, size, torch.float32).cpu()

@@ -103,6 +103,20 @@ def split_rows(batch: Any, micro_batch_size: int) -> list[Any]:
     return [take_rows(batch, lo, hi) for lo, hi in bounds]
 
 
+def rows_per_micro_batch(rows: int, row_len: int, micro_batch_size: int, max_tokens: int | None,
+                         equal: bool = False) -> int:
+    """Rows per micro-batch: ``micro_batch_size``, fewer when ``max_tokens`` (``trainer.microBatchTokens``)
+    caps rows x row length, never fewer than one. ``equal`` (pipeline parallelism, whose schedules
+    need micro-batches of one size): the largest count within the cap that divides ``rows``, unless
+    the cap does not bind."""
+    size = micro_batch_size
+    if max_tokens is not None:
+        size = max(1, min(size, max_tokens // max(1, row_len)))
+    if equal and size < micro_batch_size and rows % size:
+        size = max(d for d in range(1, size + 1) if rows % d == 0)
+    return size
+
+
 def take_rows(batch: Any, lo: int, hi: int) -> Any:
     """Rows ``lo:hi`` in the batch's own type (``PackedBatch.rows`` or a field-by-field slice)."""
     if hasattr(batch, "rows") and not isinstance(batch, Mapping):

@@ -47,9 +47,9 @@ class ReferenceWeights:
         finally:
             _copy_into(params, policy)
 
-    def token_logprobs(self, batch: Any) -> torch.Tensor:
+    def token_logprobs(self, batch: Any, scored_only: bool = False) -> torch.Tensor:
         with self.swapped_in():
-            return self.engine.token_logprobs(batch)
+            return self.engine.token_logprobs(batch, scored_only=scored_only)
 
 
 def _copy_into(params: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
