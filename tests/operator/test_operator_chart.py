@@ -126,6 +126,11 @@ def test_rendered_manifests_pass_server_side_dry_run(k8s: ControlPlane) -> None:
         ("patch", "rlhfjobs.tandem.dev", True),
         ("patch", "rlhfjobs.tandem.dev/status", True),
         ("create", "secrets", True),
+        ("create", "configmaps", True),
+        # the job document is an immutable ConfigMap named by its content: no ConfigMap anywhere is changed
+        ("patch", "configmaps", False),
+        ("update", "configmaps", False),
+        ("get", "configmaps", False),
         ("create", "events", True),
         ("list", "customresourcedefinitions", True),
         ("get", "secrets", False),

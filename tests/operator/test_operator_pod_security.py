@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from controlplane import ControlPlane
-from harness import OperatorProcess, get_json, namespace_doc, render_chart, wait_for
+from harness import SERVICE_ACCOUNT, OperatorProcess, get_json, namespace_doc, render_chart, wait_for
 from test_operator_cluster import create, events_of, phase_is, pods_of, running, small
 from wrappers import JobWrapper
 
@@ -150,6 +150,7 @@ def test_chart_pods_pass_restricted(installed: ControlPlane, restricted: str) ->
     restricted: PodSecurity admission runs on a server-side dry run as on a real create."""
     docs = [d for d in yaml.safe_load_all(render_chart(installed)) if d and d["kind"] in ("Deployment", "StatefulSet")]
     assert {d["kind"] for d in docs} == {"Deployment", "StatefulSet"}
+    installed.kubectl("create", "serviceaccount", SERVICE_ACCOUNT, "-n", restricted)  # the operator pod names it
     for d in docs:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": d["metadata"]["name"], "namespace": restricted},
                "spec": d["spec"]["template"]["spec"]}
@@ -179,7 +180,8 @@ def test_hostpath_under_restricted_is_refused_and_shows(
 ) -> None:
     name = "hostpath"
     create(installed, restricted, small(name).volume("data", "/data", hostPath="/srv/data"))
-    st = wait_for("PodCreateRefused", lambda: refused_status(installed, restricted, name, "hostPath volumes"), 60)
+    hostpath = 'restricted volume type "hostPath"'
+    st = wait_for("PodCreateRefused", lambda: refused_status(installed, restricted, name, hostpath), 60)
     assert st["message"].startswith(f'pods "{name}-0" is forbidden: violates PodSecurity "restricted:latest"')
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", "PodCreateRefused", st["message"])

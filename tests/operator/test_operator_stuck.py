@@ -34,6 +34,12 @@ def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
 
 
+def event_messages(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str, str]]:
+    items = (get_json(cp, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}") or {}).get(
+        "items", [])
+    return [(e["type"], e["reason"], e.get("message", "")) for e in items]
+
+
 def reason_column(cp: ControlPlane, ns: str, name: str) -> str:
     """The REASON column of `kubectl get rlhfjobs`."""
     header, row = cp.kubectl("get", "rlhfjobs", name, "-n", ns).stdout.splitlines()[:2]
@@ -61,8 +67,9 @@ def test_image_pull_backoff_shows_then_restarts_then_fails(
 
     st = wait_for("gang restart after waitingTimeoutSeconds",
                   lambda: phase_is(k8s, ns, name, "Running", restarts=1), 60)
-    assert condition(st, "Restarting")["reason"] == "WaitingTimeout"
-    assert ("Warning", "Restarting") in events_of(k8s, ns, name)
+    restarting = [m for t, r, m in event_messages(k8s, ns, name) if (t, r) == ("Warning", "Restarting")]
+    assert len(restarting) == 1 and "ImagePullBackOff" in restarting[0]
+    assert "(failurePolicy.waitingTimeoutSeconds)" in restarting[0]
     pods = running(k8s, ns, name, 1, generation=1)
     assert pods is not None
 

@@ -46,12 +46,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
+# the job's Service, token Secret and job-document ConfigMap: created, never read or changed (the document
+# is immutable and named by its content; a changed spec gets a new one)
 - apiGroups: [""]
-  resources: [services, secrets]
+  resources: [services, secrets, configmaps]
   verbs: [create]
-- apiGroups: [""]
-  resources: [configmaps]
-  verbs: [create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
