@@ -61,3 +61,14 @@ def test_eval_results_become_gauges() -> None:
     assert (get("tandem_trainer_eval_pass_at_1"), get("tandem_trainer_eval_pass_at_k"),
             get("tandem_trainer_eval_iteration")) == (0.5, 0.75, 10)
     assert get("tandem_trainer_iteration") == 10  # observe_eval does not move the loop's iteration
+
+
+def test_phase_memory_becomes_gauges_in_bytes() -> None:
+    m = LoopMetrics()
+    memory = {"peak_rss_mib": 3.0, "phases": {"train": {"peak_rss_mib": 3.0, "rss_mib": 1.0},
+                                              "inference": {"peak_rss_mib": 2.0, "rss_mib": 1.0, "cuda_peak_mib": 0.5}}}
+    m.observe(row(0, memory=memory))
+    get = m.registry.get_sample_value
+    assert get("tandem_trainer_peak_memory_bytes", {"phase": "train", "kind": "rss"}) == 3 * 2**20
+    assert get("tandem_trainer_peak_memory_bytes", {"phase": "inference", "kind": "cuda"}) == 2**19
+    assert get("tandem_trainer_peak_memory_bytes", {"phase": "train", "kind": "cuda"}) is None

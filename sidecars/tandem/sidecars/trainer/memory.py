@@ -8,7 +8,7 @@ collector and glibc's `malloc_trim(0)`, which returns the free pages of every ma
 kernel (without it, glibc keeps what a train step freed in its heaps, and the RSS the kernel sees —
 and the OOM killer acts on — climbs with every iteration whose tensors are shaped differently).
 The numbers go into metrics.jsonl (`memory`), Prometheus and the run summary; `bench/memory.py`
-reads them. Callers: `driver.run` (through `PhaseTimer`), `trainer.__main__` (`tune_allocator`).
+reads them. Caller: `driver.run` (through `PhaseTimer`).
 """
 
 from __future__ import annotations
@@ -120,13 +120,3 @@ class PhaseMemory:
             out["cuda_peak_mib"] = max(cuda)
         return out
 
-
-def tune_allocator() -> None:
-    """Process start: one malloc arena per two cores at most (each thread arena keeps its own free
-    memory), so that what `release()` trims is most of what is free. No-op off glibc."""
-    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
-        return
-    import os
-
-    m_arena_max = -8
-    _LIBC.mallopt(m_arena_max, max(2, (os.cpu_count() or 2) // 2))

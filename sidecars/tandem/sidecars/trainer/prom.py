@@ -5,7 +5,8 @@ metrics.jsonl) and updates: tandem_trainer_iteration, _reward_mean, _kl, _switch
 tandem_trainer_phase_seconds{phase} and tandem_trainer_iteration_seconds (histograms),
 tandem_trainer_completions_total and _completion_tokens_total (counters), _logprob_mismatch; for stale
 samples (partial or asynchronous rollouts) tandem_trainer_sample_staleness (histogram), _carried_share,
-_wasted_tokens_total and _dropped_completions_total; and
+_wasted_tokens_total and _dropped_completions_total; tandem_trainer_peak_memory_bytes{phase,kind} (the
+driver rank's peak RSS and, on a GPU, torch's peak allocation in each phase of the latest iteration); and
 `observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
 `checkpoint_engine.api.create_app`, which adds the engine's own collector. Caller: `TrainerContext`
 (driver rank only).
@@ -53,8 +54,16 @@ class LoopMetrics:
         self.mismatch = Gauge("tandem_trainer_logprob_mismatch", "Mean |log p_rollout - log p_trainer| of the sampled "
                               "tokens in the latest iteration", registry=r)
 
+        self.memory = Gauge("tandem_trainer_peak_memory_bytes", "Peak memory of the driver rank in each phase of the "
+                            "latest iteration: kind rss (host, the kernel's peak) or cuda (torch's allocator)",
+                            ["phase", "kind"], registry=r)
+
     def observe(self, row: dict[str, Any]) -> None:
         self.iteration.set(row["iteration"] + 1)
+        for phase, mem in row.get("memory", {}).get("phases", {}).items():
+            for kind, key in (("rss", "peak_rss_mib"), ("cuda", "cuda_peak_mib")):
+                if key in mem:
+                    self.memory.labels(phase, kind).set(float(mem[key]) * (1 << 20))
         for gauge, key in ((self.reward, "reward_mean"), (self.kl, "kl"), (self.switch, "switch_share"),
                            (self.mismatch, "mismatch_mean")):
             if row.get(key) is not None:
