@@ -14,6 +14,19 @@ all its processes. Targets: trainer <= 1.5x TRL; growth <= 5%; all processes < 8
 Not a test (~15 minutes on 2 cores). Needs TRL for its half (see rl_vs_trl.TRL_HINT; `--skip-trl` without):
     /root/.cache/tandem/venv/bin/python bench/memory.py [--iterations 10] [--out DIR] [--skip-trl]
 Writes DIR/memory.json and DIR/memory.png (default DIR: /tmp/tandem-bench/memory).
+
+Measured here (2026-11-25, 2 cores loaded by a test suite; TRL's half not run that day: the same bench's
+TRL GRPOTrainer peaked at 4.1 GB on this model and batch before): trainer peak RSS per iteration 3732
+(iteration 0: Adam's moments are made by its first step), then 4706, 4672, 4670, 4682, 4653, 4646, 4651,
+4651, 4653 MiB: growth 2 -> 9 -0.4%, 1.15x TRL's 4.1 GB; resident between phases 2932 -> 2946 MiB. Per
+phase (iterations 1-9): rollout, inference, publish, sync and eval within 6 MiB of the resident set (GRPO
+without KL runs no inference forward; publish writes the parameters into the shm mapping without a copy),
+train +1.7 GB (activations of <= 512-token micro-batches and the chunked head). All processes together
+8.9 GB PSS (trainer 4.3, vLLM 5.0, CLI 0.3). Held-out pass@1 0.135 -> 0.219 -> 0.375 (iterations 0/5/10).
+Before (diagnosis on the same model and batch, one process): offload's host copies +2.05 GB on a CPU pod,
+glibc keeping what train steps freed (resident 2.8 -> 4.9 -> 8.4 GB over three iterations), the full
+[positions, vocab] logits of a 2048-token micro-batch (+0.4-0.6 GB per forward), activations of 2048-token
+micro-batches (+3.4 GB in the train step): 8.4-8.8 GB peaks, 10.5 GB in the demo beside the test suite.
 """
 
 from __future__ import annotations
