@@ -24,9 +24,9 @@ without KL runs no inference forward; publish writes the parameters into the shm
 train +1.7 GB (activations of <= 512-token micro-batches and the chunked head). All processes together
 8.9 GB PSS (trainer 4.3, vLLM 5.0, CLI 0.3). Held-out pass@1 0.135 -> 0.219 -> 0.375 (iterations 0/5/10).
 Before (diagnosis on the same model and batch, one process): offload's host copies +2.05 GB on a CPU pod,
-glibc keeping what train steps freed (resident 2.8 -> 4.9 -> 8.4 GB over three iterations), the full
+glibc keeping what train steps freed (resident after iterations 0-3: 5.0, 8.4, 8.4, 8.5 GB), the full
 [positions, vocab] logits of a 2048-token micro-batch (+0.4-0.6 GB per forward), activations of 2048-token
-micro-batches (+3.4 GB in the train step): 8.4-8.8 GB peaks, 10.5 GB in the demo beside the test suite.
+micro-batches (+3.4 GB in the train step): 8.5-8.8 GB peaks, 10.5 GB in the demo beside the test suite.
 """
 
 from __future__ import annotations
