@@ -50,6 +50,8 @@ def test_shared_rows_give_transformers_logprobs(family: str, model_dirs: dict[st
     batch = pack_samples(samples, row_budget(samples, share_prompts=True), share_prompts=True)
     assert batch.prefix_ids is not None and all(p.shared > 0 for p in batch.placements)
     got = batch.unpack(shift_to_labels(engine.token_logprobs(batch)))
+    # the inference phase's forward: the completions' positions only, through the chunked head
+    scored = batch.unpack(shift_to_labels(engine.token_logprobs(batch, scored_only=True)))
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs[family], dtype=torch.float32).eval()
     for i, s in enumerate(samples):
         seq = torch.tensor([s.prompt_ids + s.completion_ids])
@@ -58,6 +60,7 @@ def test_shared_rows_give_transformers_logprobs(family: str, model_dirs: dict[st
         n_p = len(s.prompt_ids)
         want = logp[torch.arange(n_p - 1, seq.shape[1] - 1), seq[0, n_p:]]
         assert (got[i] - want).abs().max().item() < 1e-5, i
+        assert (scored[i] - want).abs().max().item() < 1e-5, i
 
 
 @pytest.mark.parametrize("family", FAMILIES)  # qwen2 is tied: the head's gradient reaches the embedding
