@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.checkpoint_engine import etcd_security
 from tandem.checkpoint_engine.endpoints import EndpointError, parse_endpoint, split_endpoints
 from tandem.operator import etcd_store
 from tandem.spec.podenv import PodEnv
@@ -33,7 +34,9 @@ def test_lists_and_every_component_use_the_same_parser() -> None:
     assert split_endpoints("http://a:1, b ,,http://c") == ["http://a:1", "b", "http://c"]
     with pytest.raises(EndpointError):
         split_endpoints("http://a:1,http://b:x")
-    assert etcd_store.parse_endpoint is parse_endpoint
+    # every etcd client (sidecars' registries, the operator's store) dials through EtcdSecurity.client
+    assert etcd_security.parse_endpoint is parse_endpoint
+    assert etcd_store.EtcdSecurity is etcd_security.EtcdSecurity
     env = PodEnv.model_validate({"TANDEM_JOB": "j", "TANDEM_ROLE": "trainer", "TANDEM_POD": "p",
                                  "TANDEM_JOB_FILE": "/x", "TANDEM_ETCD_ENDPOINTS": "http://e1,e2:12379",
                                  "TANDEM_CE_PORT": "8700"})
