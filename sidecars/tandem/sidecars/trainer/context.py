@@ -93,8 +93,7 @@ class TrainerContext:
         engine = MegatronEngine.from_hf(
             spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
             pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=0, dtype=dtype,
-            micro_batch_size=spec.trainer.micro_batch_size)
-        engine.micro_batch_tokens = spec.trainer.micro_batch_tokens
+            micro_batch_size=spec.trainer.micro_batch_size, micro_batch_tokens=spec.trainer.micro_batch_tokens)
         tok = AutoTokenizer.from_pretrained(spec.model.path)
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
@@ -104,8 +103,8 @@ class TrainerContext:
             critic = MegatronEngine.from_hf(
                 spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
                 pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=1, dtype=dtype,
-                micro_batch_size=spec.trainer.micro_batch_size, value_head=True)
-            critic.micro_batch_tokens = spec.trainer.micro_batch_tokens
+                micro_batch_size=spec.trainer.micro_batch_size, micro_batch_tokens=spec.trainer.micro_batch_tokens,
+                value_head=True)
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),

@@ -57,13 +57,14 @@ class MegatronEngine:
         config: Any,
         micro_batch_size: int,
         value_head: bool = False,
+        micro_batch_tokens: int | None = None,
     ) -> None:
         self.model, self.gpt, self.optimizer = model, gpt, optimizer
         self.value_head = value_head
         self.shape, self.par, self.config = shape, par, config
         self.last_step_rows = 0  # rows of the last train_step's batch this dp rank trained on
         self.micro_batch_size = micro_batch_size
-        self.micro_batch_tokens: int | None = None  # trainer.microBatchTokens: fewer rows when rows are long
+        self.micro_batch_tokens = micro_batch_tokens  # trainer.microBatchTokens: fewer rows when rows are long
         self.last_export_seconds = 0.0
         self._offloader = HostOffloader()
         # train steps run the output layer on the loss's positions only (see heads.only_scored);
@@ -90,6 +91,7 @@ class MegatronEngine:
         weight_decay: float = 0.0,
         clip_grad: float = 1.0,
         micro_batch_size: int = 1,
+        micro_batch_tokens: int | None = None,
         distributed_optimizer: bool = False,
         trainable: bool = True,
         value_head: bool = False,
@@ -134,7 +136,7 @@ class MegatronEngine:
             module.eval()
             for param in module.parameters():
                 param.requires_grad_(False)
-            return cls(module, gpt, None, shape, par, config, micro_batch_size, value_head)
+            return cls(module, gpt, None, shape, par, config, micro_batch_size, value_head, micro_batch_tokens)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -160,7 +162,7 @@ class MegatronEngine:
         )
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = model.no_sync
-        return cls(model, gpt, optimizer, shape, par, config, micro_batch_size, value_head)
+        return cls(model, gpt, optimizer, shape, par, config, micro_batch_size, value_head, micro_batch_tokens)
 
     # ----- forward -----
     def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
