@@ -1,21 +1,43 @@
 """Stand-ins for the API server in unit tests of `tandem.operator.reconcile.run`: the Kube calls a
-pass makes, answered as a cluster that accepts them all, each create recorded as "Kind/name"."""
+pass makes, answered as a cluster that accepts them all, each create recorded as "Kind/name", each
+delete as the pod's name, each status write with the resourceVersion it was conditional on. A
+cluster whose object moved on since the pass's view answers status writes with 409 (`moved_on`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tandem.operator.kube import CONFLICT, KubeError
+
 
 class RecordingKube:
-    def __init__(self) -> None:
+    def __init__(self, moved_on: bool = False) -> None:
         self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.status_writes: list[tuple[str, dict[str, Any]]] = []
+        self.moved_on = moved_on
 
     async def create(self, manifest: dict[str, Any]) -> bool:
         self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
         return True
 
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        self.deleted.append(name)
+        return True
+
     async def list_job_pods(self, namespace: str, job: str) -> list[Any]:
         return []
 
-    async def patch_status(self, namespace: str, name: str, status: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "0"}}
+    async def patch_status(self, namespace: str, name: str, status: Any, resource_version: str = "") -> dict[str, Any]:
+        if self.moved_on:
+            raise KubeError(f"patch status of {namespace}/{name}", CONFLICT,
+                            b'{"message": "the object has been modified"}')
+        self.status_writes.append((resource_version, dict(status)))
+        return {"metadata": {"resourceVersion": str(int(resource_version or 0) + 1)}}
+
+
+class NoProgress:
+    """An etcd without a progress record (the driver has not reported yet)."""
+
+    async def read_progress(self, *_: Any) -> None:
+        return None

@@ -92,10 +92,17 @@ class OperatorProcess:
     """`python -m tandem.operator` as a child process with the given kubeconfig and etcd."""
 
     def __init__(self, kubeconfig: Path, etcd: str, log: Path, interval: float = 0.5, verbose: bool = True,
-                 metrics_port: int = 0):
+                 metrics_port: int = 0, leader: str = "", liveness_port: int = 0,
+                 env_extra: dict[str, str] | None = None):
+        """leader: run with --leader-elect under this identity (the chart's Lease, short timings)."""
         self.kubeconfig, self.etcd, self.log, self.interval = kubeconfig, etcd, log, interval
-        self.metrics_port = metrics_port
+        self.metrics_port, self.leader, self.liveness_port = metrics_port, leader, liveness_port
+        self.env_extra = dict(env_extra or {})
         self.args = ["--verbose"] if verbose else []
+        if leader:
+            self.args.append("--leader-elect")
+        if liveness_port:
+            self.args.append(f"--liveness=http://127.0.0.1:{liveness_port}/healthz")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
@@ -109,6 +116,10 @@ class OperatorProcess:
             TANDEM_METRICS_PORT=str(self.metrics_port),
             PYTHONPATH=roots + os.pathsep + env.get("PYTHONPATH", ""),
         )
+        if self.leader:  # seconds: a standby takes an unrenewed Lease after 4, a leader gives up after 3
+            env.update(TANDEM_LEADER_NAMESPACE=OPERATOR_NS, TANDEM_LEADER_IDENTITY=self.leader,
+                       TANDEM_LEASE_DURATION="4", TANDEM_RENEW_DEADLINE="3", TANDEM_RETRY_PERIOD="0.5")
+        env.update(self.env_extra)
         return env
 
     def start(self) -> OperatorProcess:

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.k8s
 SECURE = ("etcd.tls.enabled=true", "etcd.persistence.enabled=true", "operator.etcdClient.tlsSecret=op-etcd-tls",
           "operator.etcdClient.authSecret=op-etcd-user", "networkPolicy.enabled=true",
           "operator.watchNamespaces={team-a}")
+PER_NAMESPACE = (*SECURE, "networkPolicy.scope=namespace")
 
 
 def docs(text: str) -> list[dict[str, Any]]:
@@ -59,7 +60,7 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def test_network_policies_select_the_job_pods_and_the_operator(k8s: ControlPlane) -> None:
-    objs = docs(render_chart(k8s, *SECURE))
+    objs = docs(render_chart(k8s, *PER_NAMESPACE))
     etcd_np = one(objs, "NetworkPolicy", "tandem-etcd")
     jobs_np = one(objs, "NetworkPolicy", "tandem-job-pods")
     assert etcd_np["metadata"]["namespace"] == OPERATOR_NS and jobs_np["metadata"]["namespace"] == "team-a"
@@ -85,7 +86,7 @@ def test_network_policies_select_the_job_pods_and_the_operator(k8s: ControlPlane
 def test_the_api_server_accepts_the_policies_and_a_job_pod_with_etcd_secrets(k8s: ControlPlane) -> None:
     for ns in (OPERATOR_NS, "team-a"):
         k8s.apply(namespace_doc(ns))
-    text = render_chart(k8s, *SECURE)
+    text = render_chart(k8s, *PER_NAMESPACE)
     out = k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=text).stdout
     assert "networkpolicy.networking.k8s.io/tandem-etcd created (server dry run)" in out
     assert "networkpolicy.networking.k8s.io/tandem-job-pods created (server dry run)" in out

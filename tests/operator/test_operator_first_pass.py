@@ -29,9 +29,10 @@ class DoneRecord:
         return Progress(phase="done", iteration=3, iterations=3)
 
 
-def one_pass(kube: RecordingKube, etcd: DoneRecord, memory: reconcile.JobMemory, raw: dict[str, Any]) -> Any:
+def one_pass(kube: RecordingKube, etcd: DoneRecord, memory: reconcile.JobMemory, raw: dict[str, Any],
+             rv: str = "1") -> Any:
     plan = asyncio.run(reconcile.run(
-        kube=kube, etcd=etcd, memory=memory, ref=reconcile.JobRef("ns", "demo", "uid", 1, "1"),  # type: ignore[arg-type]
+        kube=kube, etcd=etcd, memory=memory, ref=reconcile.JobRef("ns", "demo", "uid", 1, rv),  # type: ignore[arg-type]
         spec=JobWrapper("demo").small().rollout_only(1).obj()["spec"], raw_status=raw, indexed_pods=(),
         default_etcd=["http://etcd:2379"], logger=logging.getLogger("t")))
     assert plan is not None
@@ -43,5 +44,5 @@ def test_the_first_pass_creates_pods_without_reading_etcd_and_the_next_reads_it(
     first = one_pass(kube, etcd, memory, {})
     assert etcd.reads == 0
     assert {"Pod/demo-0", "Pod/demo-1"} <= set(kube.created) and first.status.phase == "Pending"
-    second = one_pass(kube, etcd, memory, status.dump_status(first.status))
+    second = one_pass(kube, etcd, memory, status.dump_status(first.status), rv=str(memory.written_rv))
     assert etcd.reads == 1 and second.status.phase == "Succeeded"  # the record is read from now on

@@ -228,6 +228,18 @@ REJECTED: list[Case] = [
             "allowPrivilegeEscalation": True}}]}}),
         "spec.podTemplate.spec.containers[0].securityContext.allowPrivilegeEscalation",
     ),
+    (  # extended resources (an RDMA device) may be added; the GPUs, cpu and memory stay the operator's
+        "pod-template-gpu-resource",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "trainer", "resources": {
+            "limits": {"rdma/hca_shared_devices_a": 1, "nvidia.com/gpu": 1}}}]}}),
+        "spec.podTemplate.spec.containers[0].resources.limits",
+    ),
+    (
+        "pod-template-cpu-resource",
+        lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "rollout", "resources": {
+            "limits": {"cpu": 4}}}]}}),
+        "spec.podTemplate.spec.containers[0].resources.limits",
+    ),
     ("failure-policy-action-unknown", lambda: W().set("failurePolicy.action", "Ignore"), "spec.failurePolicy.action"),
     ("failure-policy-container-restarts-zero", lambda: W().set("failurePolicy.maxContainerRestarts", 0),
      "spec.failurePolicy.maxContainerRestarts"),

@@ -118,7 +118,13 @@ REFUSED: list[tuple[str, Callable[[], W], str]] = [
     ("rendezvous", lambda: W().set("podTemplate", env("MASTER_ADDR")), f"{C0}.env.0.name"),
     ("gpu-sharing", lambda: W().set("podTemplate", env("NVIDIA_VISIBLE_DEVICES")), f"{C0}.env.0.name"),
     ("gpu-resources", lambda: W().set("podTemplate", {"spec": {"containers": [
-        {"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}), f"{C0}.resources"),
+        {"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}), f"{C0}.resources.limits"),
+    ("memory-resources", lambda: W().set("podTemplate", {"spec": {"containers": [
+        {"name": "rollout", "resources": {"limits": {"memory": 1}}}]}}), f"{C0}.resources.limits"),
+    ("kubernetes-io-resources", lambda: W().set("podTemplate", {"spec": {"containers": [
+        {"name": "rollout", "resources": {"limits": {"hugepages.kubernetes.io/x": 1}}}]}}), f"{C0}.resources.limits"),
+    ("resource-requests", lambda: W().set("podTemplate", {"spec": {"containers": [
+        {"name": "rollout", "resources": {"requests": {"rdma/hca": 1}}}]}}), f"{C0}.resources.requests"),
     ("image", lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "rollout", "image": "x"}]}}),
      f"{C0}.image"),
     ("unknown-container", lambda: W().set("podTemplate", {"spec": {"containers": [{"name": "sidecar"}]}}),
@@ -173,6 +179,28 @@ def test_the_merge_itself_refuses_to_replace_what_the_operator_set() -> None:
         pod_template.merge(builders.build_pod(W().job(), 0), labels, set())
 
 
+RDMA = {"spec": {"containers": [
+    {"name": n, "resources": {"limits": {"rdma/hca_shared_devices_a": 1}},
+     "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}} for n in ("trainer", "rollout")]}}
+
+
+def test_rdma_adds_its_device_resource_and_ipc_lock_beside_the_operators_own() -> None:
+    """What an RDMA device plugin's cluster needs (README "RDMA"): its resource on both containers
+    (the trainer publishes, the rollout receives), requests equal to limits, and IPC_LOCK."""
+    job = W().gpus(8).set("podTemplate", RDMA).set("checkpointEngine.transport", "rdma").job()
+    pod = builders.build_pod(job, 0)
+    for name, c in containers(pod).items():
+        res = c["resources"]
+        assert res["limits"]["rdma/hca_shared_devices_a"] == res["requests"]["rdma/hca_shared_devices_a"] == "1"
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}, name
+    assert containers(pod)["trainer"]["resources"]["limits"]["nvidia.com/gpu"] == "8"  # the operator's, kept
+    assert "cpu" in containers(pod)["rollout"]["resources"]["limits"]
+    unchecked = PodTemplate.model_validate(RDMA)
+    unchecked.spec.containers[0].resources.limits["nvidia.com/gpu"] = 1  # type: ignore[union-attr]
+    with pytest.raises(pod_template.PodTemplateConflict, match=r"containers\[0\]\.resources\.limits: nvidia.com/gpu"):
+        pod_template.merge(builders.build_pod(W().gpus(8).job(), 0), unchecked, set())
+
+
 @pytest.mark.k8s
 def test_pods_carry_the_overrides_and_are_placed_by_them(
     installed: ControlPlane, operator: OperatorProcess, ns: str
@@ -217,6 +245,30 @@ def test_pods_carry_the_overrides_and_are_placed_by_them(
         cp.kubectl("taint", "node", node, "dedicated=rl:NoSchedule-", check=False)
         cp.kubectl("label", "node", node, "tandem.test/gpu-", check=False)
         cp.kubectl("delete", "priorityclass", f"rl-{ns}", "--wait=false", check=False)
+
+
+@pytest.mark.k8s
+def test_an_rdma_job_is_placed_only_on_a_node_that_advertises_the_device(
+    installed: ControlPlane, operator: OperatorProcess, ns: str
+) -> None:
+    cp, node, name, res = installed, "kwok-node-2", "rdma", "rdma/hca_shared_devices_a"
+    patch = {"status": {"capacity": {res: "4"}, "allocatable": {res: "4"}}}
+    cp.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+    try:
+        doc = W(name, ns).small().replicas(1).rollout_only(1).set("podTemplate", RDMA).obj()
+        cp.kubectl("create", "-f", "-", input=json.dumps(doc))
+
+        def bound() -> list[dict[str, Any]] | None:
+            items = (get_json(cp, "pods", "-n", ns, "-l", f"tandem.dev/job={name}") or {}).get("items", [])
+            return items if len(items) == 2 and all(p["spec"].get("nodeName") for p in items) else None
+
+        for pod in wait_for("both pods bound", bound, 120):
+            assert pod["spec"]["nodeName"] == node  # the only node with the device plugin's resource
+            for c in containers(pod).values():
+                assert c["resources"]["requests"][res] == "1"
+    finally:
+        gone = {"status": {"capacity": {res: None}, "allocatable": {res: None}}}
+        cp.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(gone), check=False)
 
 
 def test_the_gpu_cluster_sample_builds_pods_for_its_cluster() -> None:

@@ -67,4 +67,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
   verbs: [get, create]
+{{- if and .Values.networkPolicy.enabled (eq .Values.networkPolicy.scope "job") }}
+# networkPolicy.scope job: each job's NetworkPolicy (owned by the job, deleted with it)
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create]
+{{- end }}
 {{- end -}}

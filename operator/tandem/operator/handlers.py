@@ -99,6 +99,7 @@ async def reconcile_job(
             indexed_pods=job_pods.get((namespace, name), ()),
             default_etcd=CONFIG.etcd_endpoints,
             logger=logger,
+            policy_from=CONFIG.network_policy_extra_from if CONFIG.job_network_policy else None,
         )
     if plan is not None:
         metrics.record(namespace, name, plan)

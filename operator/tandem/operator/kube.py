@@ -25,6 +25,7 @@ from tandem.operator.observe import PodState, pod_state
 from tandem.spec.models import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
+CONFLICT = 409  # a write conditional on a resourceVersion that is no longer current
 
 
 class KubeError(RuntimeError):
@@ -63,6 +64,7 @@ class Kube:
         # Typed as Any: calls pass _preload_content=False and get raw aiohttp responses back.
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
+        self.networking: Any = client.NetworkingV1Api(api)
 
     async def close(self) -> None:
         await self.api.close()
@@ -93,6 +95,7 @@ class Kube:
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
             "Secret": self.core.create_namespaced_secret,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
         action = f"create {kind} {ns}/{manifest['metadata']['name']}"
         resp = await self._send(action, creators[kind](ns, manifest, _preload_content=False), tolerate=409)
@@ -148,11 +151,16 @@ class Kube:
         states = (pod_state(item) for item in data.get("items", []))
         return [s for s in states if s is not None]
 
-    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
-        """Merge-patch the RLHFJob status subresource; returns the patched object."""
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any],
+                           resource_version: str = "") -> dict[str, Any]:
+        """Merge-patch the RLHFJob status subresource; returns the patched object. With a
+        resource_version the API server applies it only to that version of the object (KubeError 409
+        otherwise): a pass decided on an older view never overwrites what a newer one wrote."""
+        patch: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
         call = self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
-            _content_type=MERGE_PATCH, _preload_content=False,
+            GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=MERGE_PATCH, _preload_content=False,
         )
         resp = await self._send(f"patch status of {namespace}/{name}", call)
         body: dict[str, Any] = json.loads(await resp.read())

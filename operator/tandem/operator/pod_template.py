@@ -12,7 +12,8 @@ are added; affinity, priorityClassName and serviceAccountName are set where the 
 unset. Per container (`trainer`, `rollout`, wherever the pod holds them): env entries are appended
 after the contract's, envFrom is appended (Kubernetes lets env entries win over envFrom), and
 volumeMounts are appended, a spec.volumes entry named by its own name (pod volume `vol-<name>`);
-securityContext.capabilities.add (IPC_LOCK only) is added beside the operator's drop ALL.
+securityContext.capabilities.add (IPC_LOCK only) is added beside the operator's drop ALL, and
+resources.limits (extended resources only, e.g. an RDMA device) are added as requests and limits.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def _container(c: Manifest, override: Any, spec_volumes: set[str], where: str) -
     if caps and caps.add:  # IPC_LOCK only (the spec's rule); the operator's drop ALL stays
         own = c.setdefault("securityContext", {}).setdefault("capabilities", {})
         own["add"] = own.get("add", []) + [a for a in caps.add if a not in own.get("add", [])]
+    extra = override.resources.limits if override.resources else {}
+    own_limits = c.setdefault("resources", {}).get("limits", {}) if extra else {}
+    for name, count in extra.items():  # extended resources only (the spec's rule): requests = limits
+        if name in own_limits:
+            raise PodTemplateConflict(f"{where}.resources.limits: {name} is set by the operator")
+        c["resources"].setdefault("limits", {})[name] = str(count)
+        c["resources"].setdefault("requests", {})[name] = str(count)
     _append(c, "env", _dump(override.env))
     _append(c, "envFrom", _dump(override.env_from))
     _append(c, "volumeMounts", mounts)

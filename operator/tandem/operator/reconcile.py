@@ -4,13 +4,16 @@ Callers: the timer handler in `tandem.operator.handlers` (every reconcile interv
 Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, the job's pods
 (from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
 progress record in etcd (from the second pass on). Decision: `tandem.operator.plan.decide`.
-Actions: ensure the Service, ConfigMap and Secret (create-if-absent: an existing token Secret is
-kept, never read; the job document's ConfigMap is immutable and named by its content: a new
-metadata.generation that changes the document, e.g. a /scale, gets a new one, which the pods started
-after it mount, so the operator never patches a ConfigMap), with spec.gangScheduling the Workload
-and the gang's PodGroup (`tandem.operator.gang`) before its pods, delete and create pods, patch the
-status subresource, post Events. A create the API server refuses (`tandem.operator.refusal_policy`)
-shows in the status (reason PodCreateRefused, the API server's message) and is retried with backoff.
+Actions, after the decided status is written (conditional on the resourceVersion observed, so a
+stale pass acts on nothing): ensure the Service, ConfigMap, Secret and, with
+TANDEM_JOB_NETWORK_POLICY, the job's NetworkPolicy (`tandem.operator.network_policy`), all
+create-if-absent (an existing token Secret is kept, never read; the job document's ConfigMap is
+immutable and named by its content: a new metadata.generation that changes the document, e.g. a
+/scale, gets a new one, which the pods started after it mount, so the operator never patches a
+ConfigMap); with spec.gangScheduling the Workload and the gang's PodGroup (`tandem.operator.gang`)
+before its pods; delete and create pods; post Events. A create the API server refuses
+(`tandem.operator.refusal_policy`) shows in the status (reason PodCreateRefused, the API server's
+message) and is retried with backoff.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.operator import builders, gang, gpu_sharing, refusal_policy, status
+from tandem.operator import builders, gang, gpu_sharing, network_policy, refusal_policy, status
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
-from tandem.operator.kube import Kube, KubeError
+from tandem.operator.kube import CONFLICT, Kube, KubeError
 from tandem.operator.observe import PodState
 from tandem.operator.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_spec
@@ -42,6 +45,7 @@ class JobMemory:
     error: SpecError | None = None
     objects_ensured: bool = False
     written_rv: int = 0  # resourceVersion returned by our last status patch
+    held: str = ""  # why the last pass created no pods although it meant to (a missing gang API), "" if none
     refused: str = ""  # the API server's message when it last refused a create ("" once creates succeed)
     refusals: int = 0  # refusals in a row
     retry_at: float = 0.0  # time.monotonic() before which no pod create is tried again
@@ -115,7 +119,8 @@ async def ensure_gang(kube: Kube, job: RLHFJob, ref: JobRef, generation: int) ->
     await asyncio.gather(*(kube.delete_pod_group(ref.namespace, n) for n in stale))
 
 
-async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str) -> str:
+async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str,
+                    policy_from: Sequence[Mapping[str, Any]] | None = None) -> str:
     """Deletes first, then every create at once: pods need not wait for the Service, ConfigMap and
     Secret (the kubelet waits for the volumes they back), which halves the time to a started gang.
     Returns why pods were not created ("" when nothing stopped them)."""
@@ -140,6 +145,10 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
             kube.create(builders.build_spec_configmap(job, owner_uid=ref.uid)),
             kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=ref.uid)),
         ]
+        if policy_from is not None:
+            creates.append(kube.create(network_policy.build_network_policy(
+                job, owner_uid=ref.uid, extra_from=[dict(p) for p in policy_from])))
+    ensured = len(creates)
     if job is not None:
         creates += [
             kube.create(
@@ -160,7 +169,7 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
         others = [e for e in errors if e not in refusals]
         if others:
             raise others[0]
-        if objects and not any(isinstance(r, BaseException) for r in results[:3]):
+        if objects and not any(isinstance(r, BaseException) for r in results[:ensured]):
             memory.objects_ensured = True
         if refusals:
             memory.refusals += 1
@@ -182,8 +191,10 @@ async def run(
     indexed_pods: Iterable[PodState],
     default_etcd: Sequence[str],
     logger: logging.Logger,
+    policy_from: Sequence[Mapping[str, Any]] | None = None,
 ) -> Plan | None:
-    """One pass. Returns the plan carried out (None when skipped on a stale view)."""
+    """One pass. Returns the plan carried out (None when skipped on a stale view, or when its status
+    write found the object changed since the view was taken)."""
     if _stale_view(memory, ref):
         return None
     parse(memory, ref, spec)
@@ -213,21 +224,53 @@ async def run(
         memory.refused, memory.refusals = "", 0
     elif memory.refused and time.monotonic() < memory.retry_at:
         plan.create = []  # refused a moment ago: the same request would be refused again
-    held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd))
-    if held:  # the same status every pass, one Event
-        if current.message != held:
-            plan.events.append(status.Event("Warning", gang.UNAVAILABLE_REASON, held))
-        status.set_phase(plan.status, "Pending", held, datetime.now(UTC), reason=gang.UNAVAILABLE_REASON)
-    elif memory.refused and plan.status.phase in ("Pending", "Queued", "Running"):
-        if current.message != memory.refused or current.reason != refusal_policy.REASON:
-            plan.events.append(status.Event("Warning", refusal_policy.REASON, memory.refused))
-        status.set_phase(plan.status, plan.status.phase, memory.refused, datetime.now(UTC),
-                         reason=refusal_policy.REASON)
-    new = _clean(status.dump_status(plan.status))
-    if new != _clean(raw_status if isinstance(raw_status, Mapping) else {}):
-        patched = await kube.patch_status(ref.namespace, ref.name, new)
-        try:
-            memory.written_rv = int(patched.get("metadata", {}).get("resourceVersion", "0"))
-        except ValueError:
-            memory.written_rv = 0
+    # The decision is written before it is acted on, conditional on the version it was made from: a
+    # pass on a stale view (a watch event not yet delivered, a former leader) gets 409 and acts on
+    # nothing, so a gang failure is counted once and pods of a superseded decision are never made.
+    decided, events, before = plan.status.model_copy(deep=True), list(plan.events), (memory.held, memory.refused)
+    plan.events = events + annotate(plan.status, current, memory)  # as the last pass's creates went
+    written = await write_status(kube, ref, memory, plan.status, raw_status, ref.resource_version)
+    if written is None:
+        return None
+    memory.held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd), policy_from)
+    if (memory.held, memory.refused) != before:  # this pass's creates went otherwise
+        plan.status = decided
+        plan.events = events + annotate(plan.status, current, memory)
+        await write_status(kube, ref, memory, plan.status, written[0], written[1])
     return plan
+
+
+def annotate(new: JobStatus, current: JobStatus, memory: JobMemory) -> list[status.Event]:
+    """Why pods are not being created, on top of the decided status: a gang API that is missing or
+    a create the API server refused. The same status every pass; an Event when it starts."""
+    events: list[status.Event] = []
+    if memory.held:
+        if current.message != memory.held:
+            events.append(status.Event("Warning", gang.UNAVAILABLE_REASON, memory.held))
+        status.set_phase(new, "Pending", memory.held, datetime.now(UTC), reason=gang.UNAVAILABLE_REASON)
+    elif memory.refused and new.phase in ("Pending", "Queued", "Running"):
+        if current.message != memory.refused or current.reason != refusal_policy.REASON:
+            events.append(status.Event("Warning", refusal_policy.REASON, memory.refused))
+        status.set_phase(new, new.phase, memory.refused, datetime.now(UTC), reason=refusal_policy.REASON)
+    return events
+
+
+async def write_status(kube: Kube, ref: JobRef, memory: JobMemory, new_status: JobStatus, raw_status: Any,
+                       resource_version: str) -> tuple[dict[str, Any], str] | None:
+    """Patch the status when it changed, on `resource_version` only. Returns the status now stored and
+    the resourceVersion to write on next; None when the object moved on (409: this pass's view is stale)."""
+    new = _clean(status.dump_status(new_status))
+    if new == _clean(raw_status if isinstance(raw_status, Mapping) else {}):
+        return new, resource_version
+    try:
+        patched = await kube.patch_status(ref.namespace, ref.name, new, resource_version)
+    except KubeError as e:
+        if e.status != CONFLICT:
+            raise
+        return None
+    rv = str(patched.get("metadata", {}).get("resourceVersion", "0"))
+    try:
+        memory.written_rv = int(rv)
+    except ValueError:
+        memory.written_rv = 0
+    return new, rv

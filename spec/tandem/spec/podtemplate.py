@@ -6,11 +6,13 @@ working: the pod env contract (`tandem.spec.podenv`: every TANDEM_* and MASTER_*
 NVIDIA_VISIBLE_DEVICES, which lets the rollout share the trainer's GPUs), the pod's own volumes
 (`shm` at /dev/shm, `job-spec` at /etc/tandem, `vol-<name>` for spec.volumes) and the operator's
 labels (tandem.dev/*) stay the operator's. Containers are named `trainer` and `rollout` wherever
-they live in the pod (the rollout is a native sidecar in hybrid pods). GPU counts and resources
-are not overridable at all (no field). A container's securityContext may add the IPC_LOCK capability
-(RDMA) and nothing broader: other capabilities, privileged or allowPrivilegeEscalation true are
-refused (the pods pass Pod Security restricted otherwise). Each rule is a `Rule` (CEL for the API server, Python for
-`tandem validate`); rules that need spec.volumes live on `JobSpec` (`JOB_RULES`).
+they live in the pod (the rollout is a native sidecar in hybrid pods). GPU counts, cpu and memory
+are not overridable (spec.gpusPerPod, spec.trainer/rollout resources); a container may add extended
+resources (`resources.limits`, e.g. an RDMA device plugin's) beside them. A container's
+securityContext may add the IPC_LOCK capability (RDMA) and nothing broader: other capabilities,
+privileged or allowPrivilegeEscalation true are refused (the pods pass Pod Security restricted
+otherwise). Each rule is a `Rule` (CEL for the API server, Python for `tandem validate`); rules
+that need spec.volumes live on `JobSpec` (`JOB_RULES`).
 Callers: `tandem.spec.models.JobSpec.pod_template`; `tandem.operator.pod_template` applies it.
 """
 
@@ -286,6 +288,32 @@ class SecurityContext(Base):
     )
 
 
+GPU_RESOURCES = ("nvidia.com/gpu",)  # the operator's (spec.gpusPerPod, spec.gpuAllocation)
+
+
+def extended_resource(name: str) -> bool:
+    """A device plugin's resource ([domain]/[name], outside kubernetes.io) that is not the GPUs."""
+    domain, _, rest = name.partition("/")
+    return (bool(domain and rest) and qualified(name) and name not in GPU_RESOURCES
+            and not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io")))
+
+
+class ContainerResources(Base):
+    """Device-plugin resources a container adds, e.g. an RDMA HCA (`rdma/hca_shared_devices_a`,
+    `nvidia.com/hostdev`); the requests equal these limits (extended resources are never overcommitted)."""
+
+    limits: Annotated[dict[str, Annotated[int, Field(ge=1, le=1024)]], Field(max_length=8, description=(
+        "Extended resources by name ([domain]/[name]; not nvidia.com/gpu, which spec.gpusPerPod sets, nor "
+        "cpu or memory, which spec.trainer/spec.rollout resources set), whole numbers."))] = Field(
+        default_factory=dict)
+    rules = (Rule("!has(self.limits) || self.limits.all(k, k.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]"
+                  "([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && k != 'nvidia.com/gpu' && "
+                  "!k.matches('^([^/]*[.])?kubernetes[.]io/'))",
+                  "only extended resources ([domain]/[name], e.g. rdma/hca_shared_devices_a) may be added; "
+                  "nvidia.com/gpu is spec.gpusPerPod's, cpu and memory are spec.trainer/spec.rollout resources",
+                  ".limits", lambda r: all(extended_resource(k) for k in r.limits)),)
+
+
 class ContainerOverride(Base):
     name: Literal["trainer", "rollout"] = Field(description="The container: trainer (hybrid pods) or rollout "
                                                 "(every pod; a native sidecar in hybrid pods).")
@@ -296,14 +324,16 @@ class ContainerOverride(Base):
         **MAP, "x-kubernetes-list-map-keys": ["mountPath"]})] = Field(default_factory=list)
     security_context: SecurityContext | None = Field(default=None, description="May add the IPC_LOCK "
                                                      "capability (RDMA); nothing broader.")
+    resources: ContainerResources | None = Field(default=None, description="Extended resources the container "
+                                                 "needs beside its GPUs, e.g. an RDMA device (with IPC_LOCK).")
 
     @model_validator(mode="before")
     @classmethod
     def _operator_fields(cls, data: Any) -> Any:
-        for key in ("image", "command", "args", "resources", "ports"):
+        for key in ("image", "command", "args", "ports"):
             if isinstance(data, dict) and key in data:
-                raise ValueError(f"{key}: the operator's (image and resources: spec.trainer / spec.rollout; "
-                                 "GPUs: spec.gpusPerPod); an override may add env, envFrom, volumeMounts")
+                raise ValueError(f"{key}: the operator's (image: spec.trainer / spec.rollout); an override may "
+                                 "add env, envFrom, volumeMounts, securityContext IPC_LOCK and extended resources")
         return data
 
     @model_validator(mode="after")

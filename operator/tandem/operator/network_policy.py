@@ -1,0 +1,49 @@
+"""The per-job NetworkPolicy: a job's pods accept traffic only from pods of the same job.
+
+Caller: `tandem.operator.reconcile.carry_out`, with the job's other objects (Service, ConfigMap,
+Secret), when the operator runs with TANDEM_JOB_NETWORK_POLICY (the chart: `networkPolicy.enabled`
+with `networkPolicy.scope: job`, the default). Pure: spec in, manifest out.
+
+What crosses a job's pods: the rendezvous and the collectives' ports (NCCL/gloo pick theirs at
+random, so every port is open between the job's own pods), the checkpoint engines' control APIs and
+the shard server. Nothing outside the job needs any of it: the operator reads a job's progress from
+etcd and never dials its pods. Unlike the namespace-wide policy (scope: namespace), a job's shard
+server and control API are then out of reach of the other jobs of its namespace too. Extra sources
+(a Prometheus scraping the trainers' metrics) come from TANDEM_NETWORK_POLICY_EXTRA_FROM, the
+chart's `networkPolicy.extraFrom`: NetworkPolicyPeer objects, as JSON. Egress is not restricted
+(etcd, the image registry, a tracking server, model storage are all outside the job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tandem.operator import builders
+from tandem.spec.models import RLHFJob
+
+Manifest = dict[str, Any]
+
+
+def policy_name(job_name: str) -> str:
+    return f"{job_name}-pods"
+
+
+def build_network_policy(job: RLHFJob, *, owner_uid: str | None = None,
+                         extra_from: Sequence[Manifest] = ()) -> Manifest:
+    name = job.metadata.name
+    own = {"matchLabels": {builders.LABEL_JOB: name}}
+    meta: Manifest = {"name": policy_name(name), "namespace": job.metadata.namespace,
+                      "labels": builders.job_labels(name)}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [builders.owner_reference(name, owner_uid)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": own,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own}, *extra_from]}],
+        },
+    }
