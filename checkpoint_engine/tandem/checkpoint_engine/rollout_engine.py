@@ -8,6 +8,9 @@ shapes, dtypes against the model's HF parameters, every checksum) BEFORE touchin
 reload that fails half-way leaves vLLM half-loaded — and only then has every worker reload in
 place (vllm_ext.ShmWeightLoader). A bad or torn version raises a typed error and the engine keeps
 serving the previous weights. Phases and operations are published in etcd (keys.engine/keys.op).
+generate() refuses a prompt with no room for one generated token in max_model_len (`PromptTooLong`,
+HTTP 400 naming the limit) before vLLM sees it, and any request vLLM itself refuses is a `BadRequest`:
+neither leaves the engine FAILED.
 
 vLLM's engine core and workers are recorded at start (engine_procs.py); terminating the engine, or
 finding it dead, waits until they are gone and unlinks the /dev/shm segments they leave behind.
@@ -308,6 +311,7 @@ class RolloutEngine:
         if max_tokens is not None and len(max_tokens) != len(prompts):
             raise errors.BadRequest(f"max_tokens has {len(max_tokens)} entries for {len(prompts)} prompts")
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
         opts = options or SamplingOptions()
@@ -338,8 +342,11 @@ class RolloutEngine:
                     sp.max_tokens = int(m)
             inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
             self._check_alive()
+            self._check_lengths(prompts)
             try:
                 outs = self.llm.generate(inputs, per_request, use_tqdm=False)
+            except VLLMClientError as e:  # vLLM refused a request before running any: it keeps serving
+                raise errors.BadRequest(f"vLLM refused the request: {e}") from e
             except Exception as e:
                 if self.procs.any_dead():  # the engine died: free what it leaves behind now
                     self._destroy()
@@ -364,6 +371,16 @@ class RolloutEngine:
                 )
             result.append(samples)
         return result
+
+    def _check_lengths(self, prompts: Sequence[str | Sequence[int]]) -> None:
+        """PromptTooLong, naming the prompt and the limit, for a prompt with no room for a generated token."""
+        limit = int(self.llm.llm_engine.model_config.max_model_len)
+        tokenizer: Any = self.llm.get_tokenizer() if any(isinstance(p, str) for p in prompts) else None
+        for i, p in enumerate(prompts):
+            n = len(tokenizer.encode(p)) if isinstance(p, str) else len(p)  # as vLLM tokenizes a text prompt
+            if n >= limit:
+                raise errors.PromptTooLong(f"prompt {i} has {n} tokens: the engine's context length (max_model_len) "
+                                           f"is {limit} tokens, so a prompt may have at most {limit - 1}")
 
     # ---- status -----------------------------------------------------------------------------------
     def status(self) -> EngineStatus:
