@@ -50,12 +50,25 @@ def test_default_render_holds_crd_rbac_deployment_and_etcd(k8s: ControlPlane) ->
         "tandem-etcd",
     ) in objs
     deploy = next(d for d in yaml.safe_load_all(render_chart(k8s)) if d and d["kind"] == "Deployment")
-    env = {e["name"]: e["value"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TANDEM_ETCD_ENDPOINTS"] == f"http://tandem-etcd.{OPERATOR_NS}.svc:2379"
+    # two replicas, one leading through the chart's Lease (tests/operator/test_operator_leader.py)
+    assert deploy["spec"]["replicas"] == 2 and "--leader-elect" in container["args"]
+    assert env["TANDEM_LEADER_LEASE"] == "tandem-operator-leader" and "strategy" not in deploy["spec"]
+    assert ("Role", OPERATOR_NS, "tandem-operator-leader") in objs
     template = deploy["spec"]["template"]
     ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
     assert env["TANDEM_METRICS_PORT"] == "8081" and ports["metrics"] == 8081
     assert template["metadata"]["annotations"]["prometheus.io/port"] == "8081"
+
+
+def test_leader_election_off_renders_one_replica_recreated(k8s: ControlPlane) -> None:
+    docs = [d for d in yaml.safe_load_all(render_chart(k8s, "operator.leaderElection.enabled=false")) if d]
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect" not in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(d["kind"] == "Role" and d["metadata"]["name"] == "tandem-operator-leader" for d in docs)
 
 
 def test_metrics_port_zero_renders_no_endpoint(k8s: ControlPlane) -> None:

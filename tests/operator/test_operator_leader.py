@@ -90,17 +90,14 @@ def test_leader_killed_mid_job_the_standby_takes_over_and_restarts_the_gang_once
 
 
 def test_the_api_server_refuses_a_status_write_on_a_stale_resource_version(
-    k8s: ControlPlane, operator: OperatorProcess, operator_kubeconfig: Path, ns: str,
-    monkeypatch: pytest.MonkeyPatch,
+    k8s: ControlPlane, operator: OperatorProcess, operator_kubeconfig: Path, ns: str
 ) -> None:
     name = "stale"
     seen_at_creation = create(k8s, ns, small(name).suspend())["metadata"]["resourceVersion"]
     wait_for("Suspended (the operator wrote its status)", lambda: phase_is(k8s, ns, name, "Suspended"), 30)
-    monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
     async def writes() -> tuple[int, str]:
-        kube = Kube(await connect(2))
+        kube = Kube(await connect(2, str(operator_kubeconfig)))  # the chart's RBAC
         try:
             with pytest.raises(KubeError) as refused:
                 await kube.patch_status(ns, name, {"restarts": 5}, seen_at_creation)

@@ -45,13 +45,15 @@ class KubeError(RuntimeError):
         return cls(action, int(exc.status or 0), exc.body, exc.reason or "")
 
 
-async def connect(max_connections: int = 64) -> client.ApiClient:
-    """An ApiClient from in-cluster credentials, else from the kubeconfig."""
+async def connect(max_connections: int = 64, kubeconfig: str | None = None) -> client.ApiClient:
+    """An ApiClient from in-cluster credentials, else from the kubeconfig (`kubeconfig`, $KUBECONFIG or
+    ~/.kube/config)."""
     conf = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
     else:
-        await config.load_kube_config(client_configuration=conf, persist_config=False)
+        await config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),
+                                      client_configuration=conf, persist_config=False)
     conf.connection_pool_maxsize = max_connections
     return client.ApiClient(configuration=conf)
 
