@@ -43,9 +43,9 @@ def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any
     from transformers import AutoTokenizer
 
     from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
-    from tandem.sidecars.rollout.__main__ import max_model_len
     from tandem.sidecars.trainer.dataset import PromptDataset
     from tandem.sidecars.trainer.evaluate import Evaluator
+    from tandem.spec import model_dir
     from tandem.spec.load import load_job
 
     spec = load_job(job_file).spec
@@ -59,7 +59,8 @@ def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any
         for name, model in models.items():
             t = time.perf_counter()
             engine = RolloutEngine(EngineConfig(shm_root=Path(shm), job="bench-eval",
-                                                max_model_len=max_model_len(str(model), spec.rollout.max_tokens)))
+                                                max_model_len=model_dir.context_length(
+                                                    spec.rollout, model_dir.read_config(model, name))))
             engine.start(str(model), dummy=False)
             try:
                 result = evaluator.run(EngineGenerator(engine), 0, 0)

@@ -37,7 +37,7 @@ def test_make_algorithm_from_spec() -> None:
         algo = make_algorithm(spec)
         assert isinstance(algo, cls) and isinstance(algo, Algorithm) and algo.name == name
     grpo = make_algorithm(AlgorithmSpec.model_validate({}))
-    assert isinstance(grpo, GRPO) and grpo.clip == 0.2 and grpo.reduction == "token"
+    assert isinstance(grpo, GRPO) and grpo.clip == 0.2 and grpo.reduction == "token-mean"
     ppo_spec = {"name": "ppo", "critic": True, "gamma": 0.9, "lam": 0.5}
     ppo = make_algorithm(AlgorithmSpec.model_validate(ppo_spec))
     assert isinstance(ppo, PPO) and ppo.needs_values and ppo.gamma == 0.9 and ppo.lam == 0.5

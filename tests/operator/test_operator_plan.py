@@ -56,6 +56,13 @@ def test_new_job_creates_every_pod_and_announces_pending() -> None:
     }
 
 
+def test_the_status_shows_the_algorithm_with_its_preset_expanded() -> None:
+    job = JobWrapper().set("algorithm.preset", "gspo").set("rollout.maxTokens", 256)
+    shown = decide(observe(job)).status.algorithm
+    assert shown.startswith("grpo (preset gspo): policyLoss gspo, clip 0.0003/0.0004")
+    assert "lossAgg seq-mean-token-mean" in shown and "klCoef 0" in shown
+
+
 @pytest.mark.parametrize(
     ("phases", "expected_phase", "create"),
     [

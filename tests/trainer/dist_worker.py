@@ -1,8 +1,11 @@
-"""Worker processes for the multi-rank trainer tests (TP=2, PP=2, EP=2, DP=2 over gloo on CPU).
+"""Worker processes and shared checks of the multi-rank trainer tests (gloo on CPU).
 
-Started by tests/trainer/test_megatron_parallel.py with torch.multiprocessing (spawn); each rank
-builds a MegatronEngine, runs the same fixed script, and saves what it saw to ``out/rank{r}.pt``
-for the test process to compare with a single-rank engine.
+Started by tests/trainer/test_megatron_parallel.py (two ranks: TP=2, PP=2, EP=2, DP=2) and
+test_megatron_parallel_4ranks.py (four: TP2xPP2, TP2xEP2) with torch.multiprocessing (spawn); each
+rank builds a MegatronEngine per layout, runs the same fixed script, and saves what it saw to
+``out/tp{tp}pp{pp}ep{ep}-rank{r}.pt`` for the test process to compare with a single-rank engine
+(`assert_same_after_adam`, `assert_vllm_tp2_slice`). test_distributed_optimizer.py's ranks run
+`distopt_run` (in distopt_worker.py) after `join`.
 """
 
 from __future__ import annotations
@@ -99,8 +102,83 @@ def copy_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch
     return {name: tensor.clone() for name, tensor in tensors}  # exports may alias live parameters
 
 
-def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str, int, int, int]]) -> None:
-    """Build an engine for each (model_dir, tp, pp, ep) layout in turn; save what rank ``rank`` saw."""
+def scored_batch() -> dict[str, torch.Tensor]:
+    """Two rows of 11 tokens (odd: sequence parallelism pads them) with a `loss_mask` in the labels
+    layout scoring each sample's tokens after its first two, as the algorithms' packed batches do."""
+    from tandem.sidecars.trainer.micro_batches import position_ids
+
+    gen = torch.Generator().manual_seed(5)
+    seg = torch.tensor([[1] * 4 + [2] * 7, [1] * 8 + [0] * 3])
+    ids = torch.randint(1, 128, (2, 11), generator=gen) * (seg != 0)
+    labels = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+    next_same = torch.zeros_like(seg, dtype=torch.bool)  # token t + 1 belongs to t's sample
+    next_same[:, :-1] = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+    return {"input_ids": ids, "segment_ids": seg, "labels": labels,
+            "loss_mask": (next_same & (position_ids(seg) >= 1)).float()}
+
+
+def scored_nll(logprobs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Mean negative log-likelihood of the scored tokens (the engine leaves 0 elsewhere)."""
+    return -logprobs.sum() / batch["loss_mask"].sum(), {}
+
+
+def scored_script(model_dir: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
+    """A fresh engine's log-probs of every position and of the scored ones only, then its train step on
+    the scored ones (before any other step: Adam's noise would blur the comparison)."""
+    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+
+    engine = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep,
+                                    lr=1e-2, seed=0)
+    batch = scored_batch()
+    return {"all": engine.token_logprobs(batch), "scored": engine.token_logprobs(batch, scored_only=True),
+            "train": engine.train_step(batch, scored_nll, micro_batch_size=1)}
+
+
+def single_rank_script(model_dir: str | Path, scored: bool = False) -> dict[str, Any]:
+    """What one rank (TP=PP=EP=1) sees of the fixed script: logits, a train step, the export after it,
+    and with `scored` then `scored_script`."""
+    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+
+    engine = MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0)
+    batch = fixed_batch()
+    logits = engine.logits(batch)
+    train = engine.train_step(batch, nll_loss, micro_batch_size=1)
+    seen = {"logits": logits, "train": train, "export_after": copy_tensors(engine.export_hf())}
+    return seen | ({"scored": scored_script(model_dir)} if scored else {})
+
+
+def assert_same_after_adam(got: torch.Tensor, want: torch.Tensor, name: str, steps: int, noisy: float) -> None:
+    """Weights after `steps` Adam steps (lr 1e-2) equal up to summation-order noise.
+
+    Adam's step is about lr * sign(grad): noise in a near-zero gradient can move a rare element by
+    up to lr per step (measured: one of 12288 in an EP=2 expert by 5.04e-4, one of 32 in a bias by
+    1.1e-5). A wrong layout moves many elements by about lr. So: no element beyond what Adam can do,
+    at most one in a thousand beyond 5e-4, and at most a `noisy` share (two elements in a small
+    tensor) beyond 1e-5."""
+    d = (got - want).abs()
+    assert d.max().item() <= 2 * steps * 1e-2, (name, d.max().item())
+    assert int(d.gt(5e-4).sum()) <= max(1, d.numel() // 1000), (name, int(d.gt(5e-4).sum()))
+    assert int(d.gt(1e-5).sum()) <= max(2, int(noisy * d.numel())), (name, int(d.gt(1e-5).sum()))
+
+
+def assert_vllm_tp2_slice(part: dict[str, torch.Tensor], full: dict[str, torch.Tensor], r: int) -> None:
+    """Rollout rank r's slice of a tiny Qwen2 follows vLLM's layout: q/k/v and gate/up by rows, o/down by
+    columns, norms whole, the (128-row) embedding by rows."""
+    p = "model.layers.1."
+    assert sorted(part) == sorted(full)
+    for name in ("self_attn.q_proj.weight", "self_attn.k_proj.bias", "mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        rows = full[p + name].shape[0] // 2
+        assert torch.equal(part[p + name], full[p + name][r * rows : (r + 1) * rows]), name
+    for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        cols = full[p + name].shape[1] // 2
+        assert torch.equal(part[p + name], full[p + name][:, r * cols : (r + 1) * cols]), name
+    assert torch.equal(part[p + "input_layernorm.weight"], full[p + "input_layernorm.weight"])
+    # vocab 128 pads to 128 (multiple of 64): 64 rows per rank
+    assert torch.equal(part["model.embed_tokens.weight"], full["model.embed_tokens.weight"][r * 64 : (r + 1) * 64])
+
+
+def join(rank: int, world: int, port: int) -> None:
+    """Make this spawned process rank `rank` of `world` (env:// rendezvous, as the sidecar's launcher does)."""
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -109,6 +187,13 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
+
+
+def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str, int, int, int]],
+        scored: bool = False) -> None:
+    """Build an engine for each (model_dir, tp, pp, ep) layout in turn; save what rank ``rank`` saw
+    (with `scored`, also `scored_script`)."""
+    join(rank, world, port)
     from megatron.core import parallel_state
 
     from tandem.sidecars.trainer.megatron_engine import MegatronEngine
@@ -131,7 +216,9 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
         result["train"] = engine.train_step(batch, nll_loss, micro_batch_size=1)
         result["export_after"] = copy_tensors(engine.export_hf())
         result["train_rows"] = engine.last_step_rows
-        if tp == 2:  # a critic's value head lives on tensor-parallel rank 0 only
+        if scored:
+            result["scored"] = scored_script(model_dir, tp, pp, ep)
+        if (tp, pp, ep) == (2, 1, 1):  # a critic's value head lives on tensor-parallel rank 0 only
             result["critic"] = critic_script(model_dir, tp)
         if tp * pp * ep == 1:  # two ranks, one model copy each: data parallelism
             result["dp"] = dp_script(engine)

@@ -79,20 +79,6 @@ def test_export_equals_hf_and_only_rank0_exports(
         assert torch.equal(rank0["export"][name], tensor), name
 
 
-def assert_same_after_adam(got: torch.Tensor, want: torch.Tensor, name: str, steps: int, noisy: float) -> None:
-    """Weights after `steps` Adam steps (lr 1e-2) equal up to summation-order noise.
-
-    Adam's step is about lr * sign(grad): noise in a near-zero gradient can move a rare element by
-    up to lr per step (measured: one of 12288 in an EP=2 expert by 5.04e-4, one of 32 in a bias by
-    1.1e-5). A wrong layout moves many elements by about lr. So: no element beyond what Adam can do,
-    at most one in a thousand beyond 5e-4, and at most a `noisy` share (two elements in a small
-    tensor) beyond 1e-5."""
-    d = (got - want).abs()
-    assert d.max().item() <= 2 * steps * 1e-2, (name, d.max().item())
-    assert int(d.gt(5e-4).sum()) <= max(1, d.numel() // 1000), (name, int(d.gt(5e-4).sum()))
-    assert int(d.gt(1e-5).sum()) <= max(2, int(noisy * d.numel())), (name, int(d.gt(1e-5).sum()))
-
-
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_forward_and_train_step_match_single_rank(
     layout: Layout, ranks: Ranks, single: dict[str, dict[str, Any]]
@@ -105,33 +91,15 @@ def test_forward_and_train_step_match_single_rank(
     after = ranks[layout][0]["export_after"]
     assert sorted(after) == sorted(one["export_after"])
     for name, tensor in one["export_after"].items():
-        assert_same_after_adam(after[name], tensor, name, steps=1, noisy=0.01)
+        dist_worker.assert_same_after_adam(after[name], tensor, name, steps=1, noisy=0.01)
 
 
 def test_rollout_tp2_slices(ranks: Ranks, model_dirs: dict[str, Path]) -> None:
     """Slices follow vLLM's layout: q/k/v and gate/up by rows, o/down by columns, norms whole."""
     full = load_file(str(model_dirs["qwen2"] / "model.safetensors"))
     rank0, rank1 = ranks[LAYOUTS[0]]
-    p = "model.layers.1."
     for r in range(2):
-        part = rank0[f"slice{r}"]
-        assert sorted(part) == sorted(full)
-        for name in (
-            "self_attn.q_proj.weight",
-            "self_attn.k_proj.bias",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-        ):
-            rows = full[p + name].shape[0] // 2
-            assert torch.equal(part[p + name], full[p + name][r * rows : (r + 1) * rows]), name
-        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-            cols = full[p + name].shape[1] // 2
-            assert torch.equal(part[p + name], full[p + name][:, r * cols : (r + 1) * cols]), name
-        assert torch.equal(part[p + "input_layernorm.weight"], full[p + "input_layernorm.weight"])
-        # vocab 128 pads to 128 (multiple of 64): 64 rows per rank
-        assert torch.equal(
-            part["model.embed_tokens.weight"], full["model.embed_tokens.weight"][r * 64 : (r + 1) * 64]
-        )
+        dist_worker.assert_vllm_tp2_slice(rank0[f"slice{r}"], full, r)
     assert rank1["slice0"] == {} and rank1["slice1"] == {}
 
 
@@ -174,7 +142,7 @@ def test_data_parallel_ranks_split_the_batch_and_match_one_rank(
     after = rank0["export_dp"]
     assert rank1["export_dp"] == {}
     for name, tensor in one["export_dp"].items():  # four Adam steps later, the same weights
-        assert_same_after_adam(after[name], tensor, name, steps=4, noisy=0.02)
+        dist_worker.assert_same_after_adam(after[name], tensor, name, steps=4, noisy=0.02)
 
 
 def test_critic_at_tp2_matches_one_rank(ranks: Ranks, single: dict[str, dict[str, Any]]) -> None:

@@ -15,7 +15,8 @@ default env TANDEM_TOKEN):
     POST /terminate                          rollout only
     POST /sleep {level}, POST /wake_up      rollout only
     POST /gc                                 publisher only
-Typed errors map to status codes (errors.py): 404 unknown version, 409 wrong phase or busy,
+Typed errors map to status codes (errors.py): 400 bad request (`prompt_too_long`: a prompt with no room
+for a generated token in max_model_len), 404 unknown version, 409 wrong phase or busy,
 422 invalid/torn version, 503 engine not running or etcd unavailable, 405 unsupported.
 """
 

@@ -95,3 +95,10 @@ class BadRequest(CheckpointEngineError):
 
     status_code = 400
     code = "bad_request"
+
+
+class PromptTooLong(BadRequest):
+    """A prompt that leaves no room for one generated token in the engine's context length (max_model_len);
+    refused before vLLM sees it, so the engine keeps serving."""
+
+    code = "prompt_too_long"

@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 
 from tandem.spec import crd as crd_gen
-from tandem.spec import load
+from tandem.spec import load, model_dir
+from tandem.spec.models import RLHFJob
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tandem: hybrid-deployment RLHF on Kubernetes.")
 err = Console(stderr=True)
@@ -24,18 +25,28 @@ out = Console()
 CRD_TARGETS = (Path("manifests/crd/rlhfjobs.tandem.dev.yaml"), Path("helm/tandem/crds/rlhfjobs.tandem.dev.yaml"))
 
 
+def _model_dirs(job: RLHFJob, source: str, *, missing_ok: bool) -> RLHFJob:
+    """`job`, or SpecError naming each unusable model directory (`tandem.spec.model_dir`)."""
+    problems = model_dir.job_problems(job.spec, missing_ok=missing_ok)
+    if problems:
+        raise load.SpecError(source, problems)
+    return job
+
+
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="RLHFJob YAML files.")) -> None:
-    """Check RLHFJob files against the schema, defaults and cross-field rules; exit 1 on any error."""
+    """Check RLHFJob files against the schema, defaults and cross-field rules, and the model directories
+    that exist on this machine (config.json, tokenizer files); exit 1 on any error."""
     bad = 0
     for f in files:
         try:
-            job = load.load_job(f)
+            job = _model_dirs(load.load_job(f), str(f), missing_ok=True)  # a cluster's exist only in its pods
         except load.SpecError as e:
             bad += 1
             err.print(f"[red]✗[/red] {e}", highlight=False)
             continue
         out.print(f"[green]✓[/green] {f}: RLHFJob {job.metadata.name} is valid", highlight=False)
+        out.print(f"  algorithm: {job.spec.algorithm.summary(job.spec.rollout.max_tokens)}", highlight=False)
     raise typer.Exit(1 if bad else 0)
 
 
@@ -69,7 +80,7 @@ def run(
     from tandem.cli import local, volumes
 
     try:
-        job = volumes.localize(load.load_job(job_file), str(job_file))
+        job = _model_dirs(volumes.localize(load.load_job(job_file), str(job_file)), str(job_file), missing_ok=False)
     except load.SpecError as e:
         err.print(f"[red]✗[/red] {e}", highlight=False)
         raise typer.Exit(2) from None

@@ -35,7 +35,8 @@ RLHFJob's metadata.uid when the builders get owner_uid (durable copies live unde
 `<persist.path>/<ns>/<job>/<uid>/`, so a new job of the same name never resumes an old one's copies,
 and its etcd records live under `<job>/<uid>/`); TANDEM_SHARD_PORT checkpointEngine.shardPort (the
 rollout's shard server, port `shards`); TANDEM_ETCD_* the job's etcd TLS files and user
-(`tandem.operator.etcd_access`).
+(`tandem.operator.etcd_access`). The trainer also gets MLflow's credentials, MLFLOW_TRACKING_* by
+secretKeyRef (`tandem.operator.tracking_access`). Both have terminationMessagePolicy FallbackToLogsOnError.
 Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap, with the etcd
 tlsSecret's files projected beside it). Each
 spec.volumes entry `<name>` becomes pod volume `vol-<name>` (the prefix keeps user names apart from
@@ -63,7 +64,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator import etcd_access, gpu_sharing, kueue, pod_security, pod_template, sandbox_pod
+from tandem.operator import etcd_access, gpu_sharing, kueue, pod_security, pod_template, sandbox_pod, tracking_access
 from tandem.spec.models import API_VERSION, KIND, RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -92,6 +93,9 @@ SHARD_PORT_NAME = "shards"  # the rollout's shard server (checkpointEngine.shard
 TOKEN_KEY = "token"
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_ETCD_ENDPOINTS = "http://tandem-etcd.tandem-system.svc:2379"
+# A sidecar that refuses to start writes its one-line reason to /dev/termination-log; a crash without one
+# leaves the tail of its log there instead. Either shows in `kubectl get rlhfjobs` (tandem.operator.observe).
+TERMINATION_POLICY = "FallbackToLogsOnError"
 
 
 def service_name(job_name: str) -> str:
@@ -317,13 +321,14 @@ def trainer_container(
         "command": list(TRAINER_COMMAND),
         "env": _env(
             job, role="trainer", index=index, generation=generation, ce_port=port, etcd=etcd, owner_uid=owner_uid
-        ),
+        ) + tracking_access.trainer_env(job),  # MLflow's credentials by secretKeyRef
         "ports": [
             {"name": "ce-trainer", "containerPort": port, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod),
         "volumeMounts": _mounts(job),
+        "terminationMessagePolicy": TERMINATION_POLICY,
     }
 
 
@@ -347,6 +352,7 @@ def rollout_container(
                   {"name": SHARD_PORT_NAME, "containerPort": job.spec.checkpoint_engine.shard_port, "protocol": "TCP"}],
         "resources": _resources(res.cpu, res.memory, job.spec.gpus_per_pod if owns_gpus else 0),
         "volumeMounts": _mounts(job),
+        "terminationMessagePolicy": TERMINATION_POLICY,
         "startupProbe": _health_probe(port, period=STARTUP_PERIOD_S, failures=STARTUP_FAILURES),
         "readinessProbe": _health_probe(port, period=10, failures=3),
     }

@@ -2,6 +2,9 @@
 
 Callers: the pod index in `tandem.operator.handlers` (one summary per pod, keyed by job),
 `tandem.operator.kube.list_job_pods` (fresh listing) and the pure policies that read them.
+A container's termination message (the one line a sidecar that refused to start wrote, or the tail of
+its log: terminationMessagePolicy FallbackToLogsOnError) gives its last line to a failed pod's reason
+and to a crash loop's message, so the job's status says why rather than "Error" or the back-off.
 """
 
 from __future__ import annotations
@@ -52,6 +55,19 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
+def last_line(message: Any) -> str:
+    """The last non-empty line of a termination message: the one-line reason a sidecar that refused to
+    start wrote to /dev/termination-log, or (FallbackToLogsOnError) the last line of its log."""
+    lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _exited(term: Mapping[str, Any]) -> str:
+    """`exited <code>: <reason>: <last line of the termination message>`."""
+    parts = [f"exited {term.get('exitCode')}", str(term.get("reason") or ""), last_line(term.get("message"))]
+    return ": ".join(p for p in parts if p)
+
+
 def _reason(status: Mapping[str, Any]) -> str:
     """The most telling reason a pod gives: its own, else the first terminated container's."""
     if status.get("reason"):
@@ -60,7 +76,7 @@ def _reason(status: Mapping[str, Any]) -> str:
         for cs in status.get(key) or ():
             term = (cs.get("state") or {}).get("terminated")
             if term and term.get("exitCode"):
-                return f"{cs.get('name')} exited {term.get('exitCode')}: {term.get('reason', '')}".strip(": ")
+                return f"{cs.get('name')} {_exited(term)}"
     return ""
 
 
@@ -73,8 +89,11 @@ def _issues(status: Mapping[str, Any]) -> tuple[ContainerIssue, ...]:
             restarts = _int(cs.get("restartCount"), 0)
             if reason in STUCK_WAITING or restarts > 0:
                 stuck = reason in STUCK_WAITING
-                out.append(ContainerIssue(str(cs.get("name", "")), reason if stuck else "",
-                                          str(waiting.get("message") or "") if stuck else "", restarts))
+                message = str(waiting.get("message") or "") if stuck else ""
+                last = (cs.get("lastState") or {}).get("terminated")
+                if reason == "CrashLoopBackOff" and last:  # why it crashed first, then the kubelet's back-off
+                    message = "; ".join(m for m in (_exited(last), message) if m)
+                out.append(ContainerIssue(str(cs.get("name", "")), reason if stuck else "", message, restarts))
     return tuple(out)
 
 

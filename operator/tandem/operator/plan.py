@@ -140,6 +140,7 @@ def decide(obs: Observation) -> Plan:
         return _finish(obs, plan, before)
 
     spec = obs.job.spec
+    new.algorithm = spec.algorithm.summary(spec.rollout.max_tokens)  # the preset expanded, for all to see
     status.apply_progress(new, obs.progress)
     new.progress = eta.progress_block(new.progress, obs.progress, status.gang_generation(new))
 

@@ -1,7 +1,9 @@
 """Common start of both sidecar entry points: logging, SIGTERM handling, the pod env and the job.
 
 Role: read the `TANDEM_*` variables into the typed contract (`tandem.spec.podenv.PodEnv`) and the
-job file they name, and the etcd credentials they carry (`etcd_security`). Callers:
+job file they name, and the etcd credentials they carry (`etcd_security`). A sidecar that cannot
+start (`refuse`) logs one line and leaves it as the container's termination message, which the
+operator shows in the job's status (`tandem.operator.observe`). Callers:
 `python -m tandem.sidecars.trainer` and `python -m tandem.sidecars.rollout`.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 
 from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.spec.models import RLHFJob
@@ -24,15 +27,33 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+# Where the kubelet reads a container's termination message (the default terminationMessagePath); it
+# exists only in a pod, so `tandem run` and tests leave it alone.
+TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_BYTES = 4096  # the kubelet keeps at most this much of it
+
+
+def refuse(log: logging.Logger, message: str, code: int = 2, termination_log: Path = TERMINATION_LOG) -> int:
+    """In a pod, write why the sidecar cannot start as its termination message; log it (the last line, which
+    FallbackToLogsOnError falls back to); returns `code`."""
+    if termination_log.exists():
+        try:
+            termination_log.write_bytes(message.encode()[:TERMINATION_BYTES])
+        except OSError as e:
+            log.warning("could not write the termination message to %s: %s", termination_log, e)
+    log.error("%s", message)
+    return code
+
+
 def start_sidecar(log: logging.Logger) -> tuple[PodEnv, RLHFJob] | None:
-    """Logging, SIGTERM handling, env and job; None (after logging why) when the env or job file is bad."""
+    """Logging, SIGTERM handling, env and job; None (after `refuse` said why) when the env or job file is bad."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     exit_on_sigterm()
     try:
         env = PodEnv.from_environ()
         return env, env.load_job()
     except (PodEnvError, ValueError) as e:
-        log.error("%s", e)
+        refuse(log, str(e))
         return None
 
 

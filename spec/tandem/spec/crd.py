@@ -42,10 +42,14 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, list[d
         base = _convert(variants[0], defs, rules)
         base.update({k: v for k, v in node.items() if k in _KEEP and k != "type"})
         base["nullable"] = True
+        if node.get("x-tandem-preset"):
+            base.pop("default", None)
         if base.get("default", 0) is None:
             del base["default"]
         return base
     out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP or k.startswith("x-kubernetes-")}
+    if node.get("x-tandem-preset"):  # algorithm.preset fills it when absent: no API-server default
+        out.pop("default", None)
     if "const" in node:
         out["enum"] = [node["const"]]
         out.setdefault("type", "string")
@@ -125,6 +129,8 @@ def build_crd() -> dict[str, Any]:
          "description": "Estimated time until the last iteration"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
         {"name": "Version", "type": "integer", "jsonPath": ".status.weightVersion", "priority": 1},
+        {"name": "Algorithm", "type": "string", "jsonPath": ".status.algorithm", "priority": 1,
+         "description": "The algorithm as it runs, its preset expanded"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return {

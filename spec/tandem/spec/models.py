@@ -9,12 +9,15 @@ Callers: everything that reads a job; `tandem.spec.crd` turns these models into 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
 from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE, QUANTITY, Base, Rule
+from tandem.spec.parallel import PARALLEL_RULES
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 
 GROUP = "tandem.dev"
@@ -71,38 +74,6 @@ class ModelRef(Base):
         return self
 
 
-class Algorithm(Base):
-    name: Literal["grpo", "ppo", "dpo"] = "grpo"
-    group_size: Annotated[int, Field(ge=2, le=1024, description="Completions sampled per prompt.")] = 8
-    kl_coef: Annotated[float, Field(ge=0, le=10)] = 0.001
-    clip: Annotated[float, Field(gt=0, lt=1, description="PPO/GRPO ratio clip epsilon.")] = 0.2
-    lr: Annotated[float, Field(gt=0, le=1)] = 1.0e-6
-    iterations: Annotated[int, Field(ge=1, le=1_000_000)] = 100
-    epochs: Annotated[int, Field(ge=1, le=16, description="Optimizer passes over each iteration's samples.")] = 1
-    gamma: Annotated[float, Field(ge=0, le=1, description="PPO discount.")] = 1.0
-    lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
-    critic: bool = Field(default=False, description="PPO with a learned critic (otherwise group baseline).")
-    beta: Annotated[float, Field(gt=0, le=100, description="DPO temperature.")] = 0.1
-    tis_cap: Annotated[float | None, Field(ge=1, le=1000, description="Truncated importance sampling: weigh "
-                                           "each token's policy loss by min(p_trainer / p_rollout, tisCap), "
-                                           "correcting for the rollout engine's numeric mismatch "
-                                           "(GRPO, PPO); with stale samples (rollout.partial, maxStaleness) "
-                                           "p_rollout is the policy version that sampled each token.")] = None
-    tis_mode: Literal["truncate", "mask"] = Field(
-        default="truncate", description="What tisCap does to a token whose weight p_trainer / p_rollout exceeds "
-        "it: truncate weighs it by tisCap; mask drops it from the loss (weight 0).")
-    max_staleness: Annotated[int, Field(ge=0, le=64, description="Asynchronous RL: rollout-only pods generate "
-                                        "continuously while the trainer trains, and the trainer never consumes a "
-                                        "sample more than maxStaleness weight versions old. 0 is the synchronous "
-                                        "loop.")] = 0
-    rules = (
-        Rule("self.name == 'ppo' || !self.critic", "critic applies only to ppo", ".critic",
-             lambda a: a.name == "ppo" or not a.critic),
-        Rule("!has(self.tisCap) || self.name != 'dpo'", "tisCap applies to grpo and ppo", ".tisCap",
-             lambda a: a.tis_cap is None or a.name != "dpo"),
-    )
-
-
 class Resources(Base):
     cpu: Annotated[str, Field(pattern=QUANTITY)] = "8"
     memory: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
@@ -112,7 +83,10 @@ class Trainer(Base):
     image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/trainer:0.1.0"
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    expert_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    expert_parallel: Annotated[int, Field(ge=1, le=64, description=(
+        "Expert parallelism of a mixture-of-experts model (model.family mixtral): each group of expertParallel "
+        "data-parallel ranks splits the experts among them; it must divide the data-parallel size and the "
+        "number of experts."))] = 1
     global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536)] = 8
     micro_batch_tokens: Annotated[int | None, Field(ge=1, le=1 << 24, description=(
@@ -120,6 +94,10 @@ class Trainer(Base):
         "microBatchSize when rows are long, never fewer than one. Activations, the largest part of a "
         "train step's memory, grow with it; unset: microBatchSize rows whatever their length."))] = None
     offload: bool = True
+    distributed_optimizer: bool = Field(default=True, description=(
+        "Megatron's distributed optimizer: Adam's moments and the fp32 master weights are sharded over the "
+        "data-parallel ranks (each holds 1/dp of them) and gradients are reduce-scattered; the same updates as "
+        "the unsharded optimizer. false keeps a full copy on every data-parallel rank."))
     process_group_timeout_minutes: Annotated[int, Field(ge=1, le=10_080, description=(
         "Timeout of the trainer's collectives (NCCL on GPUs); ranks wait for rollouts and evaluations on a host "
         "group of their own, so only real collectives (gradients, exports) count against it."))] = 120
@@ -170,6 +148,10 @@ class Rollout(Base):
                            "auto is 2 because every wake-up is followed by loading the next version.")] = "auto"
     cuda_graphs: bool = Field(default=True, description="Capture CUDA graphs in vLLM (faster decoding, slower "
                               "start); false runs eagerly. CPU runs are always eager.")
+    max_model_len: Annotated[int | None, Field(ge=2, le=1_048_576, description="vLLM's context length (prompt + "
+                             "completion tokens); every dataset prompt must leave room for a generated token (the "
+                             "trainer refuses a longer row at start). Default: maxTokens + 1024, at most the "
+                             "model's max_position_embeddings.")] = None
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("!has(self.partial) || self.partial.tokenBudget < self.maxTokens",
@@ -353,10 +335,19 @@ def _export_on_volume(s: JobSpec) -> bool:
 class MLflow(Base):
     tracking_uri: Annotated[str, Field(pattern=r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$", max_length=2048,
                                        description="MLflow tracking server (http(s)://host[:port]) or a file "
-                                       "store (file:///absolute/path).")]
+                                       "store (file:///absolute/path); no user:password@ (credentialsSecret).")]
     experiment: Annotated[str, Field(min_length=1, max_length=256)] = "tandem"
     run_name: Annotated[str | None, Field(min_length=1, max_length=256,
                                           description="Default: the job's name.")] = None
+    credentials_secret: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret in "
+                                  "the job's namespace with the server's credentials, each key optional: username "
+                                  "and password (basic auth) or token (bearer); the trainer gets them as "
+                                  "MLFLOW_TRACKING_USERNAME, _PASSWORD and _TOKEN (secretKeyRef).")] = None
+    rules = (  # on the object, so that neither the API server's message nor ours ever shows the URI
+        Rule("!self.trackingUri.matches('^[a-z]+://[^/?#]*@')", "must not carry credentials (user:password@host): "
+             "it is stored in the job and logged; name a Secret in tracking.mlflow.credentialsSecret instead",
+             ".trackingUri", lambda m: re.match(r"^[a-z]+://[^/?#]*@", m.tracking_uri) is None),
+    )
 
 
 class Tracking(Base):
@@ -465,6 +456,7 @@ class JobSpec(Base):
              lambda s: s.algorithm.name == "dpo" or (s.rollout.partial is None and s.algorithm.max_staleness == 0)
              or s.algorithm.tis_cap is not None),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
+        *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
     )
 
     def trainer_ranks_per_pod(self) -> int:
@@ -532,6 +524,8 @@ class JobStatus(Base):
     reason: str = Field(default="", description="Why the job is in its phase, one CamelCase word (the REASON "
                         "column): PodsRunning, PodCreateRefused, ImagePullBackOff, CrashLoopBackOff, "
                         "Unschedulable, ...")
+    algorithm: str = Field(default="", description="The algorithm as it runs, its preset expanded (e.g. "
+                           "'grpo (preset dapo): policyLoss clip, clip 0.2/0.28, ...').")
     observed_generation: int = 0
     conditions: list[Condition] = Field(default_factory=list)
 

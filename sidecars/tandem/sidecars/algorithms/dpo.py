@@ -46,7 +46,8 @@ class DPO:
     share_prompts: bool = False  # a pair's prompt packed once per row (packing.py)
 
     @classmethod
-    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> DPO:
+    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False,
+                  max_tokens: int | None = None) -> DPO:
         return cls(beta=spec.beta, pad_id=pad_id, share_prompts=share_prompts)
 
     @property

@@ -1,7 +1,8 @@
 """The RL maths as pure torch functions: advantages, clipped losses, KL, GAE, DPO.
 
-Role: every formula the algorithms use, written once, free of any engine, and checked against
-hand-computed cases in tests/algorithms. Callers: `grpo`, `ppo`, `dpo` in this package.
+Role: the losses and their aggregation, written once, free of any engine, and checked against
+hand-computed cases in tests/algorithms (advantage and KL estimators: `estimators`). Callers:
+`grpo`, `ppo`, `dpo`, `estimators` in this package.
 
 Shapes: per-token tensors are `[R, L]` aligned as in `packing` (log-prob at t is of token t+1);
 `mask` is 1.0 on the tokens that count. Losses are reduced with `weights` from `loss_weights`
@@ -16,7 +17,9 @@ from typing import Literal
 
 import torch
 
-Reduction = Literal["token", "sequence"]
+Reduction = Literal["token", "sequence"]  # the names of token-mean and seq-mean-token-mean before lossAgg
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+PolicyLoss = Literal["clip", "gspo", "cispo"]
 
 
 def group_advantages(
@@ -51,15 +54,24 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
-def loss_weights(mask: torch.Tensor, seq_index: torch.Tensor, reduction: Reduction) -> torch.Tensor:
-    """Per-token weights summing to 1 over the batch.
+def loss_weights(mask: torch.Tensor, seq_index: torch.Tensor, reduction: Reduction | LossAgg,
+                 norm: float | None = None) -> torch.Tensor:
+    """Per-token weights of the batch's loss (`algorithm.lossAgg`); the loss is sum(weight x per-token loss).
 
-    "token": every loss token weighs the same (1 / tokens in the batch) — long answers count more.
-    "sequence": each sequence's tokens are averaged first, then sequences equally
-    (1 / (its tokens x sequences)).
+    "token-mean" ("token"): every loss token weighs the same, 1 / tokens in the batch (DAPO); long
+    answers count more. "seq-mean-token-mean" ("sequence"): each sequence's tokens are averaged first,
+    then sequences equally, 1 / (its tokens x sequences) (the original GRPO). "seq-mean-token-sum":
+    tokens summed per sequence, sequences averaged, 1 / sequences. "seq-mean-token-sum-norm": the same
+    divided by the constant `norm` (Dr. GRPO: the generation limit), 1 / (sequences x norm), so no
+    length enters the normaliser. The first two sum to 1 over the batch.
     """
-    if reduction == "token":
+    if reduction in ("token", "token-mean"):
         return mask / mask.sum().clamp(min=1.0)
+    if reduction in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        ids = torch.where(mask > 0, seq_index, -1)
+        n_seqs = int(torch.unique(ids[ids >= 0]).numel())
+        divisor = max(n_seqs, 1) * (float(norm) if reduction == "seq-mean-token-sum-norm" and norm else 1.0)
+        return mask / divisor
     ids = torch.where(mask > 0, seq_index, -1)
     n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
     sel = ids[ids >= 0]
@@ -83,6 +95,49 @@ def clipped_policy_loss(
     clipped_term = torch.clamp(ratio, 1.0 - clip, 1.0 + high) * advantages
     loss = -torch.minimum(unclipped, clipped_term)
     was_clipped = (clipped_term < unclipped).to(torch.float32)
+    return loss, ratio, was_clipped
+
+
+def policy_loss(
+    mode: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    seq_index: torch.Tensor, clip_low: float, clip_high: float, clip_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token policy loss of `algorithm.policyLoss`; returns (loss, ratio, clipped).
+
+    clip: PPO's `-min(r A, clip(r, 1 - low, 1 + high) A)` with r = pi / pi_old per token; with
+    `clip_c` (dual-clip) a negative-advantage token's loss is at most `-clip_c A`.
+    gspo: the sequence's ratio s = exp(mean over its tokens of log(pi / pi_old)), applied to every token
+    as s x pi / sg(pi) (the value s, the gradient of each token's log-prob scaled by s) and clipped
+    like PPO's; clipped is then whole sequences.
+    cispo: the clipped importance weight as a stop-gradient coefficient, `-sg(clip(r, 1 - low, 1 + high)) A log pi`:
+    every token keeps a gradient, clipping bounds its size.
+    """
+    log_ratio = logprobs - old_logprobs
+    if mode == "gspo":
+        ids = torch.where(mask > 0, seq_index, -1)
+        n = int(ids.max().item()) + 1 if ids.numel() else 0
+        sel = ids >= 0
+        sums = torch.zeros(max(n, 1), device=logprobs.device).index_add(0, ids[sel], log_ratio.detach()[sel])
+        counts = torch.zeros(max(n, 1), device=logprobs.device).index_add(
+            0, ids[sel], torch.ones_like(log_ratio)[sel])
+        seq_log_ratio = torch.where(sel, (sums / counts.clamp(min=1.0))[ids.clamp(min=0)], 0.0)
+        ratio = torch.exp(seq_log_ratio + logprobs - logprobs.detach())
+    else:
+        ratio = torch.exp(log_ratio)
+    bounded = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    if mode == "cispo":
+        loss = -bounded.detach() * advantages * logprobs
+        return loss, ratio, (bounded != ratio).to(torch.float32)
+    if mode not in ("clip", "gspo"):
+        raise ValueError(f"unknown policy loss {mode!r} (clip, gspo, cispo)")
+    unclipped, clipped_term = ratio * advantages, bounded * advantages
+    loss = -torch.minimum(unclipped, clipped_term)
+    was_clipped = (clipped_term < unclipped).to(torch.float32)
+    if clip_c is not None:
+        cap = -clip_c * advantages
+        dual = (advantages < 0) & (loss > cap)
+        loss = torch.where(dual, cap, loss)
+        was_clipped = torch.where(dual, 1.0, was_clipped)
     return loss, ratio, was_clipped
 
 

@@ -1,9 +1,11 @@
 """PPO: per-token rewards with a KL penalty, GAE, clipped policy loss, optional clipped critic loss.
 
 Role: `PPO.prepare` builds per-token rewards (the sample's score on its last completion token,
-minus `kl_coef` x (old - ref) on every token when a reference is used), runs GAE (gamma, lambda)
+minus `kl_coef` x the KL estimate of (old, ref) on every token when a reference is used: k1 = old - ref
+by default, `algorithm.klEstimator`), runs GAE (gamma, lambda)
 per sample over the completion tokens, whitens the advantages over the batch, and packs them;
-`PPO.loss` is the clipped surrogate; `PPO.critic_loss` the clipped value loss for the critic
+`PPO.loss` is the policy loss (`algorithm.policyLoss`: PPO's clip, with clipHigh and dual-clip
+clipC, or GSPO's or CISPO's), aggregated by `algorithm.lossAgg`; `PPO.critic_loss` the clipped value loss for the critic
 model. Without a critic (`critic: false`) the value of every step is the mean score of the
 sample's group (a group baseline). Callers: the driver via `make_algorithm`, the trainer engine.
 """
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tandem.sidecars.algorithms import estimators as est
 from tandem.sidecars.algorithms import functional as F
 from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample, pack_samples, per_token
 from tandem.sidecars.algorithms.packing import PackedBatch
@@ -33,17 +36,25 @@ class PPO:
     critic: bool = False
     value_clip: float = 0.2
     whiten: bool = True
-    reduction: F.Reduction = "token"
+    reduction: F.Reduction | F.LossAgg = "token"
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
     tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
     share_prompts: bool = False  # a group's prompt packed once per row (packing.py)
+    clip_high: float | None = None  # asymmetric upper clip; None: = clip
+    clip_c: float | None = None  # dual-clip bound on negative-advantage tokens
+    policy_loss: F.PolicyLoss = "clip"
+    kl_estimator: est.KLEstimator = "k1"  # of the per-token KL penalty in the rewards
+    agg_norm: float | None = None  # seq-mean-token-sum-norm's divisor
 
     @classmethod
-    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> PPO:
-        return cls(clip=spec.clip, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
+    def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False,
+                  max_tokens: int | None = None) -> PPO:
+        return cls(clip=spec.clip_low_value, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
                    critic=spec.critic, pad_id=pad_id, tis_cap=spec.tis_cap,
-                   tis_mode=spec.tis_mode, share_prompts=share_prompts)
+                   tis_mode=spec.tis_mode, share_prompts=share_prompts, clip_high=spec.clip_high_value,
+                   clip_c=spec.clip_c, policy_loss=spec.policy_loss, kl_estimator=spec.kl_estimator or "k1",
+                   reduction=spec.loss_agg, agg_norm=spec.loss_agg_norm or max_tokens)
 
     @property
     def name(self) -> str:
@@ -72,7 +83,7 @@ class PPO:
             n = len(s.completion_ids)
             r = [0.0] * n
             if self.kl_coef > 0 and old is not None and ref is not None:
-                r = [-self.kl_coef * (o - f) for o, f in zip(old[i], ref[i], strict=True)]
+                r = (-self.kl_coef * est.kl(self.kl_estimator, torch.tensor(old[i]), torch.tensor(ref[i]))).tolist()
             if n:
                 r[-1] += s.reward
             out.append(r)
@@ -109,7 +120,7 @@ class PPO:
             values_of = per_token(samples, name)
             if values_of is not None:
                 batch.token_fields[name] = batch.scatter(values_of)
-        batch.weights = F.loss_weights(batch.loss_mask, batch.seq_index, self.reduction)
+        batch.weights = F.loss_weights(batch.loss_mask, batch.seq_index, self.reduction, norm=self.agg_norm)
         scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         batch.stats.update({
             "reward_mean": float(scores.mean()) if scores.numel() else 0.0,
@@ -127,7 +138,9 @@ class PPO:
         old = batch.token_fields.get("old_logprobs")
         old = logprobs.detach() if old is None else old
         logprobs, old = F.masked_inputs(mask, logprobs, old)
-        pg, ratio, clipped = F.clipped_policy_loss(logprobs, old, batch.token_fields["advantages"], self.clip)
+        high = self.clip if self.clip_high is None else self.clip_high
+        pg, ratio, clipped = F.policy_loss(self.policy_loss, logprobs, old, batch.token_fields["advantages"], mask,
+                                           batch.seq_index, self.clip, high, self.clip_c)
         mismatch: Metrics = {}
         behaviour = batch.token_fields.get("rollout_logprobs")
         if behaviour is not None:

@@ -19,12 +19,15 @@ if TYPE_CHECKING:
 CLASSES: dict[str, type[GRPO] | type[PPO] | type[DPO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO}
 
 
-def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False) -> Algorithm:
-    """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec.
+def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False,
+                   max_tokens: int | None = None) -> Algorithm:
+    """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec (its preset
+    already expanded by the spec's loader); `max_tokens` is rollout.maxTokens (overlong shaping,
+    truncation, seq-mean-token-sum-norm's divisor).
 
-    Knobs the spec does not carry (reduction, advantage scaling, whitening) keep their documented
-    defaults; build the class directly to change them.
+    Knobs the spec does not carry (PPO's whitening) keep their documented defaults; build the class
+    directly to change them.
     """
     if spec.name not in CLASSES:
         raise AlgorithmError(f"algorithm.name: unknown algorithm {spec.name!r}")
-    return CLASSES[spec.name].from_spec(spec, pad_id=pad_id, share_prompts=share_prompts)
+    return CLASSES[spec.name].from_spec(spec, pad_id=pad_id, share_prompts=share_prompts, max_tokens=max_tokens)

@@ -1,5 +1,7 @@
 """`python -m tandem.sidecars.rollout`: the rollout container's entry point.
 
+Refuses to start, with one line naming the file and `spec.model.path` (also the termination message),
+when the model directory has no readable config.json or no tokenizer files (`tandem.spec.model_dir`).
 Starts vLLM with dummy weights through the checkpoint engine (`PodRolloutEngine`: versions not
 in this pod's shm are pulled from other pods first), starts this pod's broadcast node (serves the
 versions it holds), loads the newest published version if there is one (a late joiner or a
@@ -11,11 +13,9 @@ serves the control + generation API on TANDEM_CE_PORT. Caller: the pod built by
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.endpoints import split_endpoints
@@ -26,26 +26,22 @@ from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
-from tandem.sidecars.startup import etcd_security, start_sidecar
-from tandem.spec import devices
+from tandem.sidecars.startup import etcd_security, refuse, start_sidecar
+from tandem.spec import devices, model_dir
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
 
 log = logging.getLogger("tandem.rollout")
 
 
-def max_model_len(model_dir: str, max_tokens: int) -> int:
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    limit = int(cfg.get("max_position_embeddings", 4096))
-    return min(limit, max_tokens + 1024)
-
-
 def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
     """vLLM's settings from the job: dtype (= the trainer's), memory share, CUDA graphs, sleep mode
-    (`tandem.spec.devices`), context length and, on CPU, the cores it reserves."""
+    (`tandem.spec.devices`), context length (`model_dir.context_length`, which the trainer checks every
+    prompt against) and, on CPU, the cores it reserves."""
     vllm = devices.vllm_settings(spec)
+    config = model_dir.read_config(spec.model.path, "spec.model.path")
     return EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
-                        max_model_len=max_model_len(spec.model.path, spec.rollout.max_tokens), dtype=vllm.dtype,
+                        max_model_len=model_dir.context_length(spec.rollout, config), dtype=vllm.dtype,
                         gpu_memory_utilization=vllm.gpu_memory_utilization, enforce_eager=vllm.enforce_eager,
                         enable_sleep_mode=vllm.enable_sleep_mode,
                         cpu_reserved_cores=cores.reserved_cores(spec, rollout_only=env.rollout_only,
@@ -57,13 +53,16 @@ def main() -> int:
     if started is None:
         return 2
     env, job = started
+    try:
+        model_dir.check(job.spec.model.path, "spec.model.path", tokenizer=True)
+    except model_dir.ModelDirError as e:
+        return refuse(log, str(e))
     try:  # gpusPerPod > 0: CUDA or a clear refusal, never vLLM on the CPU
         if env.gpu_ids_file is not None and not env.rollout_only:  # exactly the trainer's GPUs (devicePlugin)
             gpu_share.adopt(gpu_share.wait_for(env.gpu_ids_file, port=env.port))
         gpu.select(job.spec.gpus_per_pod, "rollout")
     except gpu.NoUsableGpu as e:
-        log.error("%s", e)
-        return 3
+        return refuse(log, str(e), 3)
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec

@@ -1,9 +1,10 @@
 """`python -m tandem.sidecars.trainer`: the trainer container's entry point.
 
 Reads the pod environment (`PodEnv`), refuses to start when the spec asks for GPUs and CUDA is not
-usable (`gpu.select`; gpusPerPod 0 runs on the CPU), applies the CPU compatibility layer on CPU,
-starts one process per local trainer rank (gloo on CPU, NCCL on GPUs) with global ranks derived
-from the pod index, and runs the driver loop (`driver.run`). SIGTERM stops it cleanly.
+usable (`gpu.select`; gpusPerPod 0 runs on the CPU) or when a model directory or a dataset row cannot
+be used (`preflight`: one line naming the file and the field, also the termination message), applies
+the CPU compatibility layer on CPU, starts one process per local trainer rank (gloo on CPU, NCCL on
+GPUs) with global ranks derived from the pod index, and runs the driver loop (`driver.run`). SIGTERM stops it cleanly.
 Caller: the pod built by `tandem.operator.builders` (in a cluster) or `tandem run` (locally).
 """
 
@@ -13,8 +14,10 @@ import logging
 import sys
 
 from tandem.sidecars import gpu, gpu_share
-from tandem.sidecars.startup import start_sidecar
+from tandem.sidecars.startup import refuse, start_sidecar
+from tandem.sidecars.trainer import preflight
 from tandem.sidecars.trainer.driver import run_rank
+from tandem.spec import model_dir
 
 log = logging.getLogger("tandem.trainer")
 
@@ -29,8 +32,11 @@ def main() -> int:
         if env.gpu_ids_file is not None:  # the rollout of this pod waits for them (gpuAllocation devicePlugin)
             gpu_share.publish(env.gpu_ids_file, gpu_share.trainer_ids())
     except gpu.NoUsableGpu as e:
-        log.error("%s", e)
-        return 3
+        return refuse(log, str(e), 3)
+    try:
+        preflight.check(job.spec)
+    except (preflight.PreflightError, model_dir.ModelDirError) as e:
+        return refuse(log, str(e))
     ranks = job.spec.trainer_ranks_per_pod()
     if ranks == 1:
         run_rank(0, env, 1)

@@ -46,7 +46,7 @@ from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.sidecars.trainer.tracking import Tracker
 from tandem.spec import devices
-from tandem.spec.models import RLHFJob
+from tandem.spec.models import JobSpec, RLHFJob
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import EvalSummary, Phase, Progress
 
@@ -89,22 +89,15 @@ class TrainerContext:
         from transformers import AutoTokenizer
 
         spec = job.spec
-        dtype = getattr(torch, devices.trainer_dtype(spec))  # trainer.dtype: the rollout's vLLM runs it too
-        engine = MegatronEngine.from_hf(
-            spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
-            pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=0, dtype=dtype,
-            micro_batch_size=spec.trainer.micro_batch_size, micro_batch_tokens=spec.trainer.micro_batch_tokens)
+        engine = build_engine(spec)
         tok = AutoTokenizer.from_pretrained(spec.model.path)
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
-        algorithm = make_algorithm(spec.algorithm, pad_id=pad, share_prompts=spec.trainer.share_prompts)
+        algorithm = make_algorithm(spec.algorithm, pad_id=pad, share_prompts=spec.trainer.share_prompts,
+                                   max_tokens=spec.rollout.max_tokens)
         critic = None
         if algorithm.needs_values:  # PPO's learned critic: the policy's transformer with a zeroed value head
-            critic = MegatronEngine.from_hf(
-                spec.model.path, tensor_parallel=spec.trainer.tensor_parallel,
-                pipeline_parallel=spec.trainer.pipeline_parallel, lr=spec.algorithm.lr, seed=1, dtype=dtype,
-                micro_batch_size=spec.trainer.micro_batch_size, micro_batch_tokens=spec.trainer.micro_batch_tokens,
-                value_head=True)
+            critic = build_engine(spec, seed=1, value_head=True)
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
@@ -412,6 +405,18 @@ class TrainerContext:
                 f.write(json.dumps(row) + "\n")
         log.info("iteration %d: reward %.3f kl %s sync %.2fs", iteration, info.get("reward_mean", 0.0),
                  info.get("kl"), info.get("sync_seconds", 0.0))
+
+
+def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> MegatronEngine:
+    """The policy's Megatron engine (or PPO's critic, with `value_head`) in the spec's parallel layout:
+    trainer.tensorParallel, pipelineParallel, expertParallel, distributedOptimizer, in trainer.dtype (which
+    the rollout's vLLM runs too)."""
+    t = spec.trainer
+    return MegatronEngine.from_hf(
+        spec.model.path, tensor_parallel=t.tensor_parallel, pipeline_parallel=t.pipeline_parallel,
+        expert_parallel=t.expert_parallel, distributed_optimizer=t.distributed_optimizer, lr=spec.algorithm.lr,
+        seed=seed, dtype=getattr(torch, devices.trainer_dtype(spec)), micro_batch_size=t.micro_batch_size,
+        micro_batch_tokens=t.micro_batch_tokens, value_head=value_head)
 
 
 def moves_state(offload: bool, device: torch.device) -> bool:

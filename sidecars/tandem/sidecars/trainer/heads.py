@@ -48,16 +48,24 @@ def scored_positions(mb: Any) -> torch.Tensor | None:
 
 
 @contextmanager
-def only_scored(decoder: torch.nn.Module, index: torch.Tensor | None) -> Iterator[None]:
+def only_scored(decoder: torch.nn.Module, index: torch.Tensor | None, sequence_parallel: bool = False
+                ) -> Iterator[None]:
     """While active, the decoder's output `[len, rows, hidden]` is cut to the scored positions
     `[n, 1, hidden]`, so the output layer and the softmax run on the tokens the loss reads only
     (in RL, the completions: most of a packed row is prompt or padding). Gradients flow through
-    the selection. Used by `MegatronEngine.train_step` on the last pipeline stage."""
+    the selection. Used by `MegatronEngine.train_step` on the last pipeline stage. Under
+    `sequence_parallel` each TP rank holds `[len/tp, rows, hidden]`: the parts are gathered first, and
+    the backward keeps this rank's part of a gradient every TP rank holds whole (the chunked head's
+    `copy_to_tensor_model_parallel_region` sums the ranks' partial gradients before it)."""
     if index is None:
         yield
         return
 
     def cut(_module: torch.nn.Module, _args: Any, hidden: torch.Tensor) -> torch.Tensor:
+        if sequence_parallel:
+            from megatron.core import tensor_parallel as mtp
+
+            hidden = mtp.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index.to(hidden.device)).unsqueeze(1)
 
     handle = decoder.register_forward_hook(cut)

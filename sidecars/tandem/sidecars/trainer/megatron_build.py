@@ -86,6 +86,14 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
     )
 
 
+def check_experts(shape: ModelShape, ep: int) -> None:
+    """Refuse an expert-parallel size the model cannot take: megatron would split a dense model's ranks
+    into expert groups for nothing, and asserts deep inside the MoE layer on an expert count ep does not divide."""
+    if ep > 1 and (not shape.num_experts or shape.num_experts % ep):
+        raise EngineError(f"expert parallelism {ep} needs a mixture-of-experts model whose number of experts "
+                          f"it divides; this model has {shape.num_experts or 'no'} experts")
+
+
 def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) -> Any:
     """Megatron TransformerConfig equal to the HF architecture, with every fusion off.
 
@@ -130,6 +138,9 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) 
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
         expert_model_parallel_size=par.ep,
+        # megatron trains MoE layers under tensor parallelism only with sequence parallelism (its
+        # MoELayer raises otherwise); dense models keep every position on every TP rank
+        sequence_parallel=bool(shape.num_experts) and par.tp > 1,
         use_cpu_initialization=True,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -145,6 +156,27 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) 
         attention_softmax_in_fp32=True,
         **moe,
     )
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):  # type: ignore[misc]
+    """torch's RMSNorm in a sequence-parallel layer, where each TP rank normalises its own part of
+    the sequence: the weight is marked so that megatron's ``finalize_model_grads`` sums its
+    gradient over the TP group. (megatron's own torch norm refuses sequence parallelism; its other
+    norms need Apex or Transformer Engine.)"""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def _sequence_parallel_spec(layer: Any, config: Any) -> Any:
+    """The local layer spec with `SequenceParallelRMSNorm` for every norm, as this stage's block spec."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    norms = dict(input_layernorm=SequenceParallelRMSNorm, pre_mlp_layernorm=SequenceParallelRMSNorm)
+    layer = dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules, **norms))
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config),
+                                      layer_norm=SequenceParallelRMSNorm)
 
 
 def build_gpt(shape: ModelShape, config: Any) -> Any:
@@ -163,6 +195,8 @@ def build_gpt(shape: ModelShape, config: Any) -> Any:
         qk_layernorm=shape.qk_norm,
         normalization="RMSNorm",
     )
+    if config.sequence_parallel:
+        spec = _sequence_parallel_spec(spec, config)
     theta = shape.rope_theta
     return GPTModel(
         config=config,

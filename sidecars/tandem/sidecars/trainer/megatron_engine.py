@@ -4,7 +4,9 @@ Used by the trainer sidecar's RL driver (``tandem.sidecars.trainer.__main__``) a
 Every method that touches the model is collective: all ranks of the job call it with the same
 arguments (the batch may differ across data-parallel ranks). Runs on GPUs (NCCL) or, with
 :mod:`.cpu_compat`, on CPUs (gloo). Pipeline stages are driven by Megatron's own schedules, so
-gradient accumulation over micro-batches and pipeline parallelism share one path.
+gradient accumulation over micro-batches and pipeline parallelism share one path. A mixture-of-experts
+model under tensor parallelism runs with Megatron's sequence parallelism (its MoE layers train only so):
+each micro-batch is padded to a multiple of the TP size (segment 0) and its outputs cut back.
 
 Batches are packed: the algorithms' ``PackedBatch`` or a mapping with ``input_ids`` and
 ``segment_ids`` of shape ``[rows, row_len]`` (see :mod:`.micro_batches`); attention never crosses a
@@ -106,8 +108,9 @@ class MegatronEngine:
         ``token_logprobs`` and train-step inputs are then values (``heads.values``).
         """
         model_dir = Path(model_dir)
-        par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
         shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
+        megatron_build.check_experts(shape, expert_parallel)
+        par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
         if value_head:
             shape = dataclasses.replace(shape, tie_embeddings=False)
         from megatron.core import tensor_parallel as mtp
@@ -184,21 +187,36 @@ class MegatronEngine:
             positions = micro_batches.position_ids(seg)
         index = heads.scored_positions(mb) if self._scoring else None
         prefix = micro_batches.field(mb, "prefix_ids")
+        ids = micro_batches.require(mb, "input_ids")
+        cols, sp = ids.shape[1], bool(self.config.sequence_parallel)
+        if sp:  # each TP rank takes an equal part of the sequence: padding columns (segment 0) at the end
+            ids, seg, positions, prefix = micro_batches.pad_columns((ids, seg, positions, prefix), self._length(cols))
         rope = None if prefix is None else positions  # shared prompts: RoPE at the batch's positions
-        chunked = index is not None and self.chunked_head and bool(self.gpt.post_process)
+        # sequence parallelism: scored positions always take the chunked head (the output layer would
+        # gather a sequence the cut has already gathered)
+        chunked = index is not None and (self.chunked_head or sp) and bool(self.gpt.post_process)
         scoring: AbstractContextManager[list[torch.Tensor]] = (
             heads.hidden_out(self.gpt.output_layer) if chunked else nullcontext([]))
-        with heads.only_scored(self.gpt.decoder, index), micro_batches.rope_at(self.gpt, rope), scoring as head:
-            output = model(micro_batches.require(mb, "input_ids"), positions, micro_batches.attention_mask(seg, prefix))
+        with heads.only_scored(self.gpt.decoder, index, sp), micro_batches.rope_at(self.gpt, rope), \
+                scoring as head:
+            output = model(ids, positions, micro_batches.attention_mask(seg, prefix))
         if loss_fn is None:
             return output, None
-        return output, partial(self._with_head, loss_fn, mb, head[-1] if head else None)
+        return output, partial(self._with_head, loss_fn, mb, head[-1] if head else None, cols)
 
-    def _with_head(self, loss_fn: Callable[..., Any], mb: Any, head: torch.Tensor | None,
+    def _length(self, cols: int) -> int:
+        """The sequence length the model runs for rows of `cols` tokens: a multiple of the TP size under
+        sequence parallelism (MoE with tensor parallelism), else `cols`."""
+        tp = self.par.tp if self.config.sequence_parallel else 1
+        return -(-cols // tp) * tp
+
+    def _with_head(self, loss_fn: Callable[..., Any], mb: Any, head: torch.Tensor | None, cols: int,
                    output: torch.Tensor) -> Any:
         """The micro-batch's loss, with `_outputs` told whether `output` is hidden states (and the
-        output weight to score them with) or logits. Megatron's schedules call it right after the
-        micro-batch's forward."""
+        output weight to score them with) or logits (of the first `cols` positions: padding cut).
+        Megatron's schedules call it right after the micro-batch's forward."""
+        if head is None and self.config.sequence_parallel:
+            output = output[:, :cols]
         self._head = head
         try:
             return loss_fn(mb, output)
@@ -217,7 +235,7 @@ class MegatronEngine:
                 data_iterator=iter(batches),
                 model=[self.model],
                 num_microbatches=len(batches),
-                seq_length=cols,
+                seq_length=self._length(cols),
                 micro_batch_size=rows,
                 forward_only=forward_only,
             )

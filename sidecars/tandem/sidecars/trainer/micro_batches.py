@@ -89,6 +89,12 @@ def rope_at(gpt: Any, positions: torch.Tensor | None) -> Iterator[None]:
         del rotary.forward
 
 
+def pad_columns(tensors: tuple[torch.Tensor | None, ...], length: int) -> tuple[Any, ...]:
+    """Each ``[rows, len]`` tensor padded with zeros to ``length`` columns (segment 0: padding,
+    which sees only itself); None stays None."""
+    return tuple(None if t is None else torch.nn.functional.pad(t, (0, length - t.shape[1])) for t in tensors)
+
+
 def split_rows(batch: Any, micro_batch_size: int) -> list[Any]:
     """Consecutive groups of ``micro_batch_size`` rows, in the batch's own type.
 

@@ -195,7 +195,8 @@ def to_samples(groups: Sequence[Group], eos_id: int,
             ids = m.token_ids or [eos_id]
             ok = len(m.logprobs) == len(ids) and not any(math.isnan(x) for x in m.logprobs)
             samples.append(Sample(prompt_ids=m.prompt_ids, completion_ids=list(ids), group=g,
-                                  rollout_logprobs=list(m.logprobs) if ok else None))
+                                  rollout_logprobs=list(m.logprobs) if ok else None,
+                                  truncated=m.finish_reason == "length" if m.finish_reason else None))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
             inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS

@@ -18,6 +18,10 @@ skipped), with the iteration as the step. Callers: the trainer driver (`tandem.s
   retried with the next row (debug log), a full queue drops the oldest row, and `close` waits at most
   `close_timeout` seconds. mlflow's own HTTP settings apply per request
   (MLFLOW_HTTP_REQUEST_TIMEOUT, MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR).
+  Credentials are never in the URI: mlflow reads MLFLOW_TRACKING_USERNAME / _PASSWORD (basic auth) or
+  _TOKEN (bearer) from the environment, which the pod gets from `tracking.mlflow.credentialsSecret`
+  (`tandem.operator.tracking_access`) and `tandem run` from the invoking shell. Log lines name the
+  server by `redact(uri)`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ CLOSE_TIMEOUT_S = 30.0
 _MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH
 _BAD_NAME_CHARS = re.compile(r"[^\w\-. :/]")  # mlflow accepts alphanumerics, _ - . space : /
+_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/?#\s]*@", re.IGNORECASE)  # the user:password@ of a URL
 
 
 def flatten_metrics(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -72,6 +77,13 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
     return out
 
 
+def redact(text: str) -> str:
+    """`text` (a URI, an error message) with the user:password@ of every URL in it replaced by ***@, for
+    log lines. The spec refuses such a tracking URI (credentials come from credentialsSecret); this keeps
+    one out of the logs regardless."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def mlflow_name(name: str) -> str:
     """`name` with the characters MLflow refuses in metric and param keys replaced by `_`."""
     return _BAD_NAME_CHARS.sub("_", name).strip("/")[:_MAX_KEY] or "_"
@@ -82,6 +94,7 @@ class _MLflowWorker:
 
     def __init__(self, spec: MLflow, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         self.spec, self.run_name, self.params, self.tags = spec, run_name, params, tags
+        self.where = redact(spec.tracking_uri)  # what log lines name
         self.run_id: str | None = None
         self.failures = self.dropped = self.logged = 0
         self._client: Any = None
@@ -99,10 +112,10 @@ class _MLflowWorker:
         self._put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("MLflow at %s: gave up waiting after %.0f s; %d row(s) not logged", self.spec.tracking_uri,
+            log.warning("MLflow at %s: gave up waiting after %.0f s; %d row(s) not logged", self.where,
                         timeout, self._queue.qsize())
         elif self.failures or self.dropped:
-            log.info("MLflow at %s: %d row(s) logged, %d failed, %d dropped (queue full)", self.spec.tracking_uri,
+            log.info("MLflow at %s: %d row(s) logged, %d failed, %d dropped (queue full)", self.where,
                      self.logged, self.failures, self.dropped)
 
     def _put(self, item: tuple[int, dict[str, float], int] | None) -> None:
@@ -136,10 +149,10 @@ class _MLflowWorker:
         if not self._warned:
             self._warned = True
             log.warning("MLflow at %s failed while %s (%s: %s); training goes on, later rows are retried "
-                        "(further failures are logged at debug level)", self.spec.tracking_uri, what,
-                        type(e).__name__, str(e).splitlines()[0][:300] if str(e) else "")
+                        "(further failures are logged at debug level)", self.where, what,
+                        type(e).__name__, redact(str(e).splitlines()[0][:300]) if str(e) else "")
         else:
-            log.debug("MLflow at %s failed while %s: %s", self.spec.tracking_uri, what, e)
+            log.debug("MLflow at %s failed while %s: %s", self.where, what, redact(str(e)))
 
     def _start_run(self) -> str:
         from mlflow.entities import Param
@@ -169,7 +182,7 @@ class _MLflowWorker:
             client.log_batch(run.info.run_id, params=params[i : i + 100])
         self.run_id = str(run.info.run_id)
         log.info("MLflow run %s (%s) in experiment %r at %s", self.run_id, self.run_name, self.spec.experiment,
-                 self.spec.tracking_uri)
+                 self.where)
         return self.run_id
 
     def _log(self, step: int, metrics: dict[str, float], stamp: int) -> None:

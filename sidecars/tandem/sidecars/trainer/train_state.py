@@ -6,14 +6,16 @@ of a bf16 run, and PPO's critic (weights and optimizer) live only in the trainer
 When a durable copy is due, every rank writes its own share beside it:
 
     <root>/<ns>/<job>/<uid>/train/v<version>/rank-<r:05d>.pt
-        {"version", "layout": {world, tp, pp, dp, critic}, "optimizer": state_dict,
-         "critic": {"params": {name: tensor}, "optimizer": state_dict} | None}
+        {"version", "layout": {world, tp, pp, dp, ep, distributed_optimizer, critic}, "optimizer": state,
+         "critic": {"params": {name: tensor}, "optimizer": state} | None}
 
-each file by one atomic rename (`DurableStore.write_train_file`). On resume every rank looks for
-its file of the version being resumed; the state is restored only if every rank has a readable one
-written under the same parallel layout — data-parallel replicas must never disagree — otherwise
-all ranks go on with fresh optimizer state (master weights re-read from the loaded model) and the
-log says why. Callers: `TrainerContext.persist` (after each due publish, every rank) and
+each file by one atomic rename (`DurableStore.write_train_file`); a state is the optimizer's
+`state_dict()`, with Megatron's distributed optimizer (`trainer.distributedOptimizer`) plus this
+rank's shard of the moments and master weights, which `state_dict()` leaves out. On resume every
+rank looks for its file of the version being resumed; the state is restored only if every rank has
+a readable one written under the same parallel layout — data-parallel replicas must never
+disagree — otherwise all ranks go on with fresh optimizer state (master weights re-read from the
+loaded model) and the log says why. Callers: `TrainerContext.persist` (after each due publish, every rank) and
 `resume.resume_point` (on resume, every rank).
 """
 
@@ -63,13 +65,51 @@ def layout_of(ctx: TrainerParts) -> dict[str, int]:
     """What must match between the run that wrote a state and the run that reads it."""
     par = ctx.engine.par
     world = dist.get_world_size() if dist.is_initialized() else 1
-    return {"world": world, "tp": par.tp, "pp": par.pp, "dp": par.dp, "critic": int(ctx.critic is not None)}
+    return {"world": world, "tp": par.tp, "pp": par.pp, "dp": par.dp, "ep": par.ep,
+            "distributed_optimizer": int(sharded(ctx.engine)), "critic": int(ctx.critic is not None)}
 
 
 def _optimizer(engine: MegatronEngine) -> Any:
     if engine.optimizer is None:
         raise megatron_build.EngineError("a forward-only engine has no training state")
     return engine.optimizer
+
+
+def sharded(engine: MegatronEngine) -> bool:
+    """Whether `engine` trains with Megatron's distributed optimizer (state sharded over the dp ranks)."""
+    return bool(getattr(getattr(engine.model, "ddp_config", None), "use_distributed_optimizer", False))
+
+
+def _parts(optimizer: Any) -> list[Any]:
+    """The Megatron optimizers behind `optimizer` (a ChainedOptimizer holds one per parameter kind)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def optimizer_state(engine: MegatronEngine) -> Any:
+    """This rank's optimizer state. Megatron's distributed optimizer leaves its shard of Adam's moments and
+    master weights out of `state_dict()` (megatron writes them separately); here they come with it."""
+    optimizer = _optimizer(engine)
+    if not sharded(engine):
+        return optimizer.state_dict()
+    # the fp32 shards may be views into a whole flat buffer, which torch.save would write whole: copies
+    return {"shards": [{"common": part.state_dict(), "inner": part.optimizer.state_dict(),
+                        "main": [p.detach().clone() for g in part.optimizer.param_groups for p in g["params"]]}
+                       for part in _parts(optimizer)]}
+
+
+def load_optimizer_state(engine: MegatronEngine, state: Any) -> None:
+    """Inverse of `optimizer_state`, under the same layout; call after loading the weights it was saved with."""
+    optimizer = _optimizer(engine)
+    if not sharded(engine):
+        optimizer.load_state_dict(state)
+        return
+    for part, saved in zip(_parts(optimizer), state["shards"], strict=True):
+        part.load_state_dict(saved["common"])  # megatron allocates this shard's state (param groups, step)
+        part.optimizer.load_state_dict(saved["inner"])  # ... whose moments come from the inner optimizer
+        params = [p for g in part.optimizer.param_groups for p in g["params"]]
+        with torch.no_grad():
+            for param, value in zip(params, saved["main"], strict=True):
+                param.copy_(value)
 
 
 def save(ctx: TrainerParts, version: int) -> dict[str, float]:
@@ -80,8 +120,8 @@ def save(ctx: TrainerParts, version: int) -> dict[str, float]:
     critic = None
     if ctx.critic is not None:
         critic = {"params": {n: p.detach() for n, p in ctx.critic.gpt.named_parameters()},
-                  "optimizer": _optimizer(ctx.critic).state_dict()}
-    payload = {"version": version, "layout": layout_of(ctx), "optimizer": _optimizer(ctx.engine).state_dict(),
+                  "optimizer": optimizer_state(ctx.critic)}
+    payload = {"version": version, "layout": layout_of(ctx), "optimizer": optimizer_state(ctx.engine),
                "critic": critic}
     path = ctx.durable.write_train_file(version, file_name(_rank()), lambda tmp: torch.save(payload, tmp))
     return {"train_state_s": time.perf_counter() - t, "train_state_bytes": float(path.stat().st_size)}
@@ -141,13 +181,13 @@ def restore(ctx: TrainerParts, version: int) -> bool:
         return False
     assert payload is not None
     payload = _owned(payload)
-    _optimizer(ctx.engine).load_state_dict(payload["optimizer"])
+    load_optimizer_state(ctx.engine, payload["optimizer"])
     if ctx.critic is not None:
         params = dict(ctx.critic.gpt.named_parameters())
         with torch.no_grad():
             for name, value in payload["critic"]["params"].items():
                 params[name].copy_(value)
-        _optimizer(ctx.critic).load_state_dict(payload["critic"]["optimizer"])
+        load_optimizer_state(ctx.critic, payload["critic"]["optimizer"])
     where = Path(ctx.durable.train_dir(version)) if ctx.durable is not None else None
     log.info("restored training state of version %d (optimizer%s) from %s", version,
              " and critic" if ctx.critic is not None else "", where)

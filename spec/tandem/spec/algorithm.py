@@ -1,0 +1,199 @@
+"""spec.algorithm: the RL algorithm of a job, its loss and estimator choices, and the named presets.
+
+Role: the typed `Algorithm` block (`tandem.spec.models.JobSpec.algorithm`) and its expansion:
+`preset` (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) fills every field of `PRESETS[preset]` the
+user left out, then the name's own defaults fill the estimator choices (`NAME_DEFAULTS`: grpo takes
+k3 KL in the loss, ppo k1 KL in the rewards and GAE). The expanded values are what the trainer runs
+(`tandem.sidecars.algorithms.registry`), what `tandem validate` prints and what the operator shows in
+`status.algorithm`. The fields a preset sets carry no default in the CRD (`PRESETABLE`), so that a
+field the API server would otherwise default is still the preset's to fill.
+Callers: `tandem.spec.models` (JobSpec), `tandem.spec.crd` (no schema default for PRESETABLE).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic.config import JsonDict
+
+from tandem.spec.base import Base, Rule
+
+Preset = Literal["dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "cispo"]
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+PRESET_MARK: JsonDict = {"x-tandem-preset": True}  # crd.py: no schema default (the preset's to fill)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # DAPO (Yu et al. 2025): clip-higher, token-level loss, no KL, soft overlong punishment
+    "dapo": {"clip": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "loss_agg": "token-mean",
+             "overlong": {"penalty": 1.0}},
+    # Dr. GRPO (Liu et al. 2025): no std normalisation, no length normalisation, no KL
+    "dr_grpo": {"norm_std": False, "loss_agg": "seq-mean-token-sum-norm", "kl_coef": 0.0},
+    # GSPO (Zheng et al. 2025): sequence-level ratio, clip range 3e-4 / 4e-4, sequence-mean loss
+    "gspo": {"policy_loss": "gspo", "clip": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean",
+             "kl_coef": 0.0},
+    # RLOO (Ahmadian et al. 2024): leave-one-out baseline, KL as a reward penalty
+    "rloo": {"advantage": "rloo", "kl_penalty": "reward", "kl_estimator": "k1"},
+    # REINFORCE++ (Hu 2025): token returns with the KL penalty in the rewards, whitened over the batch
+    "reinforce_pp": {"advantage": "reinforce_pp", "kl_penalty": "reward", "kl_estimator": "k1"},
+    # CISPO (MiniMax-M1 2025): clipped importance weight as a coefficient, no lower bound, token-mean
+    "cispo": {"policy_loss": "cispo", "clip": 1.0, "clip_high": 0.28, "loss_agg": "token-mean"},
+}
+NAME_DEFAULTS: dict[str, dict[str, Any]] = {
+    "grpo": {"advantage": "grpo", "kl_estimator": "k3", "kl_penalty": "loss"},
+    "ppo": {"advantage": "gae", "kl_estimator": "k1", "kl_penalty": "reward"},
+    "dpo": {},
+}
+PRESETABLE = ("kl_coef", "clip", "clip_high", "policy_loss", "advantage", "norm_std", "loss_agg", "kl_estimator",
+              "kl_penalty", "overlong", "mask_truncated")
+
+
+class Overlong(Base):
+    """DAPO's soft overlong punishment: a completion within `buffer` tokens of rollout.maxTokens gets
+    a linear penalty from 0 to -penalty; one cut at the limit gets -penalty."""
+
+    buffer: Annotated[int | None, Field(ge=1, le=1 << 20, description="Tokens before rollout.maxTokens where the "
+                                        "penalty grows; unset: a fifth of rollout.maxTokens (DAPO: 4096 of "
+                                        "20480).")] = None
+    penalty: Annotated[float, Field(gt=0, le=100, description="The penalty at the limit.")] = 1.0
+
+
+def _present(data: dict[str, Any], name: str) -> bool:
+    camel = name.split("_")[0] + "".join(p.title() for p in name.split("_")[1:])
+    return name in data or camel in data
+
+
+class Algorithm(Base):
+    name: Literal["grpo", "ppo", "dpo"] = "grpo"
+    preset: Preset | None = Field(default=None, description=(
+        "A published recipe: fills every field it sets that the job leaves out (the job's own values win); "
+        "status.algorithm and `tandem validate` show the result. dapo: clip 0.2, clipHigh 0.28, klCoef 0, "
+        "token-mean, overlong shaping; dr_grpo: normStd false, seq-mean-token-sum-norm, klCoef 0; gspo: "
+        "policyLoss gspo, clip 3e-4, clipHigh 4e-4, seq-mean-token-mean, klCoef 0; rloo: advantage rloo, KL k1 in "
+        "the reward; reinforce_pp: advantage reinforce_pp, KL k1 in the reward; cispo: policyLoss cispo, clip 1 "
+        "(no lower bound), clipHigh 0.28. grpo only."))
+    group_size: Annotated[int, Field(ge=2, le=1024, description="Completions sampled per prompt.")] = 8
+    kl_coef: Annotated[float, Field(ge=0, le=10, json_schema_extra=PRESET_MARK, description=(
+        "Weight of the KL to the reference (default 0.001; 0: no reference model is run)."))] = 0.001
+    clip: Annotated[float, Field(gt=0, le=1, json_schema_extra=PRESET_MARK, description=(
+        "The ratio clip epsilon: the lower bound 1 - clip, and the upper 1 + clip unless clipHigh is set "
+        "(clipLow in DAPO's terms; default 0.2)."))] = 0.2
+    clip_high: Annotated[float | None, Field(gt=0, le=10, json_schema_extra=PRESET_MARK, description=(
+        "Upper clip epsilon (DAPO's clip-higher, 0.28); unset: clip."))] = None
+    clip_c: Annotated[float | None, Field(gt=1, le=100, description=(
+        "Dual-clip: a token with a negative advantage loses at most clipC x |A| (3 in the dual-clip paper)."))] = None
+    policy_loss: Literal["clip", "gspo", "cispo"] = Field(default="clip", json_schema_extra=PRESET_MARK, description=(
+        "clip: PPO's per-token clipped ratio; gspo: the sequence's ratio exp(mean log(pi/pi_old)) on every token, "
+        "clipped; cispo: the clipped ratio as a stop-gradient weight on log pi (every token keeps a gradient)."))
+    advantage: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] | None = Field(
+        default=None, json_schema_extra=PRESET_MARK, description=(
+            "grpo: group-normalised reward (normStd); rloo: leave-one-out baseline; reinforce_pp: gamma-discounted "
+            "token returns whitened over the batch; reinforce_pp_baseline: the same after subtracting the group "
+            "mean; gae: PPO's (ppo only). Unset: grpo for grpo, gae for ppo."))
+    norm_std: bool = Field(default=True, json_schema_extra=PRESET_MARK, description=(
+        "grpo advantage: divide by the group's std (false: Dr. GRPO)."))
+    loss_agg: LossAgg = Field(default="token-mean", json_schema_extra=PRESET_MARK, description=(
+        "token-mean: every completion token of the batch weighs the same (DAPO; the default); "
+        "seq-mean-token-mean: each sequence's mean, then the mean over sequences (the original GRPO); "
+        "seq-mean-token-sum: each sequence's sum, mean over sequences; seq-mean-token-sum-norm: the same "
+        "divided by lossAggNorm (Dr. GRPO)."))
+    loss_agg_norm: Annotated[int | None, Field(ge=1, le=1 << 20, description=(
+        "seq-mean-token-sum-norm's constant divisor; unset: rollout.maxTokens."))] = None
+    kl_estimator: Literal["k1", "k2", "k3"] | None = Field(default=None, json_schema_extra=PRESET_MARK, description=(
+        "KL(policy || reference) per token, d = log pi - log pi_ref: k1 d, k2 d^2/2, k3 exp(-d) + d - 1 (low "
+        "variance). Unset: k3 for grpo, k1 for ppo."))
+    kl_penalty: Literal["loss", "reward"] | None = Field(default=None, json_schema_extra=PRESET_MARK, description=(
+        "loss: klCoef x KL added to the loss per token; reward: subtracted from the rewards (the sampling "
+        "policy's KL, before the advantages). Unset: loss for grpo, reward for ppo (which supports only reward)."))
+    overlong: Overlong | None = Field(default=None, json_schema_extra=PRESET_MARK, description=(
+        "DAPO's overlong reward shaping (grpo)."))
+    mask_truncated: bool = Field(default=False, json_schema_extra=PRESET_MARK, description=(
+        "Completions cut at rollout.maxTokens leave the loss (DAPO's overlong filtering; grpo)."))
+    lr: Annotated[float, Field(gt=0, le=1)] = 1.0e-6
+    iterations: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    epochs: Annotated[int, Field(ge=1, le=16, description="Optimizer passes over each iteration's samples.")] = 1
+    gamma: Annotated[float, Field(ge=0, le=1, description="Discount of PPO's GAE and REINFORCE++'s returns.")] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
+    critic: bool = Field(default=False, description="PPO with a learned critic (otherwise group baseline).")
+    beta: Annotated[float, Field(gt=0, le=100, description="DPO temperature.")] = 0.1
+    tis_cap: Annotated[float | None, Field(ge=1, le=1000, description="Truncated importance sampling: weigh "
+                                           "each token's policy loss by min(p_trainer / p_rollout, tisCap), "
+                                           "correcting for the rollout engine's numeric mismatch "
+                                           "(GRPO, PPO); with stale samples (rollout.partial, maxStaleness) "
+                                           "p_rollout is the policy version that sampled each token.")] = None
+    tis_mode: Literal["truncate", "mask"] = Field(
+        default="truncate", description="What tisCap does to a token whose weight p_trainer / p_rollout exceeds "
+        "it: truncate weighs it by tisCap; mask drops it from the loss (weight 0).")
+    max_staleness: Annotated[int, Field(ge=0, le=64, description="Asynchronous RL: rollout-only pods generate "
+                                        "continuously while the trainer trains, and the trainer never consumes a "
+                                        "sample more than maxStaleness weight versions old. 0 is the synchronous "
+                                        "loop.")] = 0
+    rules = (
+        Rule("self.name == 'ppo' || !self.critic", "critic applies only to ppo", ".critic",
+             lambda a: a.name == "ppo" or not a.critic),
+        Rule("!has(self.tisCap) || self.name != 'dpo'", "tisCap applies to grpo and ppo", ".tisCap",
+             lambda a: a.tis_cap is None or a.name != "dpo"),
+        Rule("!has(self.preset) || self.name == 'grpo'", "presets are recipes of grpo (name: grpo)", ".preset",
+             lambda a: a.preset is None or a.name == "grpo"),
+        Rule("!has(self.advantage) || (self.name == 'ppo') == (self.advantage == 'gae')",
+             "gae is ppo's advantage, and ppo's only (grpo takes grpo, rloo, reinforce_pp, reinforce_pp_baseline)",
+             ".advantage",
+             lambda a: a.advantage is None or a.name == "dpo" or (a.name == "ppo") == (a.advantage == "gae")),
+        Rule("!has(self.klPenalty) || self.klPenalty == 'reward' || self.name != 'ppo'",
+             "ppo takes the KL as a reward penalty only", ".klPenalty",
+             lambda a: a.kl_penalty != "loss" or a.name != "ppo"),
+        Rule("self.name != 'dpo' || ((!has(self.policyLoss) || self.policyLoss == 'clip') && !has(self.clipC) && "
+             "!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated))",
+             "policyLoss, clipC, overlong and maskTruncated apply to grpo and ppo, not dpo", ".policyLoss",
+             lambda a: a.name != "dpo" or (a.policy_loss == "clip" and a.clip_c is None and a.overlong is None
+                                           and not a.mask_truncated)),
+        Rule("self.name != 'ppo' || (!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated))",
+             "overlong and maskTruncated apply to grpo", ".overlong",
+             lambda a: a.name != "ppo" or (a.overlong is None and not a.mask_truncated)),
+        Rule("!has(self.lossAggNorm) || (has(self.lossAgg) && self.lossAgg == 'seq-mean-token-sum-norm')",
+             "applies only to lossAgg seq-mean-token-sum-norm", ".lossAggNorm",
+             lambda a: a.loss_agg_norm is None or a.loss_agg == "seq-mean-token-sum-norm"),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        """The preset's values, then the name's defaults, for every field the job leaves out."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        preset = out.get("preset")
+        name = out.get("name", "grpo")
+        for source in (PRESETS.get(preset, {}) if isinstance(preset, str) else {}, NAME_DEFAULTS.get(name, {})):
+            for key, value in source.items():
+                if not _present(out, key):
+                    out[key] = value
+        return out
+
+    @property
+    def clip_low_value(self) -> float:
+        return self.clip
+
+    @property
+    def clip_high_value(self) -> float:
+        return self.clip if self.clip_high is None else self.clip_high
+
+    def summary(self, max_tokens: int | None = None) -> str:
+        """The expanded algorithm in one line (status.algorithm, `tandem validate`); `max_tokens` is
+        rollout.maxTokens (the overlong buffer's default)."""
+        head = self.name + (f" (preset {self.preset})" if self.preset else "")
+        parts = [f"policyLoss {self.policy_loss}", f"clip {self.clip:g}/{self.clip_high_value:g}"]
+        if self.clip_c is not None:
+            parts.append(f"clipC {self.clip_c:g}")
+        if self.name != "dpo":
+            parts.append(f"advantage {self.advantage}" + ("" if self.norm_std or self.advantage != "grpo"
+                                                         else " (no std)"))
+            parts.append(f"lossAgg {self.loss_agg}")
+            parts.append(f"klCoef {self.kl_coef:g}" + (f" {self.kl_estimator} in {self.kl_penalty}" if self.kl_coef
+                                                       else ""))
+        if self.overlong is not None:
+            buffer = self.overlong.buffer or (max_tokens // 5 if max_tokens else "maxTokens/5")
+            parts.append(f"overlong buffer {buffer} penalty {self.overlong.penalty:g}")
+        if self.mask_truncated:
+            parts.append("truncated masked")
+        return f"{head}: " + ", ".join(parts)
