@@ -159,14 +159,20 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert first_resumed["rollout_version"] >= rows[len(done_before) - 1]["weight_version"]
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo", "grpo-rloo", "grpo-gspo"])
 def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: str) -> None:
     """PPO (old-policy log-probs from the trainer, ratio clipping over 2 epochs), PPO with a learned
-    critic (a value-head Megatron engine trained on the returns) and DPO (pairs from each prompt's
-    best and worst completions) through the same loop."""
+    critic (a value-head Megatron engine trained on the returns), DPO (pairs from each prompt's
+    best and worst completions), and two grpo presets: rloo (the KL to the reference as a reward
+    penalty, from the trainer's own old log-probs) and gspo (the sequence ratio, clipped at 4e-4)
+    through the same loop."""
     job = demo_job(toy, f"e2e-{algorithm}")
-    job["spec"]["algorithm"].update(name=algorithm.removesuffix("-critic"), iterations=2, epochs=2, lr=1e-3,
-                                    critic=algorithm.endswith("-critic"))
+    name, _, preset = algorithm.partition("-")
+    job["spec"]["algorithm"].update(name=name, iterations=2, epochs=2, lr=1e-3, critic=preset == "critic")
+    if name == "grpo":
+        for key in ("klCoef", "clip"):  # the preset's (rloo keeps the defaults, gspo takes 0 and 3e-4)
+            job["spec"]["algorithm"].pop(key, None)
+        job["spec"]["algorithm"]["preset"] = preset
     job["spec"]["rollout"]["promptsPerIteration"] = 8
     run_ok(run_cmd(job, tmp_path))
     runs = tmp_path / "runs"
@@ -181,6 +187,11 @@ def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: s
         assert rows[1]["prepare_value_mean"] != 0.0  # the critic trained on iteration 0's returns
     elif algorithm == "ppo":
         assert "value_loss" not in rows[0]
+    elif algorithm == "grpo-rloo":
+        assert rows[0]["prepare_kl_reward"] == 0.0  # the first policy is the reference
+        assert rows[1]["prepare_kl_reward"] != 0.0 and not any("kl" in r for r in rows), rows  # in the rewards only
+    elif algorithm == "grpo-gspo":  # the second epoch's sequence ratios leave the 4e-4 band
+        assert any(r["clip_frac"] > 0 for r in rows) and any(abs(r["ratio_mean"] - 1.0) > 1e-6 for r in rows), rows
     else:
         assert all(r.get("pairs", 0) > 0 or r.get("skipped_train") for r in rows), rows
 

@@ -56,6 +56,31 @@ def test_new_job_creates_every_pod_and_announces_pending() -> None:
     }
 
 
+def test_a_sidecar_refusing_its_input_fails_the_job_at_once_without_a_restart() -> None:
+    job = JobWrapper().replicas(2).failure_policy(3)
+    running = StatusWrapper().phase("Running").get()
+    plan = decide(observe(job, running, [PodWrapper("demo", 0, replicas=2).running().state(),
+                                         PodWrapper("demo", 1, replicas=2).refused().state()]))
+    assert plan.status.phase == "Failed" and plan.status.restarts == 0 and plan.status.reason == "StartRefused"
+    assert "pod demo-1 trainer: spec.model.path: /models/x/config.json: missing" in plan.status.message
+    assert plan.delete == ["demo-0", "demo-1"] and plan.create == []
+
+
+def test_a_refusal_is_read_from_the_container_that_exited_2() -> None:
+    pod = {"metadata": {"name": "demo-0", "labels": {"tandem.dev/job": "demo", "tandem.dev/index": "0",
+                                                       "tandem.dev/restart-generation": "0"}},
+           "status": {"phase": "Running", "containerStatuses": [
+               {"name": "trainer", "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "restartCount": 1,
+                "lastState": {"terminated": {"exitCode": 2, "message": "traceback...\nrow 7 of /data/x.jsonl: "
+                                                                       "612 tokens, the limit is 512"}}},
+               {"name": "rollout", "state": {"terminated": {"exitCode": 1, "message": "boom"}}}]}}
+    state = pod_state(pod)
+    assert state is not None and state.refused == "trainer: row 7 of /data/x.jsonl: 612 tokens, the limit is 512"
+    pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 1
+    state = pod_state(pod)
+    assert state is not None and state.refused == ""  # an ordinary crash: the restart policy's
+
+
 def test_the_status_shows_the_algorithm_with_its_preset_expanded() -> None:
     job = JobWrapper().set("algorithm.preset", "gspo").set("rollout.maxTokens", 256)
     shown = decide(observe(job)).status.algorithm

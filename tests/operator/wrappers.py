@@ -165,6 +165,11 @@ class PodWrapper:
                            unschedulable_since=since.strftime("%Y-%m-%dT%H:%M:%SZ"))
         return self
 
+    def refused(self, why: str = "trainer: spec.model.path: /models/x/config.json: missing") -> PodWrapper:
+        """Failed: a sidecar exited 2 (`tandem.sidecars.startup.refuse`) with `why` as its one line."""
+        self.fields.update(phase="Failed", refused=why)
+        return self
+
     def state(self) -> PodState:
         return PodState(**self.fields)
 

@@ -4,7 +4,9 @@ Callers: the pod index in `tandem.operator.handlers` (one summary per pod, keyed
 `tandem.operator.kube.list_job_pods` (fresh listing) and the pure policies that read them.
 A container's termination message (the one line a sidecar that refused to start wrote, or the tail of
 its log: terminationMessagePolicy FallbackToLogsOnError) gives its last line to a failed pod's reason
-and to a crash loop's message, so the job's status says why rather than "Error" or the back-off.
+and to a crash loop's message, so the job's status says why rather than "Error" or the back-off; a
+container that exited REFUSED_EXIT (2: it refused its input) marks the pod `refused`, which fails the
+job at once (`tandem.operator.plan`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class PodState:
     issues: tuple[ContainerIssue, ...] = ()  # containers stuck waiting or restarted (`tandem.operator.stuck_policy`)
     unschedulable: str = ""  # the scheduler's message while condition PodScheduled is False (Unschedulable)
     unschedulable_since: str = ""  # that condition's lastTransitionTime (RFC 3339)
+    refused: str = ""  # a sidecar that refused to start (exit REFUSED_EXIT): "<container>: <its one line>"
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -105,6 +108,20 @@ def _unschedulable(status: Mapping[str, Any]) -> tuple[str, str]:
     return "", ""
 
 
+REFUSED_EXIT = 2  # `tandem.sidecars.startup.refuse`: bad input (model dir, dataset row, env); a restart cannot help
+
+
+def _refused(status: Mapping[str, Any]) -> str:
+    """The first container that exited REFUSED_EXIT (now, or before the kubelet restarted it), with why."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or ():
+            for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+                term = state.get("terminated")
+                if term and _int(term.get("exitCode")) == REFUSED_EXIT:
+                    return f"{cs.get('name')}: {last_line(term.get('message')) or 'refused to start'}"
+    return ""
+
+
 def pod_state(pod: Mapping[str, Any]) -> PodState | None:
     """Summary of a pod manifest (dict); None for a pod that carries no tandem job label."""
     meta = pod.get("metadata") or {}
@@ -128,4 +145,5 @@ def pod_state(pod: Mapping[str, Any]) -> PodState | None:
         issues=_issues(status),
         unschedulable=unschedulable,
         unschedulable_since=since,
+        refused=_refused(status),
     )

@@ -6,7 +6,8 @@ plan twice is harmless (creates are create-if-absent, deletes ignore missing pod
 lets the operator restart at any moment and converge without duplicate pods.
 
 Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
-suspend > restart in progress > Kueue preemption (queued jobs) > pod failures > a stuck gang
+suspend > restart in progress > Kueue preemption (queued jobs) > a sidecar that refused its input
+(exit 2: Failed at once, no restart could help) > pod failures > a stuck gang
 (`stuck_policy`: crash loops, image/config waits, unschedulable pods past failurePolicy's limits) >
 create what is missing (then Running, Queued while Kueue holds pods at its gate, or Pending; a
 container's waiting reason or an unschedulable pod shows in the message and status.reason).
@@ -31,11 +32,14 @@ from tandem.operator import (
     status,
     stuck_policy,
 )
-from tandem.operator.observe import PodState
+from tandem.operator.observe import REFUSED_EXIT, PodState
 from tandem.operator.status import Event
 from tandem.spec.load import SpecError
 from tandem.spec.models import JobStatus, RLHFJob
 from tandem.spec.progress import Progress
+
+
+REFUSED = "StartRefused"  # status.reason of a job failed because a sidecar refused its input
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,13 @@ def decide(obs: Observation) -> Plan:
         plan.events.append(Event("Warning", status.PREEMPTED, message))
         return _finish(obs, plan, before)
 
+    refused = next((p for p in current if p.refused and not p.deleting), None)
+    if refused is not None:  # the same input would be refused by every new gang: fail now, free the GPUs
+        plan.delete, plan.create = _alive(obs.pods), []
+        status.set_phase(new, "Failed", f"pod {refused.name} {refused.refused} (a sidecar refused its input: exit "
+                         f"{REFUSED_EXIT}; fix the spec or files it names, then create the job again)", now,
+                         reason=REFUSED)
+        return _finish(obs, plan, before)
     found = restart_policy.failures(obs.pods, known, generation, all_were_running=new.phase == "Running")
     found += restart_policy.failures(obs.pods, expected[len(known):], generation, all_were_running=False)
     policy = spec.failure_policy
