@@ -38,7 +38,6 @@ from tandem.spec.load import SpecError
 from tandem.spec.models import JobStatus, RLHFJob
 from tandem.spec.progress import Progress
 
-
 REFUSED = "StartRefused"  # status.reason of a job failed because a sidecar refused its input
 
 
