@@ -161,6 +161,27 @@ def assert_same_after_adam(got: torch.Tensor, want: torch.Tensor, name: str, ste
     assert int(d.gt(1e-5).sum()) <= max(2, int(noisy * d.numel())), (name, int(d.gt(1e-5).sum()))
 
 
+def assert_export_is_hf(seen: list[dict[str, Any]], want: Mapping[str, torch.Tensor]) -> None:
+    """Rank 0 exported exactly the HF checkpoint's tensors; every other rank exported nothing."""
+    rank0, *others = seen
+    assert all(s["export"] == {} for s in others)
+    assert sorted(rank0["export"]) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(rank0["export"][name], tensor), name
+
+
+def assert_matches_single_rank(seen: list[dict[str, Any]], one: Mapping[str, Any]) -> None:
+    """Every rank's logits, loss and grad norm as one rank's; rank 0's weights after the step too."""
+    for s in seen:
+        assert (s["logits"] - one["logits"]).abs().max().item() < 1e-5
+        assert abs(s["train"]["loss"] - one["train"]["loss"]) < 1e-5
+        assert abs(s["train"]["grad_norm"] - one["train"]["grad_norm"]) < 1e-4
+    after = seen[0]["export_after"]
+    assert sorted(after) == sorted(one["export_after"])
+    for name, tensor in one["export_after"].items():
+        assert_same_after_adam(after[name], tensor, name, steps=1, noisy=0.01)
+
+
 def assert_vllm_tp2_slice(part: dict[str, torch.Tensor], full: dict[str, torch.Tensor], r: int) -> None:
     """Rollout rank r's slice of a tiny Qwen2 follows vLLM's layout: q/k/v and gate/up by rows, o/down by
     columns, norms whole, the (128-row) embedding by rows."""

@@ -61,27 +61,14 @@ def single(model_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_export_equals_hf_and_only_rank0_exports(layout: Layout, ranks: Ranks, model_dirs: dict[str, Path]) -> None:
-    want = load_file(str(model_dirs[layout[0]] / "model.safetensors"))
-    rank0, *others = ranks[layout]
-    assert all(seen["export"] == {} for seen in others)
-    assert sorted(rank0["export"]) == sorted(want)
-    for name, tensor in want.items():
-        assert torch.equal(rank0["export"][name], tensor), name
+    dist_worker.assert_export_is_hf(ranks[layout], load_file(str(model_dirs[layout[0]] / "model.safetensors")))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_forward_and_train_step_match_single_rank(
     layout: Layout, ranks: Ranks, single: dict[str, dict[str, Any]]
 ) -> None:
-    one = single[layout[0]]
-    for seen in ranks[layout]:
-        assert (seen["logits"] - one["logits"]).abs().max().item() < 1e-5
-        assert abs(seen["train"]["loss"] - one["train"]["loss"]) < 1e-5
-        assert abs(seen["train"]["grad_norm"] - one["train"]["grad_norm"]) < 1e-4
-    after = ranks[layout][0]["export_after"]
-    assert sorted(after) == sorted(one["export_after"])
-    for name, tensor in one["export_after"].items():
-        dist_worker.assert_same_after_adam(after[name], tensor, name, steps=1, noisy=0.01)
+    dist_worker.assert_matches_single_rank(ranks[layout], single[layout[0]])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)

