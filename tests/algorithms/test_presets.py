@@ -27,7 +27,7 @@ def test_each_preset_expands_and_the_jobs_own_values_win(preset: str) -> None:
     for key, value in PRESETS[preset].items():
         have = getattr(got, key)
         assert (have.model_dump() if hasattr(have, "model_dump") else have) == (
-            {**{"buffer": None}, **value} if key == "overlong" else value), key
+            {"buffer": None, **value} if key == "overlong" else value), key
     mine = spec(preset=preset, klCoef=0.01, lossAgg="seq-mean-token-mean")
     assert mine.kl_coef == 0.01 and mine.loss_agg == "seq-mean-token-mean"
     assert mine.summary().startswith(f"grpo (preset {preset}): ")
@@ -39,7 +39,7 @@ def test_defaults_per_name_and_the_summary() -> None:
     assert (ppo.advantage, ppo.kl_estimator, ppo.kl_penalty) == ("gae", "k1", "reward")
     assert spec(preset="dapo").summary(max_tokens=100) == (
         "grpo (preset dapo): policyLoss clip, clip 0.2/0.28, advantage grpo, lossAgg token-mean, klCoef 0, "
-        "overlong buffer 20 penalty 1")
+        "overlong buffer 20 penalty 1, dynamic sampling 3 rounds")
 
 
 def test_the_crd_leaves_preset_fields_to_the_preset() -> None:

@@ -159,13 +159,13 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert first_resumed["rollout_version"] >= rows[len(done_before) - 1]["weight_version"]
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo", "grpo-rloo", "grpo-gspo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo", "grpo-rloo", "grpo-gspo", "grpo-dapo"])
 def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: str) -> None:
     """PPO (old-policy log-probs from the trainer, ratio clipping over 2 epochs), PPO with a learned
     critic (a value-head Megatron engine trained on the returns), DPO (pairs from each prompt's
-    best and worst completions), and two grpo presets: rloo (the KL to the reference as a reward
-    penalty, from the trainer's own old log-probs) and gspo (the sequence ratio, clipped at 4e-4)
-    through the same loop."""
+    best and worst completions), and three grpo presets: rloo (the KL to the reference as a reward
+    penalty, from the trainer's own old log-probs), gspo (the sequence ratio, clipped at 4e-4) and dapo
+    (dynamic sampling: groups whose rewards tie dropped and refilled) through the same loop."""
     job = demo_job(toy, f"e2e-{algorithm}")
     name, _, preset = algorithm.partition("-")
     job["spec"]["algorithm"].update(name=name, iterations=2, epochs=2, lr=1e-3, critic=preset == "critic")
@@ -190,6 +190,12 @@ def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: s
     elif algorithm == "grpo-rloo":
         assert rows[0]["prepare_kl_reward"] == 0.0  # the first policy is the reference
         assert rows[1]["prepare_kl_reward"] != 0.0 and not any("kl" in r for r in rows), rows  # in the rewards only
+    elif algorithm == "grpo-dapo":  # dynamic sampling: only groups whose rewards differ are trained on
+        group, prompts = job["spec"]["algorithm"]["groupSize"], job["spec"]["rollout"]["promptsPerIteration"]
+        for r in rows:
+            kept = r["dynamic_kept_groups"]
+            assert 1 <= r["dynamic_rounds"] <= 3 and r["dynamic_full"] == (kept == prompts), r
+            assert r["completions"] == group * (kept or prompts), r  # nothing informative: the first round
     elif algorithm == "grpo-gspo":  # the second epoch's sequence ratios leave the 4e-4 band
         assert any(r["clip_frac"] > 0 for r in rows) and any(abs(r["ratio_mean"] - 1.0) > 1e-6 for r in rows), rows
     else:

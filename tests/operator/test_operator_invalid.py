@@ -45,6 +45,12 @@ REJECTED: list[Case] = [
      "spec.algorithm.overlong"),
     ("agg-norm-without-its-agg", lambda: W().set("algorithm.lossAggNorm", 512), "spec.algorithm.lossAggNorm"),
     ("dual-clip-at-one", lambda: W().set("algorithm.clipC", 1.0), "spec.algorithm.clipC"),
+    ("dynamic-sampling-async", lambda: W().set("algorithm.dynamicSampling", {"maxRounds": 2})
+     .set("algorithm.maxStaleness", 1).set("algorithm.tisCap", 2.0), "spec.algorithm.dynamicSampling"),
+    ("dynamic-sampling-partial", lambda: W().set("algorithm.dynamicSampling", {}).set("rollout.maxTokens", 64)
+     .set("rollout.partial", {"tokenBudget": 32}).set("algorithm.tisCap", 2.0), "spec.algorithm.dynamicSampling"),
+    ("dynamic-sampling-ppo", lambda: W().set("algorithm.name", "ppo").set("algorithm.dynamicSampling", {}),
+     "spec.algorithm.dynamicSampling"),
     ("lr-zero", lambda: W().set("algorithm.lr", 0), "spec.algorithm.lr"),
     ("kl-negative", lambda: W().set("algorithm.klCoef", -0.1), "spec.algorithm.klCoef"),
     ("iterations-zero", lambda: W().set("algorithm.iterations", 0), "spec.algorithm.iterations"),

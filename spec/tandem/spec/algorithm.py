@@ -26,7 +26,7 @@ PRESET_MARK: JsonDict = {"x-tandem-preset": True}  # crd.py: no schema default (
 PRESETS: dict[str, dict[str, Any]] = {
     # DAPO (Yu et al. 2025): clip-higher, token-level loss, no KL, soft overlong punishment
     "dapo": {"clip": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "loss_agg": "token-mean",
-             "overlong": {"penalty": 1.0}},
+             "overlong": {"penalty": 1.0}, "dynamic_sampling": {"max_rounds": 3}},
     # Dr. GRPO (Liu et al. 2025): no std normalisation, no length normalisation, no KL
     "dr_grpo": {"norm_std": False, "loss_agg": "seq-mean-token-sum-norm", "kl_coef": 0.0},
     # GSPO (Zheng et al. 2025): sequence-level ratio, clip range 3e-4 / 4e-4, sequence-mean loss
@@ -45,7 +45,7 @@ NAME_DEFAULTS: dict[str, dict[str, Any]] = {
     "dpo": {},
 }
 PRESETABLE = ("kl_coef", "clip", "clip_high", "policy_loss", "advantage", "norm_std", "loss_agg", "kl_estimator",
-              "kl_penalty", "overlong", "mask_truncated")
+              "kl_penalty", "overlong", "mask_truncated", "dynamic_sampling")
 
 
 class Overlong(Base):
@@ -56,6 +56,13 @@ class Overlong(Base):
                                         "penalty grows; unset: a fifth of rollout.maxTokens (DAPO: 4096 of "
                                         "20480).")] = None
     penalty: Annotated[float, Field(gt=0, le=100, description="The penalty at the limit.")] = 1.0
+
+
+class DynamicSampling(Base):
+    """DAPO's dynamic sampling: groups whose rewards all tie are dropped and more prompts generated."""
+
+    max_rounds: Annotated[int, Field(ge=1, le=16, description="Generation rounds per iteration at most, the "
+                                     "first included; short after them, the iteration trains on what it kept.")] = 3
 
 
 def _present(data: dict[str, Any], name: str) -> bool:
@@ -109,6 +116,9 @@ class Algorithm(Base):
         "DAPO's overlong reward shaping (grpo)."))
     mask_truncated: bool = Field(default=False, json_schema_extra=PRESET_MARK, description=(
         "Completions cut at rollout.maxTokens leave the loss (DAPO's overlong filtering; grpo)."))
+    dynamic_sampling: DynamicSampling | None = Field(default=None, json_schema_extra=PRESET_MARK, description=(
+        "DAPO's dynamic sampling (grpo, synchronous rollouts, rule-based rewards): each iteration keeps "
+        "rollout.promptsPerIteration groups whose rewards differ, generating more prompts for up to maxRounds."))
     lr: Annotated[float, Field(gt=0, le=1)] = 1.0e-6
     iterations: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     epochs: Annotated[int, Field(ge=1, le=16, description="Optimizer passes over each iteration's samples.")] = 1
@@ -150,6 +160,9 @@ class Algorithm(Base):
         Rule("self.name != 'ppo' || (!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated))",
              "overlong and maskTruncated apply to grpo", ".overlong",
              lambda a: a.name != "ppo" or (a.overlong is None and not a.mask_truncated)),
+        Rule("!has(self.dynamicSampling) || (self.name == 'grpo' && self.maxStaleness == 0)",
+             "dynamic sampling applies to grpo with synchronous rollouts (maxStaleness 0)", ".dynamicSampling",
+             lambda a: a.dynamic_sampling is None or (a.name == "grpo" and a.max_staleness == 0)),
         Rule("!has(self.lossAggNorm) || (has(self.lossAgg) && self.lossAgg == 'seq-mean-token-sum-norm')",
              "applies only to lossAgg seq-mean-token-sum-norm", ".lossAggNorm",
              lambda a: a.loss_agg_norm is None or a.loss_agg == "seq-mean-token-sum-norm"),
@@ -196,4 +209,6 @@ class Algorithm(Base):
             parts.append(f"overlong buffer {buffer} penalty {self.overlong.penalty:g}")
         if self.mask_truncated:
             parts.append("truncated masked")
+        if self.dynamic_sampling is not None:
+            parts.append(f"dynamic sampling {self.dynamic_sampling.max_rounds} rounds")
         return f"{head}: " + ", ".join(parts)

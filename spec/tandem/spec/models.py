@@ -449,6 +449,12 @@ class JobSpec(Base):
         Rule("!has(self.rollout.partial) || self.algorithm.maxStaleness == 0",
              "partial rollouts and asynchronous rollouts (maxStaleness > 0) are exclusive; choose one",
              ".algorithm.maxStaleness", lambda s: s.rollout.partial is None or s.algorithm.max_staleness == 0),
+        Rule("!has(self.algorithm.dynamicSampling) || (!has(self.rollout.partial) && "
+             "!self.rewards.exists(r, r.type == 'model'))",
+             "dynamic sampling needs whole synchronous rollouts (no rollout.partial) and rule-based rewards (a "
+             "reward model would load beside the rollout to score each round)", ".algorithm.dynamicSampling",
+             lambda s: s.algorithm.dynamic_sampling is None or (s.rollout.partial is None
+                                                                and not any(r.type == "model" for r in s.rewards))),
         Rule("self.algorithm.name == 'dpo' || (!has(self.rollout.partial) && self.algorithm.maxStaleness == 0) || "
              "has(self.algorithm.tisCap)",
              "stale samples (rollout.partial or maxStaleness > 0) need tisCap: the importance weights "

@@ -283,8 +283,10 @@ class TrainerContext:
     def token_budget(self, samples: list[Sample]) -> int:
         return row_budget(samples, share_prompts=self.job.spec.trainer.share_prompts, hidden=self.engine.shape.hidden)
 
-    def inference(self, samples: list[Sample], inputs: list[RewardInput]) -> dict[str, Any]:
-        """Reference log-probs (collective) overlapped with rewards (driver); fills the samples.
+    def inference(self, samples: list[Sample], inputs: list[RewardInput],
+                  scored: tuple[list[float], dict[str, list[float]]] | None = None) -> dict[str, Any]:
+        """Reference log-probs (collective) overlapped with rewards (driver); fills the samples. Rewards
+        already computed (`scored`: dynamic sampling's) are used as they are.
 
         With data parallelism each dp rank runs the forwards on its share of the packed rows and
         the per-sample results are gathered over the dp group, so every rank ends with all of them.
@@ -303,7 +305,10 @@ class TrainerContext:
                 packed, self.engine.par)
 
         info: dict[str, Any] = {}
-        if self.is_driver:
+        if self.is_driver and scored is not None:
+            (ref, old, values), rewards = model_work(), scored[0]
+            info["reward_components"] = {k: sum(v) / len(v) for k, v in scored[1].items() if v}
+        elif self.is_driver:
             result = overlapped(self.rewards, inputs, model_work)
             (ref, old, values), rewards = result.model_result, result.rewards
             info["overlap_fraction"] = result.timings.overlap_fraction

@@ -19,11 +19,12 @@ from typing import Any
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
-from tandem.sidecars.trainer import host_wait, inflight, resume
+from tandem.sidecars.trainer import dynamic_sampling, host_wait, inflight, resume
 from tandem.sidecars.trainer.context import TrainerContext
+from tandem.sidecars.trainer.dynamic_sampling import Scores
 from tandem.sidecars.trainer.memory import PhaseMemory
-from tandem.sidecars.trainer.partial import staleness_stats
-from tandem.sidecars.trainer.sources import RolloutSource, make_source, to_samples
+from tandem.sidecars.trainer.partial import Group, staleness_stats
+from tandem.sidecars.trainer.sources import RolloutSource, SyncSource, make_source, to_samples
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -79,7 +80,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             info: dict[str, Any] = {}
             ctx.report("rollout", it, version)
             with timer("rollout"):
-                samples, inputs = rollout(ctx, source, it, info) if source is not None else ([], [])
+                samples, inputs, scored = rollout(ctx, source, it, info) if source is not None else ([], [], None)
             with timer("release"):
                 ctx.release_rollouts()
             samples = ctx.broadcast(samples)
@@ -87,7 +88,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
                 ctx.onload()
             ctx.report("inference", it, version)
             with timer("inference"):
-                info |= ctx.inference(samples, inputs)
+                info |= ctx.inference(samples, inputs, scored)
             info |= summarize(samples)
             ctx.report("train", it, version, reward=info["reward_mean"])
             with timer("train"):
@@ -140,9 +141,10 @@ def start_source(ctx: TrainerContext, version: int) -> RolloutSource:
 
 
 def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
-            info: dict[str, Any]) -> tuple[list[Sample], list[RewardInput]]:
+            info: dict[str, Any]) -> tuple[list[Sample], list[RewardInput], Scores | None]:
     """groupSize completions per prompt from the rollout source: the algorithm's samples and what
-    the rewards judge (the user's question, the completion's text, the reference answer)."""
+    the rewards judge (the user's question, the completion's text, the reference answer); with
+    algorithm.dynamicSampling, only groups whose rewards differ, and their rewards."""
     spec = ctx.job.spec
     if ctx.rollouts is None:
         raise RuntimeError("only the driver rank talks to rollouts")
@@ -161,8 +163,20 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
         greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
                                           n=1)
         info["probe"] = {"prompt": probe.question, "greedy": greedy[0][0].text}
-    samples, inputs = to_samples(groups, ctx.eos_id,
-                                 lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
+    def samples_of(gs: list[Group]) -> tuple[list[Sample], list[RewardInput]]:
+        return to_samples(gs, ctx.eos_id, lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
+
+    scored: Scores | None = None
+    dynamic = spec.algorithm.dynamic_sampling
+    if dynamic is not None and isinstance(source, SyncSource):
+        filled = dynamic_sampling.fill(groups, lambda r: source.more(iteration, r, ctx.version, opts), samples_of,
+                                       ctx.rewards.score, spec.rollout.prompts_per_iteration, dynamic.max_rounds)
+        groups, samples, inputs, scored = filled.groups, filled.samples, filled.inputs, (filled.rewards,
+                                                                                        filled.components)
+        stats = {**stats, **filled.stats}
+        seconds = time.perf_counter() - t
+    else:
+        samples, inputs = samples_of(groups)
     info.update(stats)
     info.update(staleness_stats(groups, ctx.version))
     oldest = min((seg.version for g in groups for m in g.members for seg in m.segments), default=ctx.version)
@@ -170,7 +184,7 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
                 rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
-    return samples, inputs
+    return samples, inputs, scored
 
 
 def summarize(samples: list[Sample]) -> dict[str, float]:

@@ -77,6 +77,16 @@ class SyncSource:
         got = versions.pop()
         return whole_groups(prompts, groups, version if got is None else got), {}
 
+    def more(self, iteration: int, round_: int, version: int, options: SamplingOptions) -> list[Group]:
+        """Another round of groups for dynamic sampling: prompts from a stretch of the seeded order no
+        iteration reads (round r of iteration i: position i + r x iterations), so a rerun sees the same."""
+        at = iteration + round_ * self.spec.algorithm.iterations
+        prompts = self.dataset.batch(at, self.spec.rollout.prompts_per_iteration)
+        groups, versions = self.rollouts.generate([p.model_input for p in prompts], options,
+                                                  n=self.spec.algorithm.group_size)
+        got = versions.pop() if len(versions) == 1 else None
+        return whole_groups(prompts, groups, version if got is None else got)
+
     def record(self, version: int) -> inflight.Inflight:
         return inflight.Inflight(version)
 
