@@ -57,3 +57,16 @@ def test_a_new_job_writes_pending_before_its_pods_and_only_once() -> None:
     assert len(kube.status_writes) == 1 and kube.status_writes[0][0] == "41"
     assert {"Pod/demo-0", "Pod/demo-1"} <= set(kube.created)
     assert memory.written_rv == 42
+
+
+def test_a_pass_that_creates_nothing_never_writes_the_last_passes_gang_wait() -> None:
+    """The gang API was missing when the last pass meant to create pods (memory.held); a pass that
+    suspends the job writes Suspended once, never the stale 'waiting for the gang API' status."""
+    kube, memory = RecordingKube(), reconcile.JobMemory(held="no gang API")
+    raw = status.dump_status(StatusWrapper().phase("Pending").get())
+    plan = asyncio.run(reconcile.run(
+        kube=kube, etcd=NoProgress(), memory=memory, ref=reconcile.JobRef("ns", "demo", "uid", 1, "41"),  # type: ignore[arg-type]
+        spec=JobWrapper("demo").small().suspend().obj()["spec"], raw_status=raw, indexed_pods=[],
+        default_etcd=["http://etcd:2379"], logger=logging.getLogger("t")))
+    assert plan is not None and plan.status.phase == "Suspended"
+    assert [st["phase"] for _, st in kube.status_writes] == ["Suspended"] and memory.held == ""

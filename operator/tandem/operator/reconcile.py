@@ -228,23 +228,24 @@ async def run(
     # pass on a stale view (a watch event not yet delivered, a former leader) gets 409 and acts on
     # nothing, so a gang failure is counted once and pods of a superseded decision are never made.
     decided, events, before = plan.status.model_copy(deep=True), list(plan.events), (memory.held, memory.refused)
-    plan.events = events + annotate(plan.status, current, memory)  # as the last pass's creates went
+    plan.events = events + annotate(plan.status, current, memory, bool(plan.create))  # as the last pass's went
     written = await write_status(kube, ref, memory, plan.status, raw_status, ref.resource_version)
     if written is None:
         return None
     memory.held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd), policy_from)
     if (memory.held, memory.refused) != before:  # this pass's creates went otherwise
         plan.status = decided
-        plan.events = events + annotate(plan.status, current, memory)
+        plan.events = events + annotate(plan.status, current, memory, bool(plan.create))
         await write_status(kube, ref, memory, plan.status, written[0], written[1])
     return plan
 
 
-def annotate(new: JobStatus, current: JobStatus, memory: JobMemory) -> list[status.Event]:
-    """Why pods are not being created, on top of the decided status: a gang API that is missing or
-    a create the API server refused. The same status every pass; an Event when it starts."""
+def annotate(new: JobStatus, current: JobStatus, memory: JobMemory, creating: bool) -> list[status.Event]:
+    """Why pods are not being created, on top of the decided status of a pass that means to create
+    them: a gang API that is missing or a create the API server refused. The same status every pass;
+    an Event when it starts."""
     events: list[status.Event] = []
-    if memory.held:
+    if memory.held and creating:
         if current.message != memory.held:
             events.append(status.Event("Warning", gang.UNAVAILABLE_REASON, memory.held))
         status.set_phase(new, "Pending", memory.held, datetime.now(UTC), reason=gang.UNAVAILABLE_REASON)
