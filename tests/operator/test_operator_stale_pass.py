@@ -56,7 +56,7 @@ def test_a_new_job_writes_pending_before_its_pods_and_only_once() -> None:
     assert plan is not None and plan.status.phase == "Pending"
     assert len(kube.status_writes) == 1 and kube.status_writes[0][0] == "41"
     assert {"Pod/demo-0", "Pod/demo-1"} <= set(kube.created)
-    assert memory.written_rv == 42
+    assert memory.written_rv == 41
 
 
 def test_a_pass_that_creates_nothing_never_writes_the_last_passes_gang_wait() -> None:

@@ -34,8 +34,10 @@ def test_each_phase_has_its_own_peak() -> None:
     assert meter.phases["big"]["peak_rss_mib"] >= base + 200
     assert meter.phases["big"]["rss_mib"] < base + 100
     assert meter.phases["small"]["peak_rss_mib"] < base + 100  # reset before the phase
-    summary = meter.summary()
-    assert summary["peak_rss_mib"] == meter.phases["big"]["peak_rss_mib"]
+    summary = meter.summary()  # the max over phases (in a long test process "warm" may hold the highest:
+    # its peak is the RSS at its start, before the release that ends it)
+    assert summary["peak_rss_mib"] == max(p["peak_rss_mib"] for p in meter.phases.values())
+    assert summary["peak_rss_mib"] >= meter.phases["big"]["peak_rss_mib"]
     assert set(summary["phases"]) == {"warm", "big", "small"}
 
 

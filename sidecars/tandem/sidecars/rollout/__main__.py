@@ -53,16 +53,16 @@ def main() -> int:
     if started is None:
         return 2
     env, job = started
-    try:
-        model_dir.check(job.spec.model.path, "spec.model.path", tokenizer=True)
-    except model_dir.ModelDirError as e:
-        return refuse(log, str(e))
-    try:  # gpusPerPod > 0: CUDA or a clear refusal, never vLLM on the CPU
+    try:  # gpusPerPod > 0: CUDA or a clear refusal, never vLLM on the CPU (first, as the trainer does)
         if env.gpu_ids_file is not None and not env.rollout_only:  # exactly the trainer's GPUs (devicePlugin)
             gpu_share.adopt(gpu_share.wait_for(env.gpu_ids_file, port=env.port))
         gpu.select(job.spec.gpus_per_pod, "rollout")
     except gpu.NoUsableGpu as e:
         return refuse(log, str(e), 3)
+    try:
+        model_dir.check(job.spec.model.path, "spec.model.path", tokenizer=True)
+    except model_dir.ModelDirError as e:
+        return refuse(log, str(e))
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec
