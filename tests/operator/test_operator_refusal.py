@@ -92,3 +92,31 @@ def test_a_refused_pod_shows_once_and_waits_for_the_backoff(monkeypatch: pytest.
     assert [a for a in kube.attempts if a.startswith("Pod/")] == ["Pod/demo-0"]
     assert memory.refused == "" and memory.refusals == 0
     assert plan.status.reason == "PodsPending" and plan.status.message == "waiting for 1 of 1 pods"
+
+
+class MovesOnOnce(RefusingKube):
+    """The object changes between a pass's two status writes (kopf's own bookkeeping, a user's edit):
+    the second write of the first pass gets 409."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    async def patch_status(self, namespace: str, name: str, status: Any, resource_version: str = "") -> dict[str, Any]:
+        self.writes += 1
+        if self.writes == 2:
+            raise KubeError(f"patch status of {namespace}/{name}", 409, b'{"message": "the object has been modified"}')
+        return await super().patch_status(namespace, name, status, resource_version)
+
+
+def test_a_refusal_whose_status_write_conflicts_is_announced_once_by_the_pass_that_writes_it() -> None:
+    kube, memory = MovesOnOnce(), reconcile.JobMemory()
+    first = one_pass(kube, memory, {})
+    assert not [e for e in first.events if e.reason == "PodCreateRefused"]  # its status was not stored
+    stored = kube.status_writes[-1][1]
+    assert stored["phase"] == "Pending" and stored["message"] != FORBIDDEN
+    second = one_pass(kube, memory, stored)  # within the backoff: no create, the refusal written now
+    assert [(e.reason, e.message) for e in second.events] == [("PodCreateRefused", FORBIDDEN)]
+    assert kube.status_writes[-1][1]["message"] == FORBIDDEN
+    third = one_pass(kube, memory, kube.status_writes[-1][1])
+    assert not [e for e in third.events if e.reason == "PodCreateRefused"]

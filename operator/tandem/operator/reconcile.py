@@ -235,8 +235,11 @@ async def run(
     memory.held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd), policy_from)
     if (memory.held, memory.refused) != before:  # this pass's creates went otherwise
         plan.status = decided
-        plan.events = events + annotate(plan.status, current, memory, bool(plan.create))
-        await write_status(kube, ref, memory, plan.status, written[0], written[1])
+        news = annotate(plan.status, current, memory, bool(plan.create))
+        # announced only with the status that says it: when the object moved on in between (409), the
+        # next pass writes it, and posts the Event then, once
+        stored = await write_status(kube, ref, memory, plan.status, written[0], written[1])
+        plan.events = events + (news if stored is not None else [])
     return plan
 
 
