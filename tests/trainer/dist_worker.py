@@ -161,6 +161,19 @@ def assert_same_after_adam(got: torch.Tensor, want: torch.Tensor, name: str, ste
     assert int(d.gt(1e-5).sum()) <= max(2, int(noisy * d.numel())), (name, int(d.gt(1e-5).sum()))
 
 
+def spawn_layouts(model_dirs: Mapping[str, Path], layouts: list[tuple[str, int, int, int]], world: int,
+                  out: Path, scored: bool = False) -> dict[tuple[str, int, int, int], list[dict[str, Any]]]:
+    """`run` on `world` spawned gloo ranks for each (family, tp, pp, ep) layout; what each rank saw, by layout."""
+    import torch.multiprocessing as mp
+
+    from tandem.checkpoint_engine.local_etcd import free_port
+
+    dirs = [(str(model_dirs[f]), tp, pp, ep) for f, tp, pp, ep in layouts]
+    mp.start_processes(run, args=(world, free_port(), str(out), dirs, scored), nprocs=world, start_method="spawn")
+    return {(f, tp, pp, ep): [torch.load(out / f"tp{tp}pp{pp}ep{ep}-rank{r}.pt", weights_only=False)
+                              for r in range(world)] for f, tp, pp, ep in layouts}
+
+
 def assert_export_is_hf(seen: list[dict[str, Any]], want: Mapping[str, torch.Tensor]) -> None:
     """Rank 0 exported exactly the HF checkpoint's tensors; every other rank exported nothing."""
     rank0, *others = seen

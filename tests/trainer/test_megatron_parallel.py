@@ -13,11 +13,9 @@ from typing import Any
 import dist_worker
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
-from tandem.checkpoint_engine.local_etcd import free_port
 from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 
 pytestmark = pytest.mark.megatron
@@ -35,17 +33,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def ranks(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ranks:
-    out = tmp_path_factory.mktemp("ranks")
-    layouts = [(str(model_dirs[f]), tp, pp, ep) for f, tp, pp, ep in LAYOUTS]
-    mp.start_processes(
-        dist_worker.run, args=(2, free_port(), str(out), layouts), nprocs=2, start_method="spawn"
-    )
-    return {
-        (f, tp, pp, ep): [
-            torch.load(out / f"tp{tp}pp{pp}ep{ep}-rank{r}.pt", weights_only=False) for r in range(2)
-        ]
-        for f, tp, pp, ep in LAYOUTS
-    }
+    return dist_worker.spawn_layouts(model_dirs, LAYOUTS, 2, tmp_path_factory.mktemp("ranks"))
 
 
 @pytest.fixture(scope="module")

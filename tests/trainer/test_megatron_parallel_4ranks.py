@@ -17,12 +17,10 @@ from typing import Any
 import dist_worker
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
 from tandem.checkpoint_engine import convert
-from tandem.checkpoint_engine.local_etcd import free_port
 
 pytestmark = pytest.mark.megatron
 WORLD = 4
@@ -40,17 +38,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def ranks(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ranks:
-    out = tmp_path_factory.mktemp("ranks")
-    layouts = [(str(model_dirs[f]), tp, pp, ep) for f, tp, pp, ep in LAYOUTS]
-    mp.start_processes(
-        dist_worker.run, args=(WORLD, free_port(), str(out), layouts, True), nprocs=WORLD, start_method="spawn"
-    )
-    return {
-        (f, tp, pp, ep): [
-            torch.load(out / f"tp{tp}pp{pp}ep{ep}-rank{r}.pt", weights_only=False) for r in range(WORLD)
-        ]
-        for f, tp, pp, ep in LAYOUTS
-    }
+    return dist_worker.spawn_layouts(model_dirs, LAYOUTS, WORLD, tmp_path_factory.mktemp("ranks"), scored=True)
 
 
 @pytest.fixture(scope="module")

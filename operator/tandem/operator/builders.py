@@ -153,7 +153,7 @@ def owner_reference(name: str, uid: str) -> Manifest:
     }
 
 
-def _metadata(job: RLHFJob, name: str, owner_uid: str | None, labels: dict[str, str]) -> Manifest:
+def object_metadata(job: RLHFJob, name: str, owner_uid: str | None, labels: dict[str, str]) -> Manifest:
     meta: Manifest = {"name": name, "namespace": job.metadata.namespace, "labels": labels}
     if owner_uid is not None:
         meta["ownerReferences"] = [owner_reference(job.metadata.name, owner_uid)]
@@ -194,7 +194,7 @@ def build_service(job: RLHFJob, *, owner_uid: str | None = None) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(job, service_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)),
+        "metadata": object_metadata(job, service_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -228,7 +228,7 @@ def build_spec_configmap(job: RLHFJob, *, owner_uid: str | None = None) -> Manif
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(job, spec_configmap_name(job), owner_uid, job_labels(job.metadata.name)),
+        "metadata": object_metadata(job, spec_configmap_name(job), owner_uid, job_labels(job.metadata.name)),
         "immutable": True,
         "data": {JOB_FILE_KEY: job_text(job)},
     }
@@ -239,7 +239,7 @@ def build_token_secret(job: RLHFJob, token: str, *, owner_uid: str | None = None
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _metadata(
+        "metadata": object_metadata(
             job, token_secret_name(job.metadata.name), owner_uid, job_labels(job.metadata.name)
         ),
         "stringData": {TOKEN_KEY: token},
@@ -395,7 +395,7 @@ def build_pod(
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(
+        "metadata": object_metadata(
             job, pod_object_name(name, index, restart_generation, queued=bool(kueue.queue_name(job.metadata.labels))),
             owner_uid, pod_labels(name, role, index, restart_generation)
         ),

@@ -33,14 +33,10 @@ def build_network_policy(job: RLHFJob, *, owner_uid: str | None = None,
                          extra_from: Sequence[Manifest] = ()) -> Manifest:
     name = job.metadata.name
     own = {"matchLabels": {builders.LABEL_JOB: name}}
-    meta: Manifest = {"name": policy_name(name), "namespace": job.metadata.namespace,
-                      "labels": builders.job_labels(name)}
-    if owner_uid is not None:
-        meta["ownerReferences"] = [builders.owner_reference(name, owner_uid)]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": meta,
+        "metadata": builders.object_metadata(job, policy_name(name), owner_uid, builders.job_labels(name)),
         "spec": {
             "podSelector": own,
             "policyTypes": ["Ingress"],

@@ -72,13 +72,13 @@ def reinforce_pp(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
 
 def kl(kind: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 20.0) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) by the named estimator."""
+    if kind == "k3":
+        return F.kl_k3(logprobs, ref_logprobs, bound)
     d = torch.clamp(logprobs - ref_logprobs, -bound, bound)
     if kind == "k1":
         return d
     if kind == "k2":
         return 0.5 * d * d
-    if kind == "k3":
-        return torch.exp(-d) + d - 1.0
     raise ValueError(f"unknown KL estimator {kind!r} (k1, k2, k3)")
 
 

@@ -89,13 +89,17 @@ def clipped_policy_loss(
 
     Returns (loss, ratio, clipped) where `clipped` is 1.0 where the clipped term was chosen.
     """
-    high = clip if clip_high is None else clip_high
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = ratio * advantages
-    clipped_term = torch.clamp(ratio, 1.0 - clip, 1.0 + high) * advantages
-    loss = -torch.minimum(unclipped, clipped_term)
-    was_clipped = (clipped_term < unclipped).to(torch.float32)
+    loss, was_clipped = _clipped_surrogate(ratio, advantages, clip, clip if clip_high is None else clip_high)
     return loss, ratio, was_clipped
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float,
+                       high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`-min(r A, clip(r, 1 - low, 1 + high) A)` and where the clipped term was chosen (1.0)."""
+    unclipped = ratio * advantages
+    clipped_term = torch.clamp(ratio, 1.0 - low, 1.0 + high) * advantages
+    return -torch.minimum(unclipped, clipped_term), (clipped_term < unclipped).to(torch.float32)
 
 
 def policy_loss(
@@ -124,15 +128,13 @@ def policy_loss(
         ratio = torch.exp(seq_log_ratio + logprobs - logprobs.detach())
     else:
         ratio = torch.exp(log_ratio)
-    bounded = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     if mode == "cispo":
+        bounded = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
         loss = -bounded.detach() * advantages * logprobs
         return loss, ratio, (bounded != ratio).to(torch.float32)
     if mode not in ("clip", "gspo"):
         raise ValueError(f"unknown policy loss {mode!r} (clip, gspo, cispo)")
-    unclipped, clipped_term = ratio * advantages, bounded * advantages
-    loss = -torch.minimum(unclipped, clipped_term)
-    was_clipped = (clipped_term < unclipped).to(torch.float32)
+    loss, was_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
     if clip_c is not None:
         cap = -clip_c * advantages
         dual = (advantages < 0) & (loss > cap)

@@ -43,14 +43,14 @@ def fill(first: list[Group], more: Callable[[int], list[Group]],
          to_samples: Callable[[list[Group]], tuple[list[Sample], list[RewardInput]]],
          score: Callable[[list[RewardInput]], Scores], want: int, max_rounds: int) -> Filled:
     kept: list[tuple[Group, list[float], dict[str, list[float]]]] = []
-    first_round: tuple[list[Group], list[float], dict[str, list[float]]] | None = None
+    first_round: Filled | None = None
     dropped, rounds, groups = 0, 0, first
     while True:
         rounds += 1
         samples, inputs = to_samples(groups)
         totals, components = score(inputs)
         if first_round is None:
-            first_round = (groups, totals, components)
+            first_round = Filled(groups, samples, inputs, totals, components)
         at = 0
         for g in groups:
             n = len(g.members)
@@ -65,10 +65,9 @@ def fill(first: list[Group], more: Callable[[int], list[Group]],
         groups = more(rounds)
     stats = {"dynamic_rounds": rounds, "dynamic_kept_groups": len(kept), "dynamic_dropped_groups": dropped,
              "dynamic_full": len(kept) >= want}
-    if not kept:  # nothing informative in any round: the first round as it came
-        groups, totals, components = first_round
-        samples, inputs = to_samples(groups)
-        return Filled(groups, samples, inputs, totals, components, stats)
+    if not kept and first_round is not None:  # nothing informative in any round: the first round as it came
+        first_round.stats = stats
+        return first_round
     groups = [g for g, _, _ in kept]
     samples, inputs = to_samples(groups)
     names = list(kept[0][2])

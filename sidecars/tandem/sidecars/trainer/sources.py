@@ -69,22 +69,21 @@ class SyncSource:
         self.spec, self.dataset, self.rollouts = spec, dataset, rollouts
 
     def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
-        prompts = self.dataset.batch(iteration, self.spec.rollout.prompts_per_iteration)
+        return self._groups(iteration, version, options), {}
+
+    def more(self, iteration: int, round_: int, version: int, options: SamplingOptions) -> list[Group]:
+        """Another round of groups for dynamic sampling: prompts from a stretch of the seeded order no
+        iteration reads (round r of iteration i: position i + r x iterations), so a rerun sees the same."""
+        return self._groups(iteration + round_ * self.spec.algorithm.iterations, version, options)
+
+    def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
+        """groupSize completions for each prompt of the dataset's batch at `position`, all of one version."""
+        prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
         groups, versions = self.rollouts.generate([p.model_input for p in prompts], options,
                                                   n=self.spec.algorithm.group_size)
         if len(versions) != 1:
             raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
         got = versions.pop()
-        return whole_groups(prompts, groups, version if got is None else got), {}
-
-    def more(self, iteration: int, round_: int, version: int, options: SamplingOptions) -> list[Group]:
-        """Another round of groups for dynamic sampling: prompts from a stretch of the seeded order no
-        iteration reads (round r of iteration i: position i + r x iterations), so a rerun sees the same."""
-        at = iteration + round_ * self.spec.algorithm.iterations
-        prompts = self.dataset.batch(at, self.spec.rollout.prompts_per_iteration)
-        groups, versions = self.rollouts.generate([p.model_input for p in prompts], options,
-                                                  n=self.spec.algorithm.group_size)
-        got = versions.pop() if len(versions) == 1 else None
         return whole_groups(prompts, groups, version if got is None else got)
 
     def record(self, version: int) -> inflight.Inflight:
