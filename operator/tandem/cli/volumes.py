@@ -41,6 +41,8 @@ def localize(job: RLHFJob, source: str = "<job>") -> RLHFJob:
         s.eval.dataset.path = host(s.eval.dataset.path)
     if s.reference.path is not None:
         s.reference.path = host(s.reference.path)
+    if s.algorithm.distillation is not None:
+        s.algorithm.distillation.teacher = host(s.algorithm.distillation.teacher)
     for reward in s.rewards:
         if reward.path is not None:
             reward.path = host(reward.path)

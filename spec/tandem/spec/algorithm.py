@@ -43,6 +43,7 @@ NAME_DEFAULTS: dict[str, dict[str, Any]] = {
     "grpo": {"advantage": "grpo", "kl_estimator": "k3", "kl_penalty": "loss"},
     "ppo": {"advantage": "gae", "kl_estimator": "k1", "kl_penalty": "reward"},
     "dpo": {},
+    "kto": {},
 }
 PRESETABLE = ("kl_coef", "clip", "clip_high", "policy_loss", "advantage", "norm_std", "loss_agg", "kl_estimator",
               "kl_penalty", "overlong", "mask_truncated", "dynamic_sampling")
@@ -70,8 +71,26 @@ def _present(data: dict[str, Any], name: str) -> bool:
     return name in data or camel in data
 
 
+class Distillation(Base):
+    """On-policy distillation: the student's own samples scored by a teacher model, the negative reverse
+    KL log pi_teacher - log pi_student per token as (part of) the advantage or the reward."""
+
+    teacher: Annotated[str, Field(min_length=1, description=(
+        "The teacher's HF model dir (a path in the job's volume, or relative to the job file for `tandem run`). "
+        "It is scored by the trainer's own engine, as the reference model is, so it must share the student's "
+        "architecture and tokenizer (a larger teacher of another shape is refused at start)."))]
+    coef: Annotated[float, Field(gt=0, le=100, description="Weight of the negative reverse KL.")] = 1.0
+    form: Literal["advantage", "reward"] = Field(default="advantage", description=(
+        "advantage: coef x (log pi_teacher - log pi_student) is added to each token's advantage (dense, "
+        "per-token credit); reward: its sum over the completion is added to the reward before the advantage "
+        "estimator."))
+    task_reward: bool = Field(default=True, description=(
+        "Keep the rewards' advantage beside the distillation term (false, with form advantage: pure "
+        "distillation, the rewards only reported)."))
+
+
 class Algorithm(Base):
-    name: Literal["grpo", "ppo", "dpo"] = "grpo"
+    name: Literal["grpo", "ppo", "dpo", "kto"] = "grpo"
     preset: Preset | None = Field(default=None, description=(
         "A published recipe: fills every field it sets that the job leaves out (the job's own values win); "
         "status.algorithm and `tandem validate` show the result. dapo: clip 0.2, clipHigh 0.28, klCoef 0, "
@@ -125,7 +144,15 @@ class Algorithm(Base):
     gamma: Annotated[float, Field(ge=0, le=1, description="Discount of PPO's GAE and REINFORCE++'s returns.")] = 1.0
     lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
     critic: bool = Field(default=False, description="PPO with a learned critic (otherwise group baseline).")
-    beta: Annotated[float, Field(gt=0, le=100, description="DPO temperature.")] = 0.1
+    beta: Annotated[float, Field(gt=0, le=100, description="DPO's and KTO's temperature.")] = 0.1
+    desirable_weight: Annotated[float, Field(gt=0, le=100, description=(
+        "KTO's lambda_D: the weight of a desirable example's loss (raise it when desirable examples are fewer: "
+        "the KTO paper keeps lambda_D n_D / (lambda_U n_U) in [1, 4/3]).")) ] = 1.0
+    undesirable_weight: Annotated[float, Field(gt=0, le=100, description="KTO's lambda_U, the weight of an "
+                                               "undesirable example's loss.")] = 1.0
+    distillation: Distillation | None = Field(default=None, description=(
+        "On-policy distillation from a teacher model (grpo): its log-probs on the student's own samples, "
+        "scored in the Inference phase beside the reference's."))
     tis_cap: Annotated[float | None, Field(ge=1, le=1000, description="Truncated importance sampling: weigh "
                                            "each token's policy loss by min(p_trainer / p_rollout, tisCap), "
                                            "correcting for the rollout engine's numeric mismatch "
@@ -163,6 +190,18 @@ class Algorithm(Base):
         Rule("!has(self.dynamicSampling) || (self.name == 'grpo' && self.maxStaleness == 0)",
              "dynamic sampling applies to grpo with synchronous rollouts (maxStaleness 0)", ".dynamicSampling",
              lambda a: a.dynamic_sampling is None or (a.name == "grpo" and a.max_staleness == 0)),
+        Rule("!has(self.distillation) || self.name == 'grpo'", "on-policy distillation applies to grpo",
+             ".distillation", lambda a: a.distillation is None or a.name == "grpo"),
+        Rule("self.name == 'kto' || (self.desirableWeight == 1.0 && self.undesirableWeight == 1.0)",
+             "desirableWeight and undesirableWeight apply to kto", ".desirableWeight",
+             lambda a: a.name == "kto" or (a.desirable_weight == 1.0 and a.undesirable_weight == 1.0)),
+        Rule("self.name != 'kto' || ((!has(self.policyLoss) || self.policyLoss == 'clip') && !has(self.clipC) && "
+             "!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated) && !has(self.tisCap) && "
+             "self.maxStaleness == 0)",
+             "kto trains on a labelled dataset: policyLoss, clipC, overlong, maskTruncated, tisCap and maxStaleness "
+             "do not apply", ".name",
+             lambda a: a.name != "kto" or (a.policy_loss == "clip" and a.clip_c is None and a.overlong is None
+                                           and not a.mask_truncated and a.tis_cap is None and a.max_staleness == 0)),
         Rule("!has(self.lossAggNorm) || (has(self.lossAgg) && self.lossAgg == 'seq-mean-token-sum-norm')",
              "applies only to lossAgg seq-mean-token-sum-norm", ".lossAggNorm",
              lambda a: a.loss_agg_norm is None or a.loss_agg == "seq-mean-token-sum-norm"),
@@ -195,6 +234,10 @@ class Algorithm(Base):
         """The expanded algorithm in one line (status.algorithm, `tandem validate`); `max_tokens` is
         rollout.maxTokens (the overlong buffer's default)."""
         head = self.name + (f" (preset {self.preset})" if self.preset else "")
+        if self.name in ("dpo", "kto"):
+            weights = (f", desirable {self.desirable_weight:g}, undesirable {self.undesirable_weight:g}"
+                       if self.name == "kto" else "")
+            return f"{head}: beta {self.beta:g}{weights}"
         parts = [f"policyLoss {self.policy_loss}", f"clip {self.clip:g}/{self.clip_high_value:g}"]
         if self.clip_c is not None:
             parts.append(f"clipC {self.clip_c:g}")
@@ -211,4 +254,7 @@ class Algorithm(Base):
             parts.append("truncated masked")
         if self.dynamic_sampling is not None:
             parts.append(f"dynamic sampling {self.dynamic_sampling.max_rounds} rounds")
+        if self.distillation is not None:
+            d = self.distillation
+            parts.append(f"distillation coef {d.coef:g} in {d.form}" + ("" if d.task_reward else " (no task reward)"))
         return f"{head}: " + ", ".join(parts)

@@ -79,7 +79,7 @@ def load_job(path: str | Path) -> RLHFJob:
 
 
 # Fields naming files of the job (dotted paths under `spec`) that a job file may give relative to itself.
-RELATIVE_PATHS = ("model.path", "dataset.path", "reference.path", "eval.dataset.path")
+RELATIVE_PATHS = ("model.path", "dataset.path", "reference.path", "eval.dataset.path", "algorithm.distillation.teacher")
 
 
 def resolve_paths(doc: Any, base: Path) -> Any:

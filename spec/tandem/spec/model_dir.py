@@ -71,10 +71,12 @@ def check(path: str | Path, field: str, *, tokenizer: bool) -> dict[str, Any]:
 
 def job_problems(spec: JobSpec, *, missing_ok: bool) -> list[tuple[str, str]]:
     """(field, message) for each unusable model directory of the job: model.path (config and tokenizer)
-    and reference.path (config). `missing_ok`: a directory that does not exist here is not checked."""
+    reference.path (config) and algorithm.distillation.teacher (config and tokenizer). `missing_ok`: a directory that does not exist here is not checked."""
     dirs = [("spec.model.path", spec.model.path, True)]
     if spec.reference.path is not None:
         dirs.append(("spec.reference.path", spec.reference.path, False))
+    if spec.algorithm.distillation is not None:
+        dirs.append(("spec.algorithm.distillation.teacher", spec.algorithm.distillation.teacher, True))
     out: list[tuple[str, str]] = []
     for field, path, tokenizer in dirs:
         if missing_ok and not Path(path).exists():
