@@ -136,3 +136,22 @@ def test_the_entry_point_refuses_a_too_long_row_in_one_line(tmp_path: Path) -> N
     assert f"ERROR {tmp_path}/train.jsonl: row 3 (spec.dataset.path): the prompt is {third} tokens" in last, \
         done.stderr
     assert f"context length of {second + 1} tokens (spec.rollout.maxModelLen)" in last
+
+
+def test_a_teacher_or_reference_of_another_shape_is_refused_naming_its_field(tmp_path: Path) -> None:
+    """Both are scored by swapping their weights into the trainer's engine: a teacher whose config gives
+    another shape stops the job before the engine is built, naming the field and the key."""
+    doc = spec_doc(tmp_path)
+    teacher = model_dir(tmp_path / "teacher")
+    doc["algorithm"] = {"distillation": {"teacher": str(teacher)}}
+    preflight.check(JobSpec.model_validate(doc))  # the same config: accepted
+    (teacher / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.check(JobSpec.model_validate(doc))
+    assert str(err.value) == (
+        f"spec.algorithm.distillation.teacher: {teacher} is scored in the trainer's engine in place of the model's "
+        "weights, so it must have the shape of spec.model.path: config.json's model_type is 'llama' where the "
+        "model has 'qwen2'")
+    doc = spec_doc(tmp_path, reference={"path": str(teacher)})
+    with pytest.raises(preflight.PreflightError, match="^spec.reference.path: "):
+        preflight.check(JobSpec.model_validate(doc))

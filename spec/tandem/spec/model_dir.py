@@ -70,8 +70,9 @@ def check(path: str | Path, field: str, *, tokenizer: bool) -> dict[str, Any]:
 
 
 def job_problems(spec: JobSpec, *, missing_ok: bool) -> list[tuple[str, str]]:
-    """(field, message) for each unusable model directory of the job: model.path (config and tokenizer)
-    reference.path (config) and algorithm.distillation.teacher (config and tokenizer). `missing_ok`: a directory that does not exist here is not checked."""
+    """(field, message) for each unusable model directory of the job: model.path (config and tokenizer),
+    reference.path (config) and algorithm.distillation.teacher (config and tokenizer). `missing_ok`: a
+    directory that does not exist here is not checked."""
     dirs = [("spec.model.path", spec.model.path, True)]
     if spec.reference.path is not None:
         dirs.append(("spec.reference.path", spec.reference.path, False))
@@ -86,6 +87,29 @@ def job_problems(spec: JobSpec, *, missing_ok: bool) -> list[tuple[str, str]]:
         except ModelDirError as e:
             out.append((field, str(e).removeprefix(f"{field}: ")))
     return out
+
+
+SHAPE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "num_local_experts")
+
+
+def swapped_dirs(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, path) of the model dirs whose weights the trainer swaps into its own engine to score
+    samples: reference.path and algorithm.distillation.teacher."""
+    out = []
+    if spec.reference.path is not None:
+        out.append(("spec.reference.path", spec.reference.path))
+    if spec.algorithm.distillation is not None:
+        out.append(("spec.algorithm.distillation.teacher", spec.algorithm.distillation.teacher))
+    return out
+
+
+def shape_mismatch(model: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """The first SHAPE_KEYS entry where `other`'s config differs from `model`'s, said in words; None if alike."""
+    for key in SHAPE_KEYS:
+        if model.get(key) != other.get(key):
+            return f"config.json's {key} is {other.get(key)!r} where the model has {model.get(key)!r}"
+    return None
 
 
 def context_length(rollout: Rollout, config: dict[str, Any]) -> int:

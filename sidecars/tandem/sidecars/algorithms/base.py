@@ -50,6 +50,7 @@ class Sample:
     ref_logprobs: list[float] | None = None  # reference model
     values: list[float] | None = None  # PPO critic, V before each completion token
     rollout_logprobs: list[float] | None = None  # what the rollout engine reported when sampling
+    teacher_logprobs: list[float] | None = None  # on-policy distillation's teacher (algorithm.distillation)
     truncated: bool | None = None  # cut at the generation limit (vLLM's finish_reason "length"); None: unknown
 
 

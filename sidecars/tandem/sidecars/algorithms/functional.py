@@ -143,6 +143,32 @@ def policy_loss(
     return loss, ratio, was_clipped
 
 
+def policy_metrics(
+    logprobs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_low: float,
+    clip_high: float, mode: str = "clip",
+) -> dict[str, float]:
+    """What every peer shows of a policy step, over the masked tokens.
+
+    clip_frac_low: tokens the lower bound holds (A < 0 and r < 1 - low: the update would push pi further
+    down); clip_frac_high: the upper bound (A > 0 and r > 1 + high); for cispo, whose weight is clipped
+    whatever the advantage's sign, r below or above the bounds. ratio_std: the spread of r (its mean is
+    ratio_mean). entropy: the sampled-token estimate -mean log pi(y_t) of the policy's per-token entropy
+    (unbiased for samples drawn from the policy at temperature 1; with stale samples or another
+    temperature, the cross-entropy of the sampler's tokens under the policy).
+    """
+    r = ratio.detach()
+    below, above = r < 1.0 - clip_low, r > 1.0 + clip_high
+    if mode != "cispo":
+        below, above = below & (advantages < 0), above & (advantages > 0)
+    mean = masked_mean(r, mask)
+    return {
+        "clip_frac_low": float(masked_mean(below.to(torch.float32), mask)),
+        "clip_frac_high": float(masked_mean(above.to(torch.float32), mask)),
+        "ratio_std": float(masked_mean((r - mean) ** 2, mask).sqrt()),
+        "entropy": float(masked_mean(-logprobs.detach(), mask)),
+    }
+
+
 def rollout_mismatch(
     trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None,
     mode: str = "truncate",

@@ -6,7 +6,9 @@ Role: `GRPO.prepare` turns each prompt's group of scored completions into per-to
 completion token; DAPO's overlong shaping adds to the rewards first, and `maskTruncated` takes
 completions cut at the generation limit out of the loss. `GRPO.loss` is the policy loss
 (`algorithm.policyLoss`, `functional.policy_loss`) plus, with `klPenalty: loss`, `kl_coef` x the
-chosen KL estimator per token (k3 by default), aggregated by `algorithm.lossAgg`. When the samples
+chosen KL estimator per token (k3 by default), aggregated by `algorithm.lossAgg`. On-policy
+distillation (`algorithm.distillation`) adds coef x (log pi_teacher - log pi_student) to each token's
+advantage, or its sum to the reward before the estimator. When the samples
 carry the rollout engine's own log-probs, the loss reports the rollout/trainer mismatch and, with
 `tis_cap`, weighs each token by the truncated importance ratio p_trainer / p_rollout
 (`F.rollout_mismatch`). The presets (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) are spec-level
@@ -56,6 +58,9 @@ class GRPO:
     overlong_buffer: int = 0  # DAPO's soft overlong punishment inside this many tokens before max_tokens
     overlong_penalty: float = 1.0
     mask_truncated: bool = False  # completions cut at max_tokens leave the loss
+    distill_coef: float = 0.0  # on-policy distillation's weight (algorithm.distillation); 0: none
+    distill_form: str = "advantage"  # "advantage": per token; "reward": summed into the sample's reward
+    task_reward: bool = True  # with distillation: keep the rewards' advantage beside its term
 
     @classmethod
     def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False,
@@ -68,7 +73,10 @@ class GRPO:
                    agg_norm=spec.loss_agg_norm, max_tokens=max_tokens,
                    overlong_buffer=(spec.overlong.buffer or (max_tokens or 0) // 5) if spec.overlong else 0,
                    overlong_penalty=spec.overlong.penalty if spec.overlong else 1.0,
-                   mask_truncated=spec.mask_truncated)
+                   mask_truncated=spec.mask_truncated,
+                   distill_coef=spec.distillation.coef if spec.distillation else 0.0,
+                   distill_form=spec.distillation.form if spec.distillation else "advantage",
+                   task_reward=spec.distillation.task_reward if spec.distillation else True)
 
     @property
     def name(self) -> str:
@@ -80,7 +88,8 @@ class GRPO:
 
     @property
     def needs_old_logprobs(self) -> bool:
-        return self.kl_coef > 0 and self.kl_penalty == "reward"  # the sampling policy's KL to the reference
+        # the sampling policy's KL to the reference, or the student's log-probs beside the teacher's
+        return (self.kl_coef > 0 and self.kl_penalty == "reward") or self.distill_coef > 0
 
     @property
     def needs_values(self) -> bool:
@@ -110,7 +119,18 @@ class GRPO:
         kl_tokens = self._reward_kl(samples, ref)
         if kl_tokens is not None:
             stats["kl_reward"] = sum(sum(k) for k in kl_tokens) / max(sum(len(k) for k in kl_tokens), 1)
+        distill = self._distillation(samples)
+        if distill is not None:
+            stats["distill_reverse_kl"] = -sum(sum(d) for d in distill) / max(sum(len(d) for d in distill), 1)
+            task = rewards if self.task_reward else torch.zeros_like(rewards)
+            if self.distill_form == "reward":
+                rewards = task + self.distill_coef * torch.tensor([sum(d) for d in distill])
+            else:
+                rewards = task
         per_sample = self._advantages(samples, rewards, groups, kl_tokens)
+        if distill is not None and self.distill_form == "advantage":
+            per_sample = [[a + self.distill_coef * d for a, d in zip(adv, dist, strict=True)]
+                          for adv, dist in zip(per_sample, distill, strict=True)]
         batch.token_fields["advantages"] = batch.scatter(per_sample)
         for name in ("old_logprobs", "rollout_logprobs"):
             values = per_token(samples, name)
@@ -138,6 +158,18 @@ class GRPO:
             raise AlgorithmError("klPenalty reward needs old_logprobs (or the rollout's) and ref_logprobs")
         return [est.kl(self.kl_estimator, torch.tensor(o), torch.tensor(r)).tolist()
                 for o, r in zip(old, ref, strict=True)]
+
+    def _distillation(self, samples: Sequence[Sample]) -> list[list[float]] | None:
+        """Per token, log pi_teacher - log pi_student: the negative reverse KL's sample estimate (the
+        student's log-probs: the trainer's before this step, else the rollout's)."""
+        if self.distill_coef <= 0:
+            return None
+        teacher = per_token(samples, "teacher_logprobs")
+        student = per_token(samples, "old_logprobs") or per_token(samples, "rollout_logprobs")
+        if teacher is None or student is None:
+            raise AlgorithmError("on-policy distillation needs teacher_logprobs and old_logprobs (or the "
+                                 "rollout's) on every sample")
+        return [[t - p for t, p in zip(ts, ps, strict=True)] for ts, ps in zip(teacher, student, strict=True)]
 
     def _advantages(self, samples: Sequence[Sample], rewards: torch.Tensor, groups: list[int],
                     kl_tokens: list[list[float]] | None) -> list[list[float]]:
@@ -191,6 +223,8 @@ class GRPO:
             "pg_loss": float(F.masked_mean(pg.detach(), mask)),
             "clip_frac": float(F.masked_mean(clipped, mask)),
             "ratio_mean": float(F.masked_mean(ratio.detach(), mask)),
+            **F.policy_metrics(logprobs, ratio, batch.token_fields["advantages"], mask, self.clip, high,
+                               self.policy_loss),
             "tokens": float(mask.sum()),
         })
         return loss, metrics
@@ -211,4 +245,5 @@ def _group_stats(
         "advantage_abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
         "flat_group_frac": flat / max(len(uniq), 1),  # groups with no signal (all rewards equal)
         "completion_len_mean": sum(len(s.completion_ids) for s in samples) / max(len(samples), 1),
+        "completion_len_max": float(max((len(s.completion_ids) for s in samples), default=0)),
     }

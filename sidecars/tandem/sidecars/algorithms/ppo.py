@@ -152,6 +152,8 @@ class PPO:
             "pg_loss": float(F.masked_mean(pg.detach(), mask)),
             "clip_frac": float(F.masked_mean(clipped, mask)),
             "ratio_mean": float(F.masked_mean(ratio.detach(), mask)),
+            **F.policy_metrics(logprobs, ratio, batch.token_fields["advantages"], mask, self.clip, high,
+                               self.policy_loss),
             "approx_kl_old": float(F.masked_mean((old - logprobs.detach()), mask)),
             "tokens": float(mask.sum()),
         }

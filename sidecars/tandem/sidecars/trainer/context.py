@@ -82,6 +82,7 @@ class TrainerContext:
     last_eval: EvalResult | None = None
     last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
     tokenizer: Any = None  # decodes completions generated in several segments (partial rollouts)
+    teacher: ReferenceWeights | None = None  # algorithm.distillation's teacher, scored as the reference is
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
@@ -100,8 +101,10 @@ class TrainerContext:
             critic = build_engine(spec, seed=1, value_head=True)
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
+        distill = spec.algorithm.distillation
+        teacher = ReferenceWeights.capture(engine, distill.teacher) if distill is not None else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
-                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic, tokenizer=tok)
+                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic, tokenizer=tok, teacher=teacher)
         if ctx.is_driver:
             if spec.eval is not None:
                 ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).prompts, spec.rewards,
@@ -296,25 +299,25 @@ class TrainerContext:
         packed = pack_samples(samples, self.token_budget(samples), pad_id=self.pad_id,
                               share_prompts=self.job.spec.trainer.share_prompts)
         need_old = self.algorithm.needs_old_logprobs or self.job.spec.algorithm.epochs > 1
-        forwards = [self.reference, self.engine if need_old else None, self.critic]
+        forwards = [self.reference, self.engine if need_old else None, self.critic, self.teacher]
 
         def model_work() -> list[dict[int, list[float]]]:
-            """Reference and old-policy log-probs, critic values: per sample, collective forwards."""
+            """Reference, old-policy and teacher log-probs, critic values: per sample, collective forwards."""
             return sharded.per_sample_outputs(
                 [None if e is None else partial(e.token_logprobs, scored_only=True) for e in forwards],
                 packed, self.engine.par)
 
         info: dict[str, Any] = {}
         if self.is_driver and scored is not None:
-            (ref, old, values), rewards = model_work(), scored[0]
+            (ref, old, values, teacher), rewards = model_work(), scored[0]
             info["reward_components"] = {k: sum(v) / len(v) for k, v in scored[1].items() if v}
         elif self.is_driver:
             result = overlapped(self.rewards, inputs, model_work)
-            (ref, old, values), rewards = result.model_result, result.rewards
+            (ref, old, values, teacher), rewards = result.model_result, result.rewards
             info["overlap_fraction"] = result.timings.overlap_fraction
             info["reward_components"] = {k: sum(v) / len(v) for k, v in result.components.items()}
         else:
-            (ref, old, values), rewards = model_work(), []
+            (ref, old, values, teacher), rewards = model_work(), []
         rewards = self.broadcast(rewards)
         for i, s in enumerate(samples):
             s.reward = float(rewards[i])
@@ -324,6 +327,8 @@ class TrainerContext:
                 s.old_logprobs = old[i]
             if i in values:
                 s.values = values[i]
+            if i in teacher:
+                s.teacher_logprobs = teacher[i]
         return info
 
     def train(self, samples: list[Sample]) -> dict[str, float]:

@@ -8,7 +8,8 @@ out short, the iteration trains on what it kept; when nothing was informative, o
 as it came (its advantages are 0: the KL term alone moves the policy). The rewards computed here are
 the iteration's (`TrainerContext.inference` does not score again). Caller: the driver's `rollout`
 (`tandem.sidecars.trainer.driver`), with the synchronous source's `more` for the extra rounds.
-Reported per iteration: dynamic_rounds, dynamic_kept_groups, dynamic_dropped_groups, dynamic_full.
+Reported per iteration: dynamic_rounds, dynamic_kept_groups, dynamic_dropped_groups, dynamic_full and
+dynamic_dropped_frac (the share of the groups it judged that it dropped).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def fill(first: list[Group], more: Callable[[int], list[Group]],
             break
         groups = more(rounds)
     stats = {"dynamic_rounds": rounds, "dynamic_kept_groups": len(kept), "dynamic_dropped_groups": dropped,
-             "dynamic_full": len(kept) >= want}
+             "dynamic_full": len(kept) >= want, "dynamic_dropped_frac": dropped / max(dropped + len(kept), 1)}
     if not kept and first_round is not None:  # nothing informative in any round: the first round as it came
         first_round.stats = stats
         return first_round

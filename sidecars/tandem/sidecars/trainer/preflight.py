@@ -5,8 +5,10 @@ a traceback after the Megatron engine is built or a rollout engine that vLLM lea
 Caller: `python -m tandem.sidecars.trainer` (`__main__.main`), once per pod before the ranks start; a
 `PreflightError` is logged and left as the container's termination message (`startup.refuse`).
 
-- `spec.model.path` (config.json and tokenizer files) and `spec.reference.path` (config.json):
-  `tandem.spec.model_dir.check`.
+- `spec.model.path` (config.json and tokenizer files), `spec.reference.path` (config.json) and
+  `spec.algorithm.distillation.teacher` (config.json and tokenizer files): `tandem.spec.model_dir.check`;
+  the reference and the teacher are scored by swapping their weights into the trainer's own engine
+  (`reference.ReferenceWeights`), so their config must give the model's shape (`model_dir.SHAPE_KEYS`).
 - `spec.dataset` and, for its first `spec.eval.prompts` rows, `spec.eval.dataset`: every row is
   rendered and tokenized as the driver sends it (`PromptDataset.load` with the model's tokenizer and chat
   template: `Prompt.model_input`) and must leave room for one generated token in the rollout's context
@@ -40,6 +42,11 @@ def check(spec: JobSpec) -> None:
         field, message = problems[0]
         raise PreflightError(f"{field}: {message}")
     config = model_dir.read_config(spec.model.path, "spec.model.path")
+    for field, path in model_dir.swapped_dirs(spec):
+        problem = model_dir.shape_mismatch(config, model_dir.read_config(path, field))
+        if problem:
+            raise PreflightError(f"{field}: {path} is scored in the trainer's engine in place of the model's weights, "
+                                 f"so it must have the shape of spec.model.path: {problem}")
     limit = model_dir.context_length(spec.rollout, config)
     tokenizer = load_tokenizer(spec.model.path)
     sets: list[tuple[Dataset, str, int | None]] = [(spec.dataset, "spec.dataset", None)]
