@@ -51,6 +51,7 @@ class ToyParams:
     eval_size: int = 128
     check_every: int = 25
     check_from: int = 50
+    tied: bool = False  # tied input and output embeddings
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 300, th
     p = ToyParams(seed=seed, warmup_steps=warmup_steps, **params)
     root = Path(out_dir).resolve()
     wanted = asdict(p)
+    if not p.tied:  # builds made before the option existed stay valid
+        del wanted["tied"]
     cached = _complete(root, wanted)
     if cached is not None:
         return _paths(root, cached)
@@ -124,7 +127,7 @@ def _build_into(out: Path, p: ToyParams, threads: int | None) -> dict[str, float
         test = make_problems(p.seed + 1, p.test_size, max_operand=p.max_operand)
         write_jsonl(train, out / "train.jsonl")
         write_jsonl(test, out / "test.jsonl")
-        model = random_model(tokenizer, p.seed)
+        model = random_model(tokenizer, p.seed, ModelShape(tied=p.tied))
         model.eval()
         evaluation = test[:p.eval_size]
         before = accuracy(model, tokenizer, evaluation)

@@ -30,6 +30,7 @@ class ModelShape:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 128
+    tied: bool = False  # tie_word_embeddings: the output layer is the embedding (as in SmolLM2, Qwen2-0.5B)
 
 
 def qwen2_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
@@ -39,7 +40,7 @@ def qwen2_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
         vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
         num_key_value_heads=shape.num_key_value_heads, max_position_embeddings=shape.max_position_embeddings,
-        tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
+        tie_word_embeddings=shape.tied, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, use_sliding_window=False, dtype="float32",
     )

@@ -403,7 +403,8 @@ class TrainerContext:
             return
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
-               "switch_share": timer.share(("offload", "onload", "publish", "sync", "release"))}
+               "switch_share": timer.share(("offload", "onload", "publish", "sync", "release")),
+               "layout": {k: getattr(self.engine.par, k) for k in ("tp", "pp", "dp", "ep")}}  # trainer ranks
         if timer.memory is not None:
             row["memory"] = timer.memory.summary()
         if self.prom is not None:
