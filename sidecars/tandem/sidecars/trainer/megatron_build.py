@@ -94,8 +94,10 @@ def check_experts(shape: ModelShape, ep: int) -> None:
                           f"it divides; this model has {shape.num_experts or 'no'} experts")
 
 
-def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) -> Any:
-    """Megatron TransformerConfig equal to the HF architecture, with every fusion off.
+def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype, recompute: bool = False) -> Any:
+    """Megatron TransformerConfig equal to the HF architecture, with every fusion off. `recompute`
+    (trainer.activationCheckpointing): each layer keeps only its input for the backward and runs its
+    forward again there (Megatron's full, uniform recompute, one layer per checkpoint).
 
     ``kv_channels`` is the HF ``head_dim`` (Qwen3's may differ from hidden / heads);
     ``qk_layernorm`` gives Qwen3's per-head q/k RMSNorm (same eps as the other norms).
@@ -155,6 +157,8 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype) 
         attention_backend=AttnBackend.local,
         attention_softmax_in_fp32=True,
         **moe,
+        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute
+           else {}),
     )
 
 
@@ -179,6 +183,16 @@ def _sequence_parallel_spec(layer: Any, config: Any) -> Any:
                                       layer_norm=SequenceParallelRMSNorm)
 
 
+def _segment_attention_spec(layer: Any) -> Any:
+    """The local layer spec with `segment_attention.SegmentAttention` as its core attention (Megatron's own
+    for a dense mask; one fused call per sample for the compact layout of long rows)."""
+    from tandem.sidecars.trainer.segment_attention import SegmentAttention
+
+    attn = layer.submodules.self_attention
+    attn = dataclasses.replace(attn, submodules=dataclasses.replace(attn.submodules, core_attention=SegmentAttention))
+    return dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules, self_attention=attn))
+
+
 def build_gpt(shape: ModelShape, config: Any) -> Any:
     """The bare GPTModel of this pipeline stage (fp32 params until wrapped).
 
@@ -195,6 +209,7 @@ def build_gpt(shape: ModelShape, config: Any) -> Any:
         qk_layernorm=shape.qk_norm,
         normalization="RMSNorm",
     )
+    spec = _segment_attention_spec(spec)
     if config.sequence_parallel:
         spec = _sequence_parallel_spec(spec, config)
     theta = shape.rope_theta

@@ -76,6 +76,9 @@ class MegatronEngine:
         # ... and there, the output layer and log-softmax run a chunk of positions at a time
         # (chunked_logprobs): no [positions, vocab] logits; False computes them whole (tests compare)
         self.chunked_head = True
+        # rows longer than this attend per sample (segment_attention: memory linear in the row); shorter
+        # ones through the dense mask; tests set it to compare the two
+        self.dense_max_tokens = micro_batches.DENSE_MAX_TOKENS
         self._head: torch.Tensor | None = None  # the output weight while a micro-batch's loss runs
 
     # ----- construction -----
@@ -97,6 +100,7 @@ class MegatronEngine:
         distributed_optimizer: bool = False,
         trainable: bool = True,
         value_head: bool = False,
+        recompute: bool = False,
     ) -> MegatronEngine:
         """Start process groups, build the model matching ``model_dir`` and load its weights.
 
@@ -105,7 +109,8 @@ class MegatronEngine:
         ``export_hf`` work, ``train_step`` raises. Several engines may live in one process when
         they share the parallel sizes. ``value_head=True`` builds a critic: the same transformer
         with an untied output layer set to zero, whose first column is the value head; its
-        ``token_logprobs`` and train-step inputs are then values (``heads.values``).
+        ``token_logprobs`` and train-step inputs are then values (``heads.values``). ``recompute``
+        recomputes each layer's activations in the backward (``megatron_build.transformer_config``).
         """
         model_dir = Path(model_dir)
         shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
@@ -124,7 +129,7 @@ class MegatronEngine:
 
         torch.manual_seed(seed)
         mtp.model_parallel_cuda_manual_seed(seed)
-        config = megatron_build.transformer_config(shape, par, dtype)
+        config = megatron_build.transformer_config(shape, par, dtype, recompute=recompute)
         gpt = megatron_build.build_gpt(shape, config)
         megatron_build.load_hf_weights(gpt, model_dir, shape, par, skip=(VALUE_HEAD,) if value_head else ())
         if value_head:
@@ -199,7 +204,7 @@ class MegatronEngine:
             heads.hidden_out(self.gpt.output_layer) if chunked else nullcontext([]))
         with heads.only_scored(self.gpt.decoder, index, sp), micro_batches.rope_at(self.gpt, rope), \
                 scoring as head:
-            output = model(ids, positions, micro_batches.attention_mask(seg, prefix))
+            output = model(ids, positions, micro_batches.attention_input(seg, prefix, self.dense_max_tokens))
         if loss_fn is None:
             return output, None
         return output, partial(self._with_head, loss_fn, mb, head[-1] if head else None, cols)

@@ -58,6 +58,25 @@ def attention_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = 
     return ~allowed_attention(segment_ids, prefix_ids)
 
 
+DENSE_MAX_TOKENS = 512  # rows up to this length take the dense mask (one batched matmul beats many calls)
+
+
+def segment_layout(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None) -> torch.Tensor:
+    """The compact layout `segment_attention.SegmentAttention` reads instead of a mask: `[rows, 2, len]`
+    int64, the segment ids then the prefix ids (0: no shared prompt)."""
+    prefix = torch.zeros_like(segment_ids) if prefix_ids is None else prefix_ids
+    return torch.stack([segment_ids, prefix.to(segment_ids.dtype)], dim=1).to(torch.int64)
+
+
+def attention_input(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None,
+                    dense_max: int = DENSE_MAX_TOKENS) -> torch.Tensor:
+    """What the model's attention gets: the dense mask (`attention_mask`) for rows of at most `dense_max`
+    tokens, the compact layout for longer ones (memory linear in the row, not quadratic)."""
+    if segment_ids.shape[1] <= dense_max:
+        return attention_mask(segment_ids, prefix_ids)
+    return segment_layout(segment_ids, prefix_ids)
+
+
 @contextmanager
 def rope_at(gpt: Any, positions: torch.Tensor | None) -> Iterator[None]:
     """While active, the model's rotary embedding rotates token t of row r by ``positions[r, t]``.
