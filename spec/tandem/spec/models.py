@@ -199,7 +199,7 @@ class Reference(Base):
 
 
 class Dataset(Base):
-    """Prompts (a string or an OpenAI-style messages list per row) and optional reference answers."""
+    """Prompts (a string or an OpenAI-style messages list per row), reference answers; kto: labelled completions."""
 
     path: Annotated[str, Field(min_length=1, description="Prompts: a .jsonl, .json (a list of objects) or "
                                ".parquet file, or a directory written by datasets' save_to_disk.")]
@@ -213,6 +213,14 @@ class Dataset(Base):
                                 "and the generation prompt; false: plain strings as they are.")
     system_prompt: Annotated[str | None, Field(max_length=65_536, description="System message put before each "
                                                "prompt that does not start with one (needs chatTemplate).")] = None
+    completion_field: Annotated[str | None, Field(min_length=1, description=(
+        "kto: the field holding each row's completion, a string (or a list of one assistant message), trained "
+        "as the assistant's reply to the rendered prompt and ended with the EOS token as the model's own "
+        "completions are. kto only."))] = None
+    label_field: Annotated[str | None, Field(min_length=1, description=(
+        "kto: the field holding each row's label, true (a desirable completion) or false (undesirable); 1 and 0 "
+        "are read as true and false. A row without a valid label is refused naming the file and row. kto "
+        "only."))] = None
     rules = (
         Rule("self.chatTemplate || !has(self.systemPrompt)", "needs chatTemplate: true", ".systemPrompt",
              lambda d: d.chat_template or d.system_prompt is None),
@@ -378,6 +386,10 @@ class FailurePolicy(Base):
                                                      "restart, counted against maxRestarts) or FailJob.")
 
 
+KTO_ONLY = ("applies to kto only (a labelled dataset); the other algorithms generate their completions and score "
+            "them with spec.rewards")
+
+
 class JobSpec(Base):
     model: ModelRef
     algorithm: Algorithm = Field(default_factory=Algorithm)
@@ -455,11 +467,30 @@ class JobSpec(Base):
              "reward model would load beside the rollout to score each round)", ".algorithm.dynamicSampling",
              lambda s: s.algorithm.dynamic_sampling is None or (s.rollout.partial is None
                                                                 and not any(r.type == "model" for r in s.rewards))),
-        Rule("self.algorithm.name == 'dpo' || (!has(self.rollout.partial) && self.algorithm.maxStaleness == 0) || "
-             "has(self.algorithm.tisCap)",
+        Rule("self.algorithm.name != 'kto' || has(self.dataset.completionField)",
+             "kto trains on labelled completions: name the field holding each row's completion",
+             ".dataset.completionField", lambda s: s.algorithm.name != "kto" or s.dataset.completion_field is not None),
+        Rule("self.algorithm.name != 'kto' || has(self.dataset.labelField)",
+             "kto trains on labelled completions: name the field holding each row's label (true: desirable)",
+             ".dataset.labelField", lambda s: s.algorithm.name != "kto" or s.dataset.label_field is not None),
+        Rule("self.algorithm.name == 'kto' || !has(self.dataset.completionField)", KTO_ONLY,
+             ".dataset.completionField", lambda s: s.algorithm.name == "kto" or s.dataset.completion_field is None),
+        Rule("self.algorithm.name == 'kto' || !has(self.dataset.labelField)", KTO_ONLY,
+             ".dataset.labelField", lambda s: s.algorithm.name == "kto" or s.dataset.label_field is None),
+        Rule("!has(self.eval) || (!has(self.eval.dataset.completionField) && !has(self.eval.dataset.labelField))",
+             "evaluation generates from the prompts and judges with spec.rewards: completionField and labelField "
+             "do not apply", ".eval.dataset",
+             lambda s: s.eval is None or (s.eval.dataset.completion_field is None
+                                          and s.eval.dataset.label_field is None)),
+        Rule("self.algorithm.name != 'kto' || !has(self.rollout.partial)",
+             "kto generates no training completions to cut (its rollouts serve evaluation only)", ".rollout.partial",
+             lambda s: s.algorithm.name != "kto" or s.rollout.partial is None),
+        Rule("self.algorithm.name in ['dpo', 'kto'] || (!has(self.rollout.partial) && "
+             "self.algorithm.maxStaleness == 0) || has(self.algorithm.tisCap)",
              "stale samples (rollout.partial or maxStaleness > 0) need tisCap: the importance weights "
              "against the policy version that sampled each token", ".algorithm.tisCap",
-             lambda s: s.algorithm.name == "dpo" or (s.rollout.partial is None and s.algorithm.max_staleness == 0)
+             lambda s: s.algorithm.name in ("dpo", "kto") or (s.rollout.partial is None
+                                                             and s.algorithm.max_staleness == 0)
              or s.algorithm.tis_cap is not None),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model

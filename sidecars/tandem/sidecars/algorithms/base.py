@@ -52,6 +52,8 @@ class Sample:
     rollout_logprobs: list[float] | None = None  # what the rollout engine reported when sampling
     teacher_logprobs: list[float] | None = None  # on-policy distillation's teacher (algorithm.distillation)
     truncated: bool | None = None  # cut at the generation limit (vLLM's finish_reason "length"); None: unknown
+    desirable: bool | None = None  # KTO: the row's label (True desirable, False undesirable); None: unlabelled
+    kl_probe: bool = False  # KTO: a mismatched (prompt, completion) pair scored only for the KL estimate z0
 
 
 Metrics = dict[str, float]

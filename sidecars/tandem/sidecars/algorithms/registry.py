@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING
 from tandem.sidecars.algorithms.base import Algorithm, AlgorithmError
 from tandem.sidecars.algorithms.dpo import DPO
 from tandem.sidecars.algorithms.grpo import GRPO
+from tandem.sidecars.algorithms.kto import KTO
 from tandem.sidecars.algorithms.ppo import PPO
 
 if TYPE_CHECKING:
     from tandem.spec.models import Algorithm as AlgorithmSpec
 
-CLASSES: dict[str, type[GRPO] | type[PPO] | type[DPO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO}
+CLASSES: dict[str, type[GRPO] | type[PPO] | type[DPO] | type[KTO]] = {"grpo": GRPO, "ppo": PPO, "dpo": DPO,
+                                                                    "kto": KTO}
 
 
 def make_algorithm(spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False,
                    max_tokens: int | None = None) -> Algorithm:
-    """The algorithm named by `spec.name` (grpo | ppo | dpo), configured from the spec (its preset
+    """The algorithm named by `spec.name` (grpo | ppo | dpo | kto), configured from the spec (its preset
     already expanded by the spec's loader); `max_tokens` is rollout.maxTokens (overlong shaping,
     truncation, seq-mean-token-sum-norm's divisor).
 

@@ -33,6 +33,10 @@ Rendering (`Prompt.text`, what the rollout engine is sent):
   format it never sees in use.
 `Prompt.question` is the plain string or the content of the last user message (what a reward may
 see as "the prompt").
+
+KTO (`dataset.completionField` and `labelField`): every row also holds a completion and its label,
+read and tokenized as the assistant's reply by `labelled` into `PromptDataset.labelled` (one per row,
+in the order of `prompts`); a row without a valid one is a DatasetError naming file, row and field.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem.sidecars.trainer import labelled as kto_rows
+from tandem.sidecars.trainer.labelled import Labelled
 from tandem.spec.models import Dataset as DatasetSpec
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -79,11 +85,14 @@ class Prompt:
 
 
 class PromptDataset:
-    def __init__(self, prompts: list[Prompt], seed: int = 0):
+    def __init__(self, prompts: list[Prompt], seed: int = 0, labelled: list[Labelled] | None = None):
         if not prompts:
             raise DatasetError("dataset is empty")
+        if labelled is not None and len(labelled) != len(prompts):
+            raise DatasetError(f"{len(labelled)} labelled completions for {len(prompts)} prompts")
         self.prompts = prompts
         self.seed = seed
+        self.labelled = labelled  # KTO: row i's completion and label, beside prompts[i]
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -92,14 +101,18 @@ class PromptDataset:
     def load(cls, spec: DatasetSpec, tokenizer: Any | None = None, seed: int = 0) -> PromptDataset:
         """Read `spec.path`, check every row, render the prompts (see the module docstring)."""
         path = Path(spec.path)
-        table = _read(path, detect_format(path, spec.format), spec.split, (spec.prompt_field, spec.answer_field))
+        kto = {f: name for f, name in ((spec.completion_field, "completionField"), (spec.label_field, "labelField"))
+               if f is not None}
+        table = _read(path, detect_format(path, spec.format), spec.split,
+                      (spec.prompt_field, spec.answer_field, *kto))
         columns = list(table.column_names)
-        if spec.prompt_field not in columns:
-            raise DatasetError(f"{path}: row 1: field {spec.prompt_field!r} (dataset.promptField) missing; "
-                               f"the columns are {', '.join(columns) or 'none'}")
+        for field, name in ((spec.prompt_field, "promptField"), *kto.items()):
+            if field not in columns:
+                raise DatasetError(f"{path}: row 1: field {field!r} (dataset.{name}) missing; "
+                                   f"the columns are {', '.join(columns) or 'none'}")
         has_answer = spec.answer_field in columns
         rows: list[dict[str, Any]] = table.select_columns(
-            [spec.prompt_field, *([spec.answer_field] if has_answer else [])]).to_list()
+            list(dict.fromkeys([spec.prompt_field, *([spec.answer_field] if has_answer else []), *kto]))).to_list()
         if not rows:
             raise DatasetError(f"{path}: no rows")
         render = _Renderer(spec, path, tokenizer)
@@ -114,7 +127,8 @@ class PromptDataset:
             ids = list(_encode(tokenizer, texts, special=not render.templated))
         table_rows = zip(texts, questions, ids, rows, strict=True)
         return cls([Prompt(text, _answer(row.get(spec.answer_field)), i, token_ids, question)
-                    for i, (text, question, token_ids, row) in enumerate(table_rows)], seed)
+                    for i, (text, question, token_ids, row) in enumerate(table_rows)], seed,
+                   _labelled(spec, path, rows, texts, render) if kto else None)
 
     def batch(self, iteration: int, size: int) -> list[Prompt]:
         """The prompts of an iteration: a seeded shuffle per epoch, so a resumed run sees the same ones."""
@@ -231,7 +245,9 @@ class _Renderer:
         if spec.system_prompt is not None and not self.templated:
             raise DatasetError(f"dataset.systemPrompt: needs the tokenizer's chat template ({self.why_not})")
 
-    def __call__(self, n: int, value: Any) -> tuple[str, str]:
+    def __call__(self, n: int, value: Any, reply: str | None = None) -> tuple[str, str]:
+        """(text, question); with `reply` (KTO) the text is the conversation ending with it as the
+        assistant's turn (templated only)."""
         where = f"{self.path}: row {n}: field {self.spec.prompt_field!r} (dataset.promptField)"
         prompt = _prompt_value(value, where)
         if not self.templated:
@@ -242,13 +258,41 @@ class _Renderer:
         question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
         if self.spec.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.spec.system_prompt}, *messages]
+        turn = [] if reply is None else [{"role": "assistant", "content": reply}]
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template([*messages, *turn], add_generation_prompt=reply is None,
+                                                      tokenize=False)
         except Exception as e:  # jinja's raise_exception, undefined variables, ...
             raise DatasetError(f"{where}: the tokenizer's chat template failed: {e}") from None
         if not isinstance(text, str):
             raise DatasetError(f"{where}: the chat template gave {type(text).__name__}, not text")
         return text, question
+
+
+def _labelled(spec: DatasetSpec, path: Path, rows: list[dict[str, Any]], texts: list[str],
+              render: _Renderer) -> list[Labelled]:
+    """Each row's completion (tokenized as the reply to its rendered prompt) and label."""
+    if spec.completion_field is None or spec.label_field is None:
+        raise DatasetError("dataset.completionField and dataset.labelField: a labelled dataset needs both")
+    out: list[Labelled] = []
+    for n, (row, text) in enumerate(zip(rows, texts, strict=True), 1):
+        where = f"{path}: row {n}: field"
+        try:
+            desirable = kto_rows.label(row.get(spec.label_field))
+        except ValueError as e:
+            raise DatasetError(f"{where} {spec.label_field!r} (dataset.labelField): {e}") from None
+        try:
+            reply = kto_rows.completion(row.get(spec.completion_field))
+            ids = None
+            if render.tokenizer is not None:
+                conversation = render(n, row[spec.prompt_field], reply)[0] if render.templated else None
+                ids = kto_rows.reply_ids(render.tokenizer, text, conversation, reply)
+        except DatasetError:
+            raise
+        except ValueError as e:
+            raise DatasetError(f"{where} {spec.completion_field!r} (dataset.completionField): {e}") from None
+        out.append(Labelled(reply, desirable, ids))
+    return out
 
 
 def _prompt_value(value: Any, where: str) -> str | list[dict[str, Any]]:

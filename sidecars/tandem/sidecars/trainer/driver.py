@@ -1,6 +1,7 @@
 """The RL loop of a job: one screen, top to bottom. Trainer rank 0 drives; every rank trains.
 
-Rollout (trainer offloaded; from the job's `RolloutSource`: synchronous, partial or asynchronous)
+Rollout (trainer offloaded; from the job's `RolloutSource`: synchronous, partial or asynchronous;
+for kto the labelled rows of the iteration and their KL probes, `LabelledSource`, nothing generated)
 → Onload → Inference (reference log-probs overlapped with rewards)
 → Train → Publish (HF layout in shared memory, registered in etcd) → [Persist, Export] → Offload →
 Sync (every rollout loads the new version) → [Eval on the live rollouts: at the start, every
@@ -24,7 +25,7 @@ from tandem.sidecars.trainer.context import TrainerContext
 from tandem.sidecars.trainer.dynamic_sampling import Scores
 from tandem.sidecars.trainer.memory import PhaseMemory
 from tandem.sidecars.trainer.partial import Group, staleness_stats
-from tandem.sidecars.trainer.sources import RolloutSource, SyncSource, make_source, to_samples
+from tandem.sidecars.trainer.sources import LabelledSource, RolloutSource, SyncSource, make_source, to_samples
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -70,9 +71,11 @@ def run(env: PodEnv, job: RLHFJob) -> None:
     iterations = job.spec.algorithm.iterations
     version, it, failed = -1, ctx.first_iteration, True
     source: RolloutSource | None = None
+    kto = job.spec.algorithm.name == "kto"  # trains on labelled rows: the rollouts only evaluate and probe
     try:
         version = ctx.start_version()  # publish the initial weights, or resume the latest version
-        source = start_source(ctx, version) if ctx.is_driver else None
+        source = start_source(ctx, version) if ctx.is_driver and not kto else None
+        rows = LabelledSource(ctx.dataset, job.spec.rollout.prompts_per_iteration) if ctx.is_driver and kto else None
         with source.exclusive(version) if source is not None else nullcontext():
             ctx.evaluate(ctx.first_iteration, version)  # the starting weights, before any training
         for it in range(ctx.first_iteration, iterations):
@@ -80,7 +83,8 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             info: dict[str, Any] = {}
             ctx.report("rollout", it, version)
             with timer("rollout"):
-                samples, inputs, scored = rollout(ctx, source, it, info) if source is not None else ([], [], None)
+                samples, inputs, scored = (rollout(ctx, source, it, info) if source is not None else
+                                           labelled(ctx, rows, it, info) if rows is not None else ([], [], None))
             with timer("release"):
                 ctx.release_rollouts()
             samples = ctx.broadcast(samples)
@@ -158,11 +162,8 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     t = time.perf_counter()
     groups, stats = source.next(iteration, ctx.version, opts)
     seconds = time.perf_counter() - t
-    probe = ctx.dataset.prompts[0]  # the same prompt every iteration: greedy output tracks weights
     if not source.shared:  # (on shared rollouts it would wait for the producer's next batch)
-        greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
-                                          n=1)
-        info["probe"] = {"prompt": probe.question, "greedy": greedy[0][0].text}
+        info["probe"] = greedy_probe(ctx, opts)
     def samples_of(gs: list[Group]) -> tuple[list[Sample], list[RewardInput]]:
         return to_samples(gs, ctx.eos_id, lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
 
@@ -187,7 +188,36 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     return samples, inputs, scored
 
 
+def labelled(ctx: TrainerContext, rows: LabelledSource, iteration: int,
+             info: dict[str, Any]) -> tuple[list[Sample], list[RewardInput], Scores]:
+    """KTO: the iteration's labelled rows and their KL probes, nothing generated; the labels are the
+    rewards (1 desirable, 0 undesirable: given as scored, so no reward runs). The greedy probe tracks
+    the weights the rollouts hold, as in `rollout`."""
+    if ctx.rollouts is None:
+        raise RuntimeError("only the driver rank talks to rollouts")
+    spec = ctx.job.spec.rollout
+    samples, stats = rows.next(iteration)
+    examples = [s for s in samples if not s.kl_probe]
+    opts = SamplingOptions(temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens)
+    info.update(stats, probe=greedy_probe(ctx, opts), completions=len(examples), kl_probes=len(samples) - len(examples),
+                completion_tokens=sum(len(s.completion_ids) for s in examples), rollout_version=ctx.version,
+                rollouts=len(ctx.rollouts.addresses))
+    return samples, [], ([s.reward for s in samples], {})
+
+
+def greedy_probe(ctx: TrainerContext, opts: SamplingOptions) -> dict[str, str]:
+    """The greedy completion of the dataset's first prompt, every iteration: it tracks the weights."""
+    if ctx.rollouts is None:
+        raise RuntimeError("only the driver rank talks to rollouts")
+    probe = ctx.dataset.prompts[0]
+    greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
+                                      n=1)
+    return {"prompt": probe.question, "greedy": greedy[0][0].text}
+
+
 def summarize(samples: list[Sample]) -> dict[str, float]:
+    """Rewards and lengths of the samples trained on (not KTO's KL probes)."""
+    samples = [s for s in samples if not s.kl_probe]
     rewards = [s.reward for s in samples]
     mean = sum(rewards) / max(len(rewards), 1)
     std = (sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)) ** 0.5

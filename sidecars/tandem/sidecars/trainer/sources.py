@@ -12,6 +12,10 @@ Role: the driver asks its `RolloutSource` for the groups to train on weights `ve
 Each returns finished `Group`s (every completion records the version of each segment) and the
 metrics of its mode; `to_samples` turns them into the algorithm's samples and the rewards' inputs.
 `make_source` picks one. Caller: `tandem.sidecars.trainer.driver`.
+
+KTO (algorithm.name kto) generates nothing: `LabelledSource` takes the iteration's rows of the
+labelled dataset and gives samples directly (not behind `RolloutSource`: there are no groups to
+generate or score, and no rollouts in flight), and the rollouts serve evaluation and the probe only.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from typing import Any, Protocol
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer import inflight, resume
 from tandem.sidecars.trainer.async_rollouts import AsyncRollouts
-from tandem.sidecars.trainer.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.dataset import DatasetError, Prompt, PromptDataset
 from tandem.sidecars.trainer.partial import Group, PartialRollouts, whole_groups
 from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.spec.models import JobSpec
@@ -159,6 +164,34 @@ class AsyncSource(SyncSource):
     def close(self) -> None:
         self.producer.close()
         self.producer.client.close()
+
+
+class LabelledSource:
+    """KTO's examples: the iteration's `rollout.promptsPerIteration` rows in the dataset's seeded order
+    (`PromptDataset.batch`, as prompts are taken, so a resumed run sees the same rows), each a `Sample`
+    of the rendered prompt's ids and the completion's (`PromptDataset.labelled`, tokenized as the
+    model's reply), labelled by `desirable` and rewarded 1 (desirable) or 0 (so reward_mean is the
+    desirable share); after them the batch's KL probes (`kto.kl_probes`), which the Inference phase
+    scores like any sample and `KTO.prepare` turns into z0."""
+
+    def __init__(self, dataset: PromptDataset, rows_per_iteration: int):
+        if dataset.labelled is None:
+            raise DatasetError("kto trains on labelled rows: set dataset.completionField and dataset.labelField")
+        if any(p.token_ids is None for p in dataset.prompts) or any(x.token_ids is None for x in dataset.labelled):
+            raise DatasetError("kto's rows must be tokenized: load the dataset with the model's tokenizer")
+        self.dataset, self.size = dataset, rows_per_iteration
+
+    def next(self, iteration: int) -> tuple[list[Sample], dict[str, Any]]:
+        """The iteration's examples followed by their KL probes, and metrics of the batch."""
+        labelled = self.dataset.labelled or []
+        examples: list[Sample] = []
+        for k, prompt in enumerate(self.dataset.batch(iteration, self.size)):
+            row = labelled[prompt.index]
+            examples.append(Sample(prompt_ids=list(prompt.token_ids or []), completion_ids=list(row.token_ids or []),
+                                   group=k, reward=1.0 if row.desirable else 0.0, desirable=row.desirable))
+        desirable = sum(1 for s in examples if s.desirable)
+        return examples + kl_probes(examples), {"desirable_examples": desirable,
+                                                "undesirable_examples": len(examples) - desirable}
 
 
 def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, *, registry: SyncRegistry | None,

@@ -1,0 +1,82 @@
+"""KTO's rules on a job (`algorithm.name: kto`, `dataset.completionField`, `dataset.labelField`), enforced
+twice from one declaration: offline by `tandem.spec.load.parse_job` (what `tandem validate` prints) and
+by the real API server from the CRD's CEL rules, each naming the field. Also the combinations that must
+pass both: a kto job with its two fields, and kto beside an evaluation dataset without them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from controlplane import ControlPlane
+from wrappers import JobWrapper
+
+from tandem.spec.load import SpecError, parse_job
+
+W = JobWrapper
+
+
+def kto() -> JobWrapper:
+    return W().set("algorithm.name", "kto").set("dataset.completionField", "completion") \
+        .set("dataset.labelField", "label")
+
+
+REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
+    ("kto-without-completion-field", lambda: kto().unset("dataset.completionField"), "spec.dataset.completionField",
+     "kto trains on labelled completions"),
+    ("kto-without-label-field", lambda: kto().unset("dataset.labelField"), "spec.dataset.labelField",
+     "kto trains on labelled completions"),
+    ("completion-field-for-grpo", lambda: W().set("dataset.completionField", "c"), "spec.dataset.completionField",
+     "applies to kto only"),
+    ("label-field-for-dpo", lambda: W().set("algorithm.name", "dpo").set("dataset.labelField", "l"),
+     "spec.dataset.labelField", "applies to kto only"),
+    ("label-field-on-eval", lambda: kto().set("eval", {"dataset": {"path": "/data/t.jsonl", "labelField": "l"}}),
+     "spec.eval.dataset", "do not apply"),
+    ("kto-partial", lambda: kto().set("rollout.maxTokens", 64).set("rollout.partial", {"tokenBudget": 8}),
+     "spec.rollout.partial", "kto generates no training completions"),
+    ("kto-max-staleness", lambda: kto().set("algorithm.maxStaleness", 1), "spec.algorithm.name",
+     "maxStaleness do not apply"),
+    ("kto-clip", lambda: kto().set("algorithm.clipC", 3.0), "spec.algorithm.name", "clipC"),
+    ("kto-empty-label-field", lambda: kto().set("dataset.labelField", ""), "spec.dataset.labelField", ""),
+    ("weights-for-dpo", lambda: W().set("algorithm.name", "dpo").set("algorithm.desirableWeight", 1.33),
+     "spec.algorithm.desirableWeight", "apply to kto"),
+]
+ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
+    ("kto", kto),
+    ("kto-weights-and-eval", lambda: kto().set("algorithm.desirableWeight", 1.33).set("algorithm.beta", 0.2)
+     .set("eval", {"dataset": {"path": "/data/t.jsonl"}})),
+]
+
+
+@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
+def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str,
+                                            words: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_job(build().obj(), case)
+    assert field in err.value.fields and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_offline_validation_accepts(case: str, build: Callable[[], JobWrapper]) -> None:
+    job = parse_job(build().obj(), case)
+    assert job.spec.algorithm.summary().startswith("kto: beta")
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
+def test_api_server_rejects_naming_the_field(installed: ControlPlane, case: str, build: Callable[[], JobWrapper],
+                                             field: str, words: str) -> None:
+    doc = build().meta("name", case).obj()
+    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert out.returncode != 0, f"{case} was accepted"
+    assert field in out.stderr and words in out.stderr, out.stderr
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_api_server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
+    doc = build().meta("name", case).obj()
+    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert out.returncode == 0, out.stderr
