@@ -81,3 +81,25 @@ def test_segments_equal_the_dense_mask(family: str, share: bool, model_dirs: dic
         assert m_seg[key] == pytest.approx(m_dense[key], abs=1e-5), key
     for name, g in g_dense.items():
         assert torch.allclose(g, g_seg[name], atol=1e-6), name
+
+
+def test_activation_checkpointing_gives_the_same_step(model_dirs: dict[str, Path]) -> None:
+    """trainer.activationCheckpointing (Megatron's full recompute) on rows that attend per sample: the
+    loss and every gradient of the step without it."""
+    samples = groups(5)
+    algo = GRPO(kl_coef=0.0, share_prompts=True)
+    batch = algo.prepare(samples, row_budget(samples, share_prompts=True))
+
+    def loss_fn(out: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return algo.loss(shift_to_labels(out), mb)
+
+    results = []
+    for recompute in (False, True):
+        engine = MegatronEngine.from_hf(model_dirs["qwen2"], lr=1e-2, seed=0, recompute=recompute)
+        engine.dense_max_tokens = 0
+        assert bool(engine.config.recompute_granularity) == recompute
+        results.append((engine.train_step(batch, loss_fn, micro_batch_size=2, reduction="sum"), grads(engine)))
+    (m_off, g_off), (m_on, g_on) = results
+    assert m_on["loss"] == pytest.approx(m_off["loss"], abs=1e-6) and m_off["grad_norm"] > 0
+    for name, g in g_off.items():
+        assert torch.allclose(g, g_on[name], atol=1e-6), name

@@ -108,6 +108,11 @@ class Trainer(Base):
         "Pack a group's prompt once per row: its completions attend to that one copy (attention mask), "
         "so every forward and backward computes the prompt once per group instead of once per completion. "
         "Log-probs and gradients are those of one copy per completion."))
+    activation_checkpointing: bool = Field(default=False, description=(
+        "Each transformer layer keeps only its input for the backward and computes its forward again there "
+        "(Megatron's full recompute): a train step's activations shrink from every layer's to one layer's, "
+        "for about a third more compute. With rows longer than 512 tokens, which attend one sample at a time "
+        "(memory linear in the row), it is what lets long sequences train: bench/long_sequences.py."))
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",

@@ -337,7 +337,8 @@ class TrainerContext:
         batch = self._pack(samples)
         if batch.num_rows == 0:  # e.g. DPO when every group's rewards tie: nothing to learn from
             return {"skipped_train": 1.0}
-        steps = max(1, math.ceil(len(samples) / spec.trainer.global_batch_size))
+        trained = sum(not s.kl_probe for s in samples)  # KTO's KL probes only set its reference point
+        steps = max(1, math.ceil(trained / spec.trainer.global_batch_size))
         sums: dict[str, float] = {}
         first: dict[str, float] = {}
         n = 0
@@ -420,14 +421,14 @@ class TrainerContext:
 
 def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> MegatronEngine:
     """The policy's Megatron engine (or PPO's critic, with `value_head`) in the spec's parallel layout:
-    trainer.tensorParallel, pipelineParallel, expertParallel, distributedOptimizer, in trainer.dtype (which
-    the rollout's vLLM runs too)."""
+    trainer.tensorParallel, pipelineParallel, expertParallel, distributedOptimizer, activationCheckpointing, in
+    trainer.dtype (which the rollout's vLLM runs too)."""
     t = spec.trainer
     return MegatronEngine.from_hf(
         spec.model.path, tensor_parallel=t.tensor_parallel, pipeline_parallel=t.pipeline_parallel,
         expert_parallel=t.expert_parallel, distributed_optimizer=t.distributed_optimizer, lr=spec.algorithm.lr,
         seed=seed, dtype=getattr(torch, devices.trainer_dtype(spec)), micro_batch_size=t.micro_batch_size,
-        micro_batch_tokens=t.micro_batch_tokens, value_head=value_head)
+        micro_batch_tokens=t.micro_batch_tokens, value_head=value_head, recompute=t.activation_checkpointing)
 
 
 def moves_state(offload: bool, device: torch.device) -> bool:
