@@ -139,3 +139,17 @@ def test_connect_waits_for_an_etcd_that_is_not_answering_yet(etcd_server: Any, j
     reg.put_json(f"/tandem/test/{job}/probe", {"ok": True})
     assert reg.get_json(f"/tandem/test/{job}/probe") == {"ok": True}
     reg.close()
+
+
+def test_a_lease_etcd_no_longer_knows_is_replaced_on_register(make_registry: Any, shm_root: Path, job: str) -> None:
+    """The lease expired in etcd while its keepalives went unanswered (a loaded machine): the next
+    registration gets a new lease and succeeds, instead of failing on "requested lease not found"."""
+    writer, other = make_registry(), make_registry("pod1", "rollout")
+    rep = write(shm_root, job, 1)
+    writer.register(rep.index, str(rep.path))
+    dead = writer.reg._lease.id
+    writer._run(writer.reg.etcd.call("revoke", lambda c: c.revoke_lease(dead)))  # gone, as an expiry leaves it
+    assert other.latest() is None  # the keys bound to it went with it
+    rep2 = write(shm_root, job, 2)
+    writer.register(rep2.index, str(rep2.path))
+    assert other.latest() == 2 and writer.reg._lease.id != dead

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -103,7 +104,10 @@ class Registry:
 
     async def _keep_alive(self) -> None:
         """Refresh the lease every ttl/3 on whichever member answers (each refresh is its own
-        short keepalive stream, so a dead member's stream is simply not used again)."""
+        short keepalive stream, so a dead member's stream is simply not used again). A lease not refreshed
+        for `ttl` (etcd down or too slow to answer) is taken as lost: etcd has expired it or is about to,
+        and the next `lease_id` grants a fresh one instead of writing under a dead id."""
+        last_ok = time.monotonic()
         while self._lease is not None:
             await asyncio.sleep(max(self.ttl / 3, 0.2))
             lease = self._lease
@@ -113,11 +117,21 @@ class Registry:
                 reply = await self.etcd.call("lease keepalive", lambda c: c.refresh_lease(lease.id))  # noqa: B023
                 if reply is not None and reply.TTL <= 0:
                     log.warning("etcd lease %x expired; keys bound to it are gone", lease.id)
-                    self._lease = None
-                    self.lease_lost.set()
+                    self._lost(lease)
                     return
+                last_ok = time.monotonic()
             except errors.RegistryUnavailable as e:  # etcd down: keep trying until TTL passes
                 log.warning("lease keepalive failed: %s", e)
+                if time.monotonic() - last_ok > self.ttl:
+                    log.warning("etcd lease %x not refreshed for %ss: taken as lost", lease.id, self.ttl)
+                    self._lost(lease)
+                    return
+
+    def _lost(self, lease: Any) -> None:
+        """The lease is gone (expired in etcd, or not refreshed for its TTL): the next use grants another."""
+        if self._lease is lease:
+            self._lease = None
+        self.lease_lost.set()
 
     async def close(self, revoke: bool = True) -> None:
         lease, self._lease = self._lease, None
@@ -136,7 +150,20 @@ class Registry:
         return self.namespace, self.scope
 
     async def register(self, index: VersionIndex, directory: str) -> int:
-        """Register version `index.version` (shards + version record + latest) in one transaction."""
+        """Register version `index.version` (shards + version record + latest) in one transaction. A lease
+        etcd no longer knows (it expired while etcd was slow) is replaced and the transaction tried once more:
+        every key of the dead lease, the latest version's included, is gone, so nothing is overwritten."""
+        try:
+            return await self._register(index, directory)
+        except errors.RegistryUnavailable as e:
+            if "lease not found" not in str(e).lower() or self._lease is None:
+                raise
+            log.warning("etcd lease %x is gone (%s): registering version %d under a new lease", self._lease.id, e,
+                        index.version)
+            self._lost(self._lease)
+            return await self._register(index, directory)
+
+    async def _register(self, index: VersionIndex, directory: str) -> int:
         ns, job = self._k()
         v = index.version
         lease = await self.lease_id()

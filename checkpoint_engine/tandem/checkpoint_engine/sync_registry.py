@@ -123,6 +123,17 @@ class SyncRegistry:
     def get_op(self, op_id: str) -> dict[str, Any] | None:
         return self._run(self.reg.get_op(op_id))
 
+    def wait_lease_lost(self, timeout: float) -> bool:
+        """True once this identity's lease is lost (expired, or not refreshed for its TTL), within `timeout` s."""
+        async def wait() -> bool:
+            try:
+                await asyncio.wait_for(self.reg.lease_lost.wait(), timeout)
+                return True
+            except TimeoutError:
+                return False
+
+        return self._run(wait(), timeout + 5)
+
     def put_json(self, key: str, value: dict[str, Any], lease: bool = False) -> None:
         self._run(self.reg.put_json(key, value, lease))
 

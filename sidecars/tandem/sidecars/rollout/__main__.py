@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.endpoints import split_endpoints
@@ -24,6 +25,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.rollout import cores
+from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, refuse, start_sidecar
@@ -72,6 +74,7 @@ def main() -> int:
     node = BroadcastNode(registry, env.shm_dir, transport=spec.checkpoint_engine.transport,
                          advertise=env.pod_ip, port=env.shard_port, token=env.token).start()
     node.announce_local()
+    stopping = threading.Event()
     engine = PodRolloutEngine(engine_config(env, spec), registry, node)
     try:
         engine.start(spec.model.path, dummy=True)
@@ -79,11 +82,18 @@ def main() -> int:
             engine.update(None)
         server, thread = start_server(build_app(engine, env.token), env.port, "rollout-api")
         endpoint = keys.endpoint(registry.namespace, registry.scope, env.pod, "rollout")
-        registry.put_json(endpoint, {"address": env.address, "ready": True, "pod": env.pod,
-                                      "rolloutOnly": env.rollout_only, "generation": env.restart_generation},
-                          lease=True)
+        record = {"address": env.address, "ready": True, "pod": env.pod, "rolloutOnly": env.rollout_only,
+                  "generation": env.restart_generation}
+
+        def advertise() -> None:
+            registry.put_json(endpoint, record, lease=True)
+            node.announce_local()
+
+        registry.put_json(endpoint, record, lease=True)
+        keep_advertised(registry, advertise, stopping)  # again after a lost lease
         wait_until_stopped(server, thread)
     finally:
+        stopping.set()
         engine.terminate()
         node.close()
         registry.close()
