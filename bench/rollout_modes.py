@@ -1,36 +1,58 @@
 """Rollout-mode benchmark: synchronous vs partial rollouts vs asynchronous (maxStaleness 1, 2), one run.
 
-The task has a long-tailed answer length, as real RL data does: the toy model (`tandem.sidecars.toy`,
-single-digit sums, answers of ~6 tokens) is fine-tuned here, besides its sums, to answer every tenth
-prompt (`Count from N:`) by counting without end, so those answers run to `rollout.maxTokens` (320)
-and earn no reward (an unfinished answer is wrong). Each mode runs `tandem run` on one hybrid pod
-plus one rollout-only pod, the same model, prompts, rewards, group size, learning rate and number
-of iterations; GRPO with tisCap 2 in every mode (the synchronous loop's weights are ~1: same loss).
-Reported per mode (mean and range over --repeats runs, interleaved so that load drifts hit every
-mode): trained completions, completions/s in the loop (sum of per-iteration seconds, evaluations left
-out), mean reward over the last quarter, held-out pass@1 on 64 of the toy's test sums (spec.eval at
-the start, every quarter and the end, the same prompts in every mode), staleness, carried share and
-wasted tokens, and the ratio of completions/s to sync's; DIR/rollout_modes.png plots every run's
-reward against trained completions, its held-out pass@1, and the throughput.
+The task has a long-tailed answer length, as real RL data does, and room to learn. The toy model
+(`tandem.sidecars.toy`, single-digit sums, answers of ~6 tokens) is built with a short warm-up (40 steps:
+~12-15% of sampled sums right) and then fine-tuned (60 steps) to answer `Count from N:` by counting: every
+tenth training prompt is such a count, whose answer runs long (about half to `rollout.maxTokens`, 320; the
+others stop after ~60-70 tokens) and earns no reward. The fine-tune's sums are the warmed-up model's own
+samples, so it leaves their accuracy where the warm-up put it (0.117 -> 0.125 sampled; trained on the
+true answers, as before 2026-11-25, they reached 0.74 and RL had no room). Each mode runs `tandem run` on
+one hybrid pod plus one rollout-only pod, the same model, prompts, rewards, group size, learning rate and
+number of iterations, so the same number of trained completions: GRPO, lossAgg seq-mean-token-mean (with
+token-mean the weak model's long wrong answers dominate the loss: at lr 1e-3 its answers collapsed to
+~3 tokens and pass@1 fell 0.117 -> 0.076 in 5 iterations), tisCap 2 in every mode (the synchronous loop's
+weights are ~1: same loss). Reported per mode (mean and range over --repeats runs, interleaved so that
+load drifts hit every mode): trained completions, completions/s in the loop (sum of per-iteration
+seconds, evaluations left out), mean reward over the last quarter, held-out pass@1 (spec.eval: the toy's
+first 128 test sums x 4 samples at T=1, at the start, the middle and the end, the same prompts in every
+mode), held-out pass@1 gained per hour of loop wall time, staleness, carried share and wasted tokens,
+and the ratio of completions/s to sync's. DIR/rollout_modes.png plots the training reward and the
+held-out pass@1 against trained completions and against loop wall time (every run, and the mean with
+its range), the pass@1 gained per hour and the throughput.
 
-Measured 2026-11-25 (2 cores, AVX2), --pin-pods (hybrid pod on core 0, rollout-only pod on core 1,
-as on separate nodes), 16 iterations of 16 prompts x 8, two runs per mode interleaved (mean, range):
-    mode       compl/s             ratio  reward(last 1/4)     held-out pass@1 0 -> end
-    sync       29.0 (27.6-30.4)    1.00   0.554 (0.419-0.689)  0.746 -> 0.438 (0.305-0.570)
-    partial    44.4 (38.5-50.3)    1.53   0.656 (0.609-0.703)  0.719 -> 0.518 (0.473-0.562)
-    async k=1  53.2 (51.6-54.8)    1.83   0.590 (0.576-0.605)  0.721 -> 0.514 (0.422-0.605)
-Target (partial or async >= 1.5x sync at a reward no worse within noise): met by both. Sync waits for
-the slowest answer of every batch (rollout 2.68 s/iteration); partial rollouts cut them at 48 tokens
-(1.50 s); asynchronous k=1 generates on the rollout-only pod while the trainer trains (the hybrid pod's
-vLLM too: it shares core 0 with the trainer, train 2.23 s vs 1.52). Held-out accuracy on the sums falls
-in every mode alike (the bench's lr 2e-4 trades them for the count prompts' length), so it shows
-parity between modes, not learning. A first pair of runs the same day, before shared-prompt rows were
-capped at hidden/2 tokens (1024-token rows doubled this toy's train step), gave sync 19.4, partial 29.1
-(1.50x), async k=1 28.2 (1.46x). Unpinned (every process on both cores, 2026-11-24): sync 37.3, partial
-38.2, async k=1 48.1, k=2 47.7 completions/s — there the modes compete for the same two cores.
+Measured 2026-11-25 (2 cores, shared with two or three other agents' `tandem run`s and a pytest: load
+average 8-90, memory exhausted at times), --pin-pods, 10 iterations of 32 prompts x 8, lr 4e-4,
+globalBatchSize 64 (4 optimizer steps per iteration); one run per mode finished, so no ranges:
+    mode     trained  compl/s  held-out pass@1 0 -> 5 -> 10   pass@1/h  reward(last 1/4)  len   staleness
+    sync     2560     10.8     0.148 -> 0.162 -> 0.162        +0.21     0.242             31.9  all 0
+    partial  2512     10.5     0.117 -> 0.115 -> 0.102        -0.23     0.176             20.5  0: 89%, up to 6
+The async k=1 run of that round, and a relaunch at lr 1e-3 (its first sync run after one iteration), were killed
+from outside (SIGINT to `tandem run`, the bench gone without a traceback); two sync runs died when the
+load let their etcd leases expire (a trainer's register on a dead lease; a rollout-only pod's endpoint
+gone with its lease and never advertised again: "only 1 of 2 rollout sidecars registered"; both fixed
+since: a lost lease is replaced on register, and a rollout advertises itself again). The bench
+now runs a failed run again, twice at most, keeping the failed one in DIR/<mode>-<k>-failed<n>.
+What this shows, and what it does not:
+- Held-out pass@1 of the same starting model differs by up to 0.03 between runs (0.117-0.148 at
+  iteration 0: 128 prompts x 4 samples, vLLM's sampling not reproducible across processes), so a
+  difference under ~0.05 between modes is noise.
+- At this budget sync learns the sums only a little: training answerMatch 0.10 -> 0.15-0.21 over 10
+  iterations, held-out +0.014, inside the noise. "Sync learns clearly" is not met at lr 4e-4 and 2560
+  completions; lr 1e-3 with seq-mean-token-mean is the next setting to try (with token-mean it collapsed).
+- Partial (tokenBudget 48, maxAge 8) carried the count answers for up to 6 weight versions; when they were
+  trained (iterations 6-8) the trainer-vs-rollout log-prob mismatch was ~1.0-1.3 nats/token and tisCap 2
+  clipped 6-7% of the tokens. Those answers all earn 0 (zero advantage), so they add no gradient of their
+  own, but their training reward and held-out pass@1 did not rise in the one run (0.117 -> 0.102): not
+  evidence that partial learns worse (one run, inside the noise), and no claim of parity either.
+- Throughput under that load: partial 0.97x sync (10.5 vs 10.8 completions/s) — the machine's other jobs,
+  not the modes, set the pace; the unloaded figures of 2026-11-24/25 (partial 1.3-1.5x, async k=1 1.8-1.9x
+  sync, pinned) still stand for throughput, measured on the earlier task (its model then knew 74% of sums).
+Which mode matches sync, and under which settings: not established by these runs.
 
-Not a test. Run (about 3 minutes per mode and run on 2 cores):
-    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--pin-pods] [--repeats N] [--modes ...] [--out DIR]
+Not a test. Run (under the load above 7-9 minutes per mode and run, startup and evaluations included; the
+earlier task took about 3 on idle cores, so 3 modes x 3 repeats should take about 40 minutes there):
+    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...]
+        [--iterations N] [--prompts N] [--lr X] [--batch N] [--out DIR]
 It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
 """
 
@@ -54,13 +76,20 @@ JOB = "bench-rollout-modes"
 LONG_SHARE = 10  # every 10th training prompt asks for an endless count
 MAX_TOKENS = 320
 POSITIONS = 512  # the bench's copy of the toy model is taught positions beyond the toy's 128
-EVAL_PROMPTS = 64  # held-out sums scored by spec.eval (a sum's answer is ~6 tokens: 16 suffice)
+EVAL_PROMPTS = 128  # held-out sums scored by spec.eval (a sum's answer is ~6 tokens: 16 suffice)
+WARMUP_STEPS = 40  # the toy's supervised warm-up on sums: ~13% of sampled answers right
+COUNT_STEPS = 60  # the count fine-tune's steps
+ITERATIONS, PROMPTS, LR, BATCH = 10, 32, 4e-4, 64
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
     "partial": {"rollout": {"partial": {"tokenBudget": 48, "maxAge": 8}}},
     "async k=1": {"algorithm": {"maxStaleness": 1}},
     "async k=2": {"algorithm": {"maxStaleness": 2}},
 }
+
+
+class RunFailed(RuntimeError):
+    pass
 
 
 def long_prompt(n: int) -> str:
@@ -73,39 +102,64 @@ def count_from(n: int, tokens: int, tokenizer: Any) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"][:tokens])
 
 
-def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
-    """(model dir, train.jsonl): the toy model taught to count without end after `Count from N:`, and
-    its sums with every LONG_SHARE-th prompt replaced by a count. Cached in `out`. The held-out sums
-    (spec.eval) are the toy's test.jsonl beside them (`out / "toy" / "test.jsonl"`)."""
+def build_task(out: Path, warmup_steps: int = WARMUP_STEPS, steps: int = COUNT_STEPS) -> tuple[Path, Path, Path]:
+    """(model dir, train.jsonl, test.jsonl): a weak toy model (`warmup_steps` of supervised sums: ~13% of sampled sums
+    right) taught to count without end after `Count from N:` by `steps` steps on counts alone, and its
+    sums with every LONG_SHARE-th prompt replaced by a count. The fine-tune leaves the sums where the
+    warm-up put them (it never sees one; the bench prints their sampled accuracy before and after), so
+    RL has room to learn them. Cached in `out`. The held-out sums (spec.eval) are the toy's test.jsonl
+    (256 rows)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tandem.sidecars.toy.build import build_toy
-    from tandem.sidecars.toy.dataset import make_problems, read_jsonl, target_completion, write_jsonl
+    from tandem.sidecars.toy.dataset import make_problems, read_jsonl, write_jsonl
+    from tandem.sidecars.toy.model import accuracy
 
-    model_dir, train = out / f"model-long-tail-{MAX_TOKENS}", out / "train-long-tail.jsonl"
+    model_dir = out / f"model-long-tail-{MAX_TOKENS}-w{warmup_steps}-c{steps}"
+    train = out / f"train-long-tail-w{warmup_steps}.jsonl"
+    toy = build_toy(out / f"toy-{warmup_steps}", seed=0, warmup_steps=warmup_steps, max_operand=10)
     if (model_dir / "model.safetensors").is_file() and train.is_file():
-        return model_dir, train
-    toy = build_toy(out / "toy", seed=0, warmup_steps=150, max_operand=10)
+        return model_dir, train, toy.test_path
     rows = read_jsonl(toy.train_path)
     rows = [{"prompt": long_prompt(i % 50), "answer": "never"} if i % LONG_SHARE == LONG_SHARE - 1 else r
             for i, r in enumerate(rows)]
     tok = AutoTokenizer.from_pretrained(toy.model_dir)
     model = AutoModelForCausalLM.from_pretrained(toy.model_dir)
     model.config.max_position_embeddings = POSITIONS  # rotary positions: only the config limits them
+    held = read_jsonl(toy.test_path)[:128]
+
+    def sampled() -> float:
+        model.eval()
+        torch.manual_seed(0)
+        acc = sum(accuracy(model, tok, held, do_sample=True) for _ in range(2)) / 2
+        model.train()
+        return acc
+
+    before = sampled()
+    # the sums' targets are the warmed-up model's own samples (T=1): in expectation their gradient is zero at
+    # the starting weights, so they anchor the sums' distribution while the counts are learnt
+    pool: list[tuple[list[int], list[int]]] = []
+    tok.padding_side = "left"
+    model.eval()
+    with torch.no_grad():
+        for k in range(0, 24 * steps, 256):
+            prompts = [r["prompt"] for r in make_problems(5000 + k, 256, max_operand=10)]
+            enc = tok(prompts, return_tensors="pt", padding=True)
+            gen = model.generate(**enc, max_new_tokens=12, do_sample=True, temperature=1.0, top_p=None, top_k=None,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            for prompt, new in zip(prompts, gen[:, enc["input_ids"].shape[1]:].tolist(), strict=True):
+                cut = new.index(tok.eos_token_id) + 1 if tok.eos_token_id in new else len(new)
+                pool.append((tok(prompt)["input_ids"], new[:cut]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     rng = random.Random(0)
     model.train()
     t0 = time.perf_counter()
-    for step in range(steps):  # sums (to keep them) and counts, completion tokens only
-        seqs: list[tuple[list[int], list[int]]] = []
-        for r in make_problems(5000 + step, 24, max_operand=10):
-            c = tok(target_completion(r["answer"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            seqs.append((tok(r["prompt"])["input_ids"], c))
-        for _ in range(8):
+    for step in range(steps):  # counts and the model's own sums, completion tokens only
+        seqs = pool[24 * step:24 * (step + 1)]
+        for _ in range(4):
             n = rng.randrange(50)
-            p = tok(long_prompt(n))["input_ids"]
-            seqs.append((p, count_from(n, MAX_TOKENS + 24, tok)))
+            seqs.append((tok(long_prompt(n))["input_ids"], count_from(n, MAX_TOKENS + 24, tok)))
         width = max(len(p) + len(c) for p, c in seqs)
         ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.int64)
         labels = torch.full((len(seqs), width), -100, dtype=torch.int64)
@@ -118,8 +172,10 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 50 == 0:
-            print(f"  fine-tune step {step}: loss {float(loss):.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        if step % 20 == 0:
+            print(f"  fine-tune step {step}: loss {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+    print(f"  sampled accuracy on 128 held-out sums: {before:.3f} before the count fine-tune, {sampled():.3f} after",
+          flush=True)
     shutil.rmtree(model_dir, ignore_errors=True)
     shutil.copytree(toy.model_dir, model_dir)
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -127,29 +183,30 @@ def build_task(out: Path, steps: int = 300) -> tuple[Path, Path]:
     config["model_max_length"] = POSITIONS
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     write_jsonl(rows, train)
-    return model_dir, train
+    return model_dir, train, toy.test_path
 
 
-def job_yaml(mode: str, model: Path, train: Path, iterations: int, path: Path) -> Path:
+def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, iterations: int, prompts: int,
+             lr: float, batch: int) -> Path:
     """The mode's job; spec.eval scores held-out sums (greedy pass@1 and 4 samples at temperature 1)
     at the start, every quarter of the run and the end, the same prompts in every mode."""
     import yaml
 
     from tandem.sidecars.toy.dataset import reward_specs
 
-    algorithm: dict[str, Any] = {"name": "grpo", "groupSize": 8, "klCoef": 0.0, "clip": 0.2, "lr": 2e-4,
-                                 "iterations": iterations, "tisCap": 2.0}
+    algorithm: dict[str, Any] = {"name": "grpo", "groupSize": 8, "klCoef": 0.0, "clip": 0.2, "lr": lr,
+                                 "iterations": iterations, "tisCap": 2.0, "lossAgg": "seq-mean-token-mean"}
     rollout: dict[str, Any] = {"tensorParallel": 1, "maxTokens": MAX_TOKENS, "temperature": 1.0,
-                               "promptsPerIteration": 16, "betweenRollouts": "keep"}
+                               "promptsPerIteration": prompts, "betweenRollouts": "keep"}
     algorithm |= MODES[mode].get("algorithm", {})
     rollout |= MODES[mode].get("rollout", {})
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": JOB},
             "spec": {"model": {"path": str(model)}, "dataset": {"path": str(train)}, "algorithm": algorithm,
-                     "eval": {"dataset": {"path": str(train.parent / "toy" / "test.jsonl")},
-                              "every": max(1, iterations // 4), "prompts": EVAL_PROMPTS, "samples": 4,
+                     "eval": {"dataset": {"path": str(test)},
+                              "every": max(1, iterations // 2), "prompts": EVAL_PROMPTS, "samples": 4,
                               "temperature": 1.0, "maxTokens": 16},
                      "replicas": 1, "rolloutOnlyReplicas": 1, "gpusPerPod": 0,
-                     "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": 128,
+                     "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": batch,
                                  "microBatchSize": 32, "offload": False},
                      "rollout": rollout, "rewards": reward_specs(),
                      "checkpointEngine": {"shmSize": "1Gi", "transport": "tcp", "shardSizeMiB": 64},
@@ -164,33 +221,42 @@ def run_mode(mode: str, job: Path, workdir: Path, pin_pods: bool) -> dict[str, A
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
     with open(workdir / "tandem-run.log", "w") as f:
         argv = [sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)]
+        t0 = time.perf_counter()
         rc = subprocess.run(argv + (["--pin-pods"] if pin_pods else []),
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        wall = time.perf_counter() - t0
     path = workdir / JOB / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     evals_path = workdir / JOB / "eval.jsonl"
     evals = [json.loads(x) for x in evals_path.read_text().splitlines() if x.strip()] if evals_path.exists() else []
     if rc != 0 or not rows:
-        raise SystemExit(f"{mode}: tandem run failed (rc={rc}); see {workdir / 'tandem-run.log'}")
-    done, curve = 0, []
-    for r in rows:
+        raise RunFailed(f"{mode}: tandem run failed (rc={rc}); see {workdir / 'tandem-run.log'}")
+    done, seconds, curve, cum = 0, 0.0, [], [(0, 0.0)]
+    for r in rows:  # the loop without its evaluations (the same held-out work in every mode)
         done += r["completions"]
+        seconds += r["total_seconds"] - r["seconds"].get("eval", 0.0)
         curve.append((done, r["reward_mean"]))
+        cum.append((done, seconds))
     last = rows[-max(1, len(rows) // 4):]
     hist: dict[str, int] = {}
     for r in rows:
         for k, v in r.get("staleness_hist", {}).items():
             hist[k] = hist.get(k, 0) + v
-    # the loop without its evaluations (the same held-out work in every mode, not rollout throughput)
-    seconds = sum(r["total_seconds"] - r["seconds"].get("eval", 0.0) for r in rows)
+    # an evaluation at iteration i scores the weights after i iterations: (i, completions, loop s, pass@1, pass@k)
+    points = [(e["iteration"], *cum[min(e["iteration"], len(rows))], e["pass_at_1"], e["pass_at_k"]) for e in evals]
     return {"completions": done, "loop_seconds": seconds, "completions_per_s": done / seconds,
-            "reward_last": sum(r["reward_mean"] for r in last) / len(last), "curve": curve,
-            "eval": [(e["iteration"], e["pass_at_1"], e["pass_at_k"]) for e in evals],
-            "staleness_hist": hist, "carried_share": sum(r.get("carried_share", 0.0) for r in rows) / len(rows),
+            "wall_seconds": wall, "reward_last": sum(r["reward_mean"] for r in last) / len(last), "curve": curve,
+            "eval": points, "staleness_hist": hist,
+            "carried_share": sum(r.get("carried_share", 0.0) for r in rows) / len(rows),
             "wasted_tokens": sum(r.get("wasted_tokens", 0) for r in rows),
             "completion_len": sum(r["completion_tokens"] for r in rows) / done,
             "rollout_s": sum(r["seconds"]["rollout"] for r in rows) / len(rows),
             "train_s": sum(r["seconds"]["train"] for r in rows) / len(rows)}
+
+
+def per_hour(run: dict[str, Any]) -> float:
+    """Held-out pass@1 gained (last evaluation minus the first) per hour of loop wall time."""
+    return (run["eval"][-1][3] - run["eval"][0][3]) / (run["eval"][-1][2] / 3600) if run["eval"] else 0.0
 
 
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
@@ -199,62 +265,96 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, e, b) = plt.subplots(1, 3, figsize=(16, 4))
+    fig, ((a, e, w), (m, h, b)) = plt.subplots(2, 3, figsize=(17, 9))
+    modes = list(results)
     for n, (mode, runs) in enumerate(results.items()):
         color = f"C{n}"
         for k, r in enumerate(runs):
             xs, ys = zip(*r["curve"], strict=True)
-            a.plot(xs, ys, marker=".", color=color, alpha=0.8, label=mode if k == 0 else None)
+            a.plot(xs, ys, marker=".", color=color, alpha=0.6, label=mode if k == 0 else None)
             if r["eval"]:
-                its, p1, _ = zip(*r["eval"], strict=True)
-                e.plot(its, p1, marker="o", color=color, alpha=0.8, label=mode if k == 0 else None)
-    a.set(xlabel="trained completions", ylabel="training reward mean", title="reward vs trained completions")
-    e.set(xlabel="iterations", ylabel="held-out pass@1 (sampled, T=1)", title="held-out sums")
-    a.legend()
-    e.legend()
-    modes = list(results)
-    b.bar(modes, [mean([r["completions_per_s"] for r in results[m]]) for m in modes])
-    for i, m in enumerate(modes):
-        b.scatter([i] * len(results[m]), [r["completions_per_s"] for r in results[m]], color="k", zorder=3)
-    b.set(ylabel="completions/s (loop, without eval)", title="throughput (bars: mean, dots: runs)")
+                _, done, secs, p1, _ = zip(*r["eval"], strict=True)
+                e.plot(done, p1, marker="o", color=color, alpha=0.6, label=mode if k == 0 else None)
+                w.plot(secs, p1, marker="o", color=color, alpha=0.6, label=mode if k == 0 else None)
+        points = [r["eval"] for r in runs if r["eval"]]
+        if points and all(len(p) == len(points[0]) for p in points):
+            trained = [mean(p[i][1] for p in points) for i in range(len(points[0]))]
+            p1s = [[p[i][3] for p in points] for i in range(len(points[0]))]
+            m.plot(trained, [mean(x) for x in p1s], marker="o", color=color, label=mode)
+            m.fill_between(trained, [min(x) for x in p1s], [max(x) for x in p1s], color=color, alpha=0.15)
+    a.set(xlabel="trained completions", ylabel="training reward mean", title="training reward")
+    e.set(xlabel="trained completions", ylabel="held-out pass@1 (T=1)", title="held-out pass@1 vs trained completions")
+    w.set(xlabel="loop wall seconds (without evaluations)", ylabel="held-out pass@1 (T=1)",
+          title="held-out pass@1 vs wall time")
+    m.set(xlabel="trained completions", ylabel="held-out pass@1 (T=1)",
+          title="held-out pass@1: mean over runs, band: range")
+    for ax in (a, e, w, m):
+        ax.legend()
+    for ax, key, label, title in ((h, per_hour, "held-out pass@1 gained per hour of loop wall time",
+                                   "what users care about: pass@1 per hour"),
+                                  (b, lambda r: r["completions_per_s"], "completions/s (loop, without eval)",
+                                   "throughput")):
+        ax.bar(modes, [mean([key(r) for r in results[x]]) for x in modes], color=[f"C{i}" for i in range(len(modes))])
+        for i, x in enumerate(modes):
+            ax.scatter([i] * len(results[x]), [key(r) for r in results[x]], color="k", zorder=3)
+        ax.set(ylabel=label, title=title + " (bars: mean, dots: runs)")
     fig.tight_layout()
     fig.savefig(path)
 
 
-def spread(xs: list[float]) -> str:
-    return f"{mean(xs):.3f}" if len(xs) == 1 else f"{mean(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"
+def spread(xs: list[float], digits: int = 3) -> str:
+    f = f"{{:.{digits}f}}"
+    return f.format(mean(xs)) if len(xs) == 1 else f"{f.format(mean(xs))} ({f.format(min(xs))}-{f.format(max(xs))})"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--iterations", type=int, default=16)
+    ap.add_argument("--iterations", type=int, default=ITERATIONS)
+    ap.add_argument("--prompts", type=int, default=PROMPTS, help="rollout.promptsPerIteration (x 8 completions)")
+    ap.add_argument("--lr", type=float, default=LR)
+    ap.add_argument("--batch", type=int, default=BATCH, help="trainer.globalBatchSize (optimizer steps per iteration: "
+                    "prompts x 8 / batch)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rollout_modes"))
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, interleaved (sync, partial, ..., sync, ...)")
-    ap.add_argument("--pin-pods", action="store_true",
-                    help="each pod on its own cores (tandem run --pin-pods), as on separate nodes")
+    ap.add_argument("--pin-pods", action=argparse.BooleanOptionalAction, default=True,
+                    help="each pod on its own cores (tandem run --pin-pods), as on separate nodes (default)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print("building the long-tailed task (cached)", flush=True)
-    model, train = build_task(args.out)
+    model, train, test = build_task(args.out)
     modes = args.modes.split(",")
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for k in range(args.repeats):
         for mode in modes:
             print(f"running {mode} ({k + 1}/{args.repeats})", flush=True)
             slug = mode.replace(" ", "").replace("=", "")
-            job = job_yaml(mode, model, train, args.iterations, args.out / f"{slug}.yaml")
-            results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods))
+            job = job_yaml(mode, model, train, test, args.out / f"{slug}.yaml", iterations=args.iterations,
+                           prompts=args.prompts, lr=args.lr, batch=args.batch)
+            for attempt in range(3):  # a run the machine's load broke (an etcd lease lost) is run again
+                try:
+                    results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods))
+                    break
+                except RunFailed as e:
+                    print(f"  {e}; {'again' if attempt < 2 else 'giving up'}", flush=True)
+                    shutil.copytree(args.out / f"{slug}-{k}", args.out / f"{slug}-{k}-failed{attempt}",
+                                    dirs_exist_ok=True, ignore=shutil.ignore_patterns("etcd"))
+            else:
+                raise SystemExit(f"{mode}: three runs failed")
     base = mean([r["completions_per_s"] for r in results.get("sync", next(iter(results.values())))])
-    print(f"{'mode':<10} {'trained':>8} {'compl/s':>20} {'ratio':>5} {'reward(last 1/4)':>20} {'pass@1 0->end':>22} "
-          f"{'len':>5} {'rollout s':>9} {'train s':>7} {'carried':>7} {'wasted':>6}  staleness")
+    print(f"{'mode':<10} {'trained':>7} {'compl/s':>17} {'ratio':>5} {'reward(last 1/4)':>20} "
+          f"{'held-out pass@1 start -> middle -> end (range)':>48} {'pass@1/h':>17} {'len':>5} {'rollout s':>9} "
+          f"{'train s':>7} {'carried':>7} {'wasted':>6}  staleness")
     for mode, runs in results.items():
         cps = [r["completions_per_s"] for r in runs]
-        first = [r["eval"][0][1] for r in runs if r["eval"]]
-        end = [r["eval"][-1][1] for r in runs if r["eval"]]
-        evals = f"{mean(first):.3f} -> {spread(end)}" if end else "-"
-        print(f"{mode:<10} {runs[0]['completions']:>8} {spread(cps):>20} {mean(cps) / base:>5.2f} "
-              f"{spread([r['reward_last'] for r in runs]):>20} {evals:>22} "
+        evals = "-"
+        if all(r["eval"] for r in runs):
+            p1 = [[p[3] for p in r["eval"]] for r in runs]
+            mid = f"{mean(x[len(x) // 2] for x in p1):.3f} -> " if min(len(x) for x in p1) > 2 else ""
+            evals = f"{mean(x[0] for x in p1):.3f} -> {mid}{spread([x[-1] for x in p1])}"
+        hour = spread([per_hour(r) for r in runs], 1)
+        print(f"{mode:<10} {runs[0]['completions']:>7} {spread(cps, 1):>17} {mean(cps) / base:>5.2f} "
+              f"{spread([r['reward_last'] for r in runs]):>20} {evals:>48} {hour:>17} "
               f"{mean([r['completion_len'] for r in runs]):>5.1f} {mean([r['rollout_s'] for r in runs]):>9.2f} "
               f"{mean([r['train_s'] for r in runs]):>7.2f} {mean([r['carried_share'] for r in runs]):>7.2f} "
               f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}")
