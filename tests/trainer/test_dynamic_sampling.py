@@ -50,7 +50,7 @@ def test_flat_groups_are_dropped_and_rounds_refill_the_batch() -> None:
     assert asked == [1, 2]
     assert [g.prompt.index for g in got.groups] == [1, 3, 5, 6]  # the first four informative, in order
     assert got.stats == {"dynamic_rounds": 3, "dynamic_kept_groups": 4, "dynamic_dropped_groups": 4,
-                         "dynamic_full": True}
+                         "dynamic_full": True, "dynamic_dropped_frac": 0.5}
     assert [s.group for s in got.samples] == [g for g in range(4) for _ in range(4)]
     assert got.rewards == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     assert got.rewards == SCORE(got.inputs)[0]  # aligned with the samples they belong to

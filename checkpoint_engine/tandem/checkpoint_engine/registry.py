@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -104,10 +103,10 @@ class Registry:
 
     async def _keep_alive(self) -> None:
         """Refresh the lease every ttl/3 on whichever member answers (each refresh is its own
-        short keepalive stream, so a dead member's stream is simply not used again). A lease not refreshed
-        for `ttl` (etcd down or too slow to answer) is taken as lost: etcd has expired it or is about to,
-        and the next `lease_id` grants a fresh one instead of writing under a dead id."""
-        last_ok = time.monotonic()
+        short keepalive stream, so a dead member's stream is simply not used again). The lease is lost
+        when etcd answers that it expired (TTL <= 0); while etcd does not answer it is kept, since etcd
+        may still hold it (abandoning it would expire its keys for nothing); a write that meets a lease
+        etcd no longer knows replaces it (`register`)."""
         while self._lease is not None:
             await asyncio.sleep(max(self.ttl / 3, 0.2))
             lease = self._lease
@@ -119,16 +118,11 @@ class Registry:
                     log.warning("etcd lease %x expired; keys bound to it are gone", lease.id)
                     self._lost(lease)
                     return
-                last_ok = time.monotonic()
             except errors.RegistryUnavailable as e:  # etcd down: keep trying until TTL passes
                 log.warning("lease keepalive failed: %s", e)
-                if time.monotonic() - last_ok > self.ttl:
-                    log.warning("etcd lease %x not refreshed for %ss: taken as lost", lease.id, self.ttl)
-                    self._lost(lease)
-                    return
 
     def _lost(self, lease: Any) -> None:
-        """The lease is gone (expired in etcd, or not refreshed for its TTL): the next use grants another."""
+        """The lease is gone (expired in etcd): the next use grants another."""
         if self._lease is lease:
             self._lease = None
         self.lease_lost.set()
