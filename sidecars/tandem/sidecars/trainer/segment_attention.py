@@ -58,9 +58,10 @@ class SegmentAttention(DotProductAttention):  # type: ignore[misc]
              groups: int) -> torch.Tensor:
         """One row: q `[s, np, hn]`, k and v `[s, ng, hn]` -> `[s, np, hn]`."""
         seg, prefix = layout[0], layout[1]
-        bounds = {value: (start, end) for value, start, end in runs(seg) if value != 0}
+        row_runs = runs(seg)
+        bounds = {value: (start, end) for value, start, end in row_runs if value != 0}
         pieces = []
-        for value, start, end in runs(seg):
+        for value, start, end in row_runs:
             if value == 0:  # padding sees itself only: its value, once per query head
                 pieces.append(v[start:end].repeat_interleave(groups, dim=1))
                 continue
