@@ -1,4 +1,5 @@
-"""Tiny random HuggingFace models for tests (Qwen2, Qwen3, Llama, Mixtral), saved as safetensors dirs.
+"""Tiny random HuggingFace models for tests (Qwen2, Qwen3, Llama, Mixtral; Gemma, which only the hf
+trainer engine runs), saved as safetensors dirs.
 
 Used by tests/trainer, tests/convert and other tests that need a model directory without
 downloads. Random init with a fixed seed, so two calls with the same arguments give the same
@@ -18,6 +19,7 @@ _CONFIGS: dict[str, tuple[type[Any], type[Any]]] = {
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
 }
 
 
@@ -49,13 +51,13 @@ def make_tiny_hf_model(
         num_key_value_heads=kv_heads,
         vocab_size=vocab,
         max_position_embeddings=512,
-        tie_word_embeddings=(family == "qwen2") if tie is None else tie,
+        tie_word_embeddings=(family in ("qwen2", "gemma")) if tie is None else tie,
         rms_norm_eps=1e-6,
         torch_dtype="float32",
     )
     if family == "mixtral":
         options.update(num_local_experts=4, num_experts_per_tok=2)
-    if family == "qwen3":
+    if family in ("qwen3", "gemma"):  # their own defaults (128, 256) are not hidden // heads
         options.update(head_dim=hidden // heads)
     options.update(extra)
     config = config_cls(**options)

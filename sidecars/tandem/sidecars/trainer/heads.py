@@ -20,7 +20,7 @@ from tandem.sidecars.trainer import micro_batches
 from tandem.sidecars.trainer.megatron_build import Parallelism
 
 
-def _aligned(per_position: torch.Tensor, mb: Any) -> torch.Tensor:
+def aligned(per_position: torch.Tensor, mb: Any) -> torch.Tensor:
     """`per_position[:, t-1]` (computed at token t-1, about token t) placed at t within each sample."""
     seg = micro_batches.require(mb, "segment_ids")
     same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
@@ -35,7 +35,7 @@ def logprobs(logits: torch.Tensor, mb: Any, shape: ModelShape, par: Parallelism)
     logits = _mask_padded_vocab(logits.float(), shape, par)
     ids = micro_batches.require(mb, "input_ids")
     nll = mtp.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
-    return _aligned(-nll, mb)
+    return aligned(-nll, mb)
 
 
 def scored_positions(mb: Any) -> torch.Tensor | None:
@@ -168,7 +168,7 @@ def values(logits: torch.Tensor, mb: Any, par: Parallelism) -> torch.Tensor:
     v = logits[..., 0].float()
     if par.tp > 1:
         v = mtp.reduce_from_tensor_model_parallel_region(v * (1.0 if par.tp_rank == 0 else 0.0))
-    return _aligned(v[:, :-1], mb)
+    return aligned(v[:, :-1], mb)
 
 
 def shift_to_labels(out: torch.Tensor) -> torch.Tensor:

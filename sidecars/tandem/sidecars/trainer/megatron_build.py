@@ -38,10 +38,11 @@ class Parallelism:
     pp_rank: int
     dp_rank: int
     ep_rank: int
+    fsdp: bool = False  # the hf engine's layout: every forward is collective (FSDP2 gathers the weights)
 
 
-def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
-    """Start torch.distributed (if needed) and Megatron's model-parallel groups."""
+def start_process_group() -> bool:
+    """Start torch.distributed if needed (NCCL on GPU, gloo on CPU); whether this rank is on a GPU."""
     on_gpu = not cpu_compat.apply()
     if not torch.distributed.is_initialized():
         env = os.environ
@@ -56,6 +57,12 @@ def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
         else:  # a single process: a private TCP store, the environment left untouched
             init = f"tcp://127.0.0.1:{free_port()}"
             torch.distributed.init_process_group(backend=backend, init_method=init, rank=0, world_size=1)
+    return on_gpu
+
+
+def init_distributed(tp: int, pp: int, ep: int = 1) -> Parallelism:
+    """Start torch.distributed (if needed) and Megatron's model-parallel groups."""
+    start_process_group()
     from megatron.core import parallel_state as ps
 
     world = torch.distributed.get_world_size()
@@ -250,7 +257,7 @@ def expert_offset(shape: ModelShape, par: Parallelism) -> int:
     return par.ep_rank * (shape.num_experts // par.ep) if shape.num_experts else 0
 
 
-class _SafetensorsDir:
+class SafetensorsDir:
     """Lazy name -> tensor access across the safetensors files of a HF directory."""
 
     def __init__(self, model_dir: Path) -> None:
@@ -278,7 +285,7 @@ def load_hf_weights(gpt: Any, source: Path | Callable[[str], torch.Tensor], shap
     numbers, offset = layer_numbers(gpt), expert_offset(shape, par)
     params = {global_name(n, numbers, offset): p for n, p in gpt.named_parameters()}
     params = {n: p for n, p in params.items() if n not in skip}
-    reader = _SafetensorsDir(source) if isinstance(source, Path) else source
+    reader = SafetensorsDir(source) if isinstance(source, Path) else source
     loaded = 0
     with torch.no_grad():
         for name, full in convert.from_hf(shape, reader, names=list(params)):
@@ -300,10 +307,8 @@ def dp_sum(par: Parallelism, values: list[float]) -> list[float]:
     """Sum of `values` over the data-parallel ranks (this rank's own when dp == 1)."""
     if par.dp == 1:
         return values
-    from megatron.core import parallel_state as ps
-
     t = torch.tensor(values, dtype=torch.float64, device=device())
-    dist.all_reduce(t, group=ps.get_data_parallel_group())
+    dist.all_reduce(t, group=_dp_group(par))
     return [float(v) for v in t.tolist()]
 
 
@@ -311,8 +316,15 @@ def dp_gather(par: Parallelism, obj: Any) -> list[Any]:
     """Every data-parallel rank's `obj`, in dp-rank order (just `[obj]` when dp == 1)."""
     if par.dp == 1:
         return [obj]
+    out: list[Any] = [None] * par.dp
+    dist.all_gather_object(out, obj, group=_dp_group(par))
+    return out
+
+
+def _dp_group(par: Parallelism) -> Any:
+    """The data-parallel group: Megatron's, or every rank for the hf engine (None: the default group)."""
+    if par.fsdp:
+        return None
     from megatron.core import parallel_state as ps
 
-    out: list[Any] = [None] * par.dp
-    dist.all_gather_object(out, obj, group=ps.get_data_parallel_group())
-    return out
+    return ps.get_data_parallel_group()

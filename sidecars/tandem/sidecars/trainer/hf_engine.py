@@ -1,0 +1,382 @@
+"""The trainer's view of any transformers causal LM: log-probs, train steps, offload, export, on FSDP2.
+
+Role: the `trainer.engine: hf` implementation of the trainer-engine interface (:mod:`.engine`), next to
+:class:`~.megatron_engine.MegatronEngine`, for the model families Megatron has no mapping for (Gemma,
+Phi, Mistral, OLMo, ...): whatever `AutoModelForCausalLM` loads. Built by `engine.build_engine`; the
+driver calls the same methods on either engine. Data parallel over every rank of the job with torch's
+FSDP2 (`fully_shard` on each decoder layer, then the whole model; gloo on CPU, NCCL on GPU): each rank
+holds 1/N of the fp32 weights, gradients and Adam's state; a `trainer.dtype` below float32 computes in
+it (FSDP2's mixed precision, gradients reduced in float32). No tensor or pipeline parallelism.
+
+Batches are the Megatron engine's (`micro_batches`): packed rows with `segment_ids` and optionally
+`prefix_ids` (shared prompts); attention gets the same block-diagonal mask (`packing.allowed_attention`)
+as a 4-D boolean mask, positions restart per sample (or follow the batch's `position_ids`), so packed ==
+unpacked. The output layer runs on the scored positions only, a chunk at a time (`chunked_logprobs`), in
+place of the model's own head, when that head is a plain linear map (no bias, no logit soft-capping or
+scaling); otherwise the model's logits are used whole. Log-probs use the Megatron engine's layout: entry t
+is log p(token t | its sample before t), 0 at each sample's first token and in padding.
+
+Every method that touches the model is collective (FSDP2 gathers each layer's weights in every forward):
+each rank runs the same number of micro-batches, padding with zero-weight ones where its share is short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from tandem.sidecars.trainer import megatron_build, micro_batches
+from tandem.sidecars.trainer.chunked_logprobs import chunked_logprobs
+from tandem.sidecars.trainer.heads import aligned
+from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
+from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
+
+LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class HFShape:
+    """What the loop reads of a model's architecture (`ModelShape`'s fields of the same names)."""
+
+    family: str  # model_type
+    hidden: int
+    vocab: int
+    tie_embeddings: bool
+
+    @classmethod
+    def of(cls, model: Any) -> HFShape:
+        """The shape of a loaded model (before sharding: the tie is read off the parameters themselves)."""
+        text = model.config.get_text_config()
+        tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        return cls(family=str(model.config.model_type), hidden=int(text.hidden_size), vocab=int(text.vocab_size),
+                   tie_embeddings=bool(tied))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (a view of its storage), any other tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (collective), any other tensor itself."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def _plain_head(model: Any) -> bool:
+    """Whether logits are exactly `hidden @ lm_head.weight.T` (so the chunked head may replace it)."""
+    head = model.get_output_embeddings()
+    config = model.config
+    return (isinstance(head, torch.nn.Linear) and head.bias is None
+            and not getattr(config, "final_logit_softcapping", None) and not getattr(config, "logit_scale", None))
+
+
+def start_process_group() -> tuple[int, int]:
+    """torch.distributed up (gloo on CPU, NCCL on GPU, as the Megatron engine's); (world size, rank)."""
+    megatron_build.start_process_group()
+    return dist.get_world_size(), dist.get_rank()
+
+
+class HFEngine:
+    """A transformers model sharded by FSDP2 over the job's ranks, with its AdamW optimizer."""
+
+    def __init__(self, model: Any, optimizer: torch.optim.Optimizer | None, shape: HFShape, par: Parallelism,
+                 micro_batch_size: int, micro_batch_tokens: int | None, clip_grad: float, compute_dtype: torch.dtype
+                 ) -> None:
+        self.model, self.optimizer, self.shape, self.par = model, optimizer, shape, par
+        self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, micro_batch_tokens
+        self.clip_grad, self.compute_dtype = clip_grad, compute_dtype
+        self.last_step_rows = 0
+        self.last_export_seconds = 0.0
+        self.plain_head = _plain_head(model)
+        self._offloader = HostOffloader()
+
+    # ----- construction -----
+    @classmethod
+    def from_hf(cls, model_dir: str | Path, *, lr: float = 1e-6, seed: int = 0, dtype: torch.dtype = torch.float32,
+                weight_decay: float = 0.0, clip_grad: float = 1.0, micro_batch_size: int = 1,
+                micro_batch_tokens: int | None = None, trainable: bool = True, value_head: bool = False,
+                recompute: bool = False) -> HFEngine:
+        """Load `model_dir` with transformers (float32 master weights) and shard it over every rank.
+
+        `trainable=False` builds a forward-only engine. `recompute` turns on the model's gradient
+        checkpointing (each decoder layer recomputed in the backward). A value head (PPO's critic) is
+        Megatron's only: refused here."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        if value_head:
+            raise EngineError("the hf trainer engine has no value head: PPO with critic: true needs "
+                              "trainer.engine megatron")
+        model_dir = Path(model_dir)
+        world, rank = start_process_group()
+        torch.manual_seed(seed)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"transformers cannot load {model_dir}: {exc}") from exc
+        shape = HFShape.of(model)
+        device = megatron_build.device()
+        model.to(device)
+        if recompute:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        mesh = init_device_mesh(device.type, (world,))
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
+            MixedPrecisionPolicy()
+        layers = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in layers:
+                fully_shard(module, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        par = Parallelism(tp=1, pp=1, dp=world, ep=1, tp_rank=0, pp_rank=0, dp_rank=rank, ep_rank=0, fsdp=True)
+        optimizer = None
+        if trainable:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
+                                          weight_decay=weight_decay)
+        else:
+            model.eval()
+            for p in model.parameters():
+                p.requires_grad_(False)
+        return cls(model, optimizer, shape, par, micro_batch_size, micro_batch_tokens, clip_grad, dtype)
+
+    # ----- forward -----
+    def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
+        rows, cols = micro_batches.require(batch, "input_ids").shape
+        mbs = micro_batches.rows_per_micro_batch(rows, cols, micro_batch_size or self.micro_batch_size,
+                                                 self.micro_batch_tokens)
+        device = megatron_build.device()
+        return [micro_batches.to_device(mb, device) for mb in micro_batches.split_rows(batch, mbs)]
+
+    def _equalized(self, mbs: list[Any], filler: Any) -> tuple[list[Any], int]:
+        """`mbs` padded with `filler` micro-batches to the largest count of any rank (FSDP2's gathers run per
+        forward); (the list, how many of it are this rank's own)."""
+        own = len(mbs)
+        if self.par.dp == 1:
+            return mbs, own
+        count = torch.tensor([own], dtype=torch.int64, device=megatron_build.device())
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return mbs + [filler] * (int(count) - own), own
+
+    def _mask(self, mb: Any) -> torch.Tensor:
+        from tandem.sidecars.algorithms.packing import allowed_attention
+
+        seg = micro_batches.require(mb, "segment_ids")
+        return allowed_attention(seg, micro_batches.field(mb, "prefix_ids"))  # [rows, 1, len, len], True: attend
+
+    @contextmanager
+    def _scoring_head(self, mb: Any, scored_only: bool, out: list[torch.Tensor]) -> Iterator[None]:
+        """While active, the model's output layer returns log-probs `[rows, len]` (the layout above) of the
+        positions the loss reads, computed a chunk at a time; appended to `out` as well."""
+        head = self.model.get_output_embeddings()
+        ids = micro_batches.require(mb, "input_ids")
+        mask = micro_batches.field(mb, "loss_mask") if scored_only else None
+
+        def forward(hidden: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+            weight = head.weight
+            if mask is not None:  # labels layout: position t scores token t + 1
+                where = mask > 0
+                labels = micro_batches.require(mb, "labels")
+                lp = chunked_logprobs(hidden[where], weight, labels[where], vocab_start=0, valid=weight.shape[0])
+                placed = torch.zeros(where.shape, dtype=lp.dtype, device=lp.device).masked_scatter(where, lp)
+                result = torch.cat([torch.zeros_like(placed[:, :1]), placed[:, :-1]], dim=1)
+            else:
+                rows, cols, width = hidden.shape
+                flat = hidden[:, :-1].reshape(-1, width)
+                lp = chunked_logprobs(flat, weight, ids[:, 1:].reshape(-1), vocab_start=0, valid=weight.shape[0])
+                result = aligned(lp.reshape(rows, cols - 1), mb)
+            out.append(result)
+            return result
+
+        head.forward = forward
+        try:
+            yield
+        finally:
+            del head.forward
+
+    def _forward(self, mb: Any, scored_only: bool) -> torch.Tensor:
+        """Log-probs `[rows, len]` of one micro-batch (with gradient when grad is enabled)."""
+        seg = micro_batches.require(mb, "segment_ids")
+        positions = micro_batches.field(mb, "position_ids")
+        if positions is None:
+            positions = micro_batches.position_ids(seg)
+        ids = micro_batches.require(mb, "input_ids")
+        if self.plain_head:
+            got: list[torch.Tensor] = []
+            with self._scoring_head(mb, scored_only, got):
+                self.model(input_ids=ids, attention_mask=self._mask(mb), position_ids=positions, use_cache=False)
+            return got[-1]
+        logits = self.model(input_ids=ids, attention_mask=self._mask(mb), position_ids=positions,
+                            use_cache=False).logits.float()
+        nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        return aligned(-nll, mb)
+
+    def token_logprobs(self, batch: Any, micro_batch_size: int | None = None, scored_only: bool = False
+                       ) -> torch.Tensor:
+        """Log-probs `[rows, len]` (float32, CPU); no gradient. `scored_only` (a batch with a `loss_mask`): only
+        the tokens the mask scores, 0 elsewhere. As `MegatronEngine.token_logprobs`."""
+        self.model.eval()
+        mbs = self._micro_batches(batch, micro_batch_size)
+        runs, own = self._equalized(mbs, micro_batches.take_rows(mbs[0], 0, 1) if mbs else None)
+        scored = scored_only and micro_batches.field(batch, "loss_mask") is not None
+        outs = []
+        with torch.no_grad():
+            for mb in runs:
+                outs.append(self._forward(mb, scored).float().cpu())
+        return torch.cat(outs[:own]) if own else torch.empty(0)
+
+    def logits(self, batch: Any) -> torch.Tensor:
+        """Full-vocabulary logits `[rows, len, vocab]` (float32, CPU)."""
+        self.model.eval()
+        mb = micro_batches.to_device(batch, megatron_build.device())
+        seg = micro_batches.require(mb, "segment_ids")
+        positions = micro_batches.field(mb, "position_ids")
+        with torch.no_grad():
+            out = self.model(input_ids=micro_batches.require(mb, "input_ids"), attention_mask=self._mask(mb),
+                             position_ids=micro_batches.position_ids(seg) if positions is None else positions,
+                             use_cache=False)
+        return out.logits.float()[..., : self.shape.vocab].cpu()
+
+    def greedy_generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Greedy continuation of one prompt (a full forward per token; for tests)."""
+        tokens = list(prompt_ids)
+        for _ in range(max_new_tokens):
+            ids = torch.tensor([tokens], dtype=torch.long)
+            tokens.append(int(self.logits({"input_ids": ids, "segment_ids": torch.ones_like(ids)})[0, -1].argmax()))
+        return tokens[len(prompt_ids):]
+
+    # ----- training -----
+    def train_step(self, batch: Any, loss_fn: LossFn, micro_batch_size: int | None = None,
+                   reduction: Literal["mean", "sum"] = "mean") -> dict[str, float]:
+        """One optimizer step over the global `batch`, each rank on its share of the rows; the same contract
+        and metrics as `MegatronEngine.train_step` (`loss`, the mean of each metric over micro-batches,
+        `grad_norm` before clipping, `update_ok`, `step_seconds`)."""
+        if self.optimizer is None:
+            raise EngineError("this engine was built with trainable=False")
+        start = time.perf_counter()
+        self.model.train()
+        rows = micro_batches.require(batch, "input_ids").shape[0]
+        lo, hi = micro_batches.dp_share(rows, self.par.dp, self.par.dp_rank)
+        self.last_step_rows = hi - lo
+        mbs = self._micro_batches(micro_batches.take_rows(batch, lo, max(hi, lo + 1)), micro_batch_size)
+        counted = len(mbs) if hi > lo else 0
+        runs, _ = self._equalized(mbs, mbs[0])
+        total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
+        # FSDP2 averages gradients over the ranks: x dp turns that into the sum over every rank's micro-batches
+        scale = self.par.dp * (1.0 if reduction == "sum" else 1.0 / max(total, 1))
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for i, mb in enumerate(runs):
+            self.model.set_requires_gradient_sync(i == len(runs) - 1)  # reduce-scatter once, after the last
+            loss, metrics = loss_fn(self._forward(mb, scored_only=True), mb)
+            weight = 1.0 if i < counted else 0.0  # a filler micro-batch joins the collectives only
+            (loss * (scale * weight)).backward()
+            values = {k: float(v) for k, v in metrics.items()} | {"loss": float(loss.detach())}
+            for k, v in values.items():  # every rank the same keys (each runs at least one micro-batch)
+                sums[k] = sums.get(k, 0.0) + weight * v
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+        grad_norm = float(_full(norm))
+        update_ok = bool(torch.isfinite(torch.tensor(grad_norm)))
+        if update_ok:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        keys = sorted(sums)
+        summed = megatron_build.dp_sum(self.par, [sums.get(k, 0.0) for k in keys])
+        metrics_out = {k: v / max(total, 1) for k, v in zip(keys, summed, strict=True)}
+        if reduction == "sum" and "loss" in keys:
+            metrics_out["loss"] = summed[keys.index("loss")]
+        metrics_out.update(grad_norm=grad_norm, update_ok=float(update_ok), step_seconds=time.perf_counter() - start)
+        return metrics_out
+
+    def set_lr(self, lr: float) -> None:
+        if self.optimizer is None:
+            raise EngineError("this engine was built with trainable=False")
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ----- memory phases -----
+    def _state_tensors(self) -> list[torch.Tensor]:
+        tensors = [_local(p) for p in self.model.parameters()]
+        tensors += [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
+        return tensors + ([_local(t) for t in optimizer_tensors(self.optimizer)] if self.optimizer is not None else [])
+
+    def offload(self) -> dict[str, float]:
+        """Move this rank's weight, gradient and optimizer shards to host memory; timings and bytes."""
+        return self._offloader.offload(self._state_tensors())
+
+    def onload(self) -> dict[str, float]:
+        return self._offloader.onload()
+
+    # ----- weights in and out -----
+    def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model's own HF state dict, whole, on rank 0 (every rank must exhaust the iterator: the
+        gathers are collective). A tied output layer is left out, as `save_pretrained` leaves it out."""
+        if target_tp != 1:
+            raise EngineError("the hf trainer engine publishes whole tensors (rollout tensor parallelism slices "
+                              "them on load)")
+        start = time.perf_counter()
+        for name, tensor in self.model.state_dict().items():
+            if self.shape.tie_embeddings and name == "lm_head.weight":
+                continue
+            full = _full(tensor)
+            if self.is_export_rank:
+                yield name, full.detach()
+        self.last_export_seconds = time.perf_counter() - start
+
+    def save_hf(self, out_dir: str | Path, config_dir: str | Path) -> Path:
+        """The weights as a HF directory (safetensors plus the non-weight files of `config_dir`). Collective."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        tensors = {name: t.contiguous().clone() for name, t in self.export_hf()}
+        if self.is_export_rank:
+            out.mkdir(parents=True, exist_ok=True)
+            for item in Path(config_dir).iterdir():
+                if item.is_file() and item.suffix != ".safetensors" and not item.name.endswith(".index.json"):
+                    shutil.copy2(item, out / item.name)
+            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        dist.barrier()
+        return out
+
+    def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
+        """Copy HF weights (a directory's safetensors, or a name -> tensor loader) into this rank's shards;
+        returns how many tensors were loaded. A name the source lacks is an EngineError naming it."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        reader = megatron_build.SafetensorsDir(source) if isinstance(source, Path) else source
+        loaded = 0
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                try:
+                    full = reader(name)
+                except KeyError as exc:
+                    raise EngineError(f"{name}: not in the weights loaded ({source})") from exc
+                if tuple(full.shape) != tuple(param.shape):
+                    raise EngineError(f"{name}: the weights give {tuple(full.shape)}, the model has "
+                                      f"{tuple(param.shape)}")
+                full = full.to(param.dtype)
+                if isinstance(param, DTensor):
+                    full = distribute_tensor(full.to(param.device_mesh.device_type), param.device_mesh,
+                                             param.placements, src_data_rank=None)
+                param.copy_(full)
+                loaded += 1
+        return loaded
+
+    @property
+    def is_export_rank(self) -> bool:
+        return self.par.dp_rank == 0
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's shards (views of the parameters' storage), HF names."""
+        for name, param in self.model.named_parameters():
+            yield name, _local(param)
