@@ -61,7 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import re
 import shutil
 import subprocess
 import sys
@@ -73,16 +73,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 JOB = "bench-rollout-modes"
-LONG_SHARE = 10  # every 10th training prompt asks for an endless count
-MAX_TOKENS = 320
-POSITIONS = 512  # the bench's copy of the toy model is taught positions beyond the toy's 128
-EVAL_PROMPTS = 128  # held-out sums scored by spec.eval (a sum's answer is ~6 tokens: 16 suffice)
-WARMUP_STEPS = 40  # the toy's supervised warm-up on sums: ~13% of sampled answers right
-COUNT_STEPS = 60  # the count fine-tune's steps
-ITERATIONS, PROMPTS, LR, BATCH = 10, 32, 4e-4, 64
+LONG_SHARE = 8  # every 8th training prompt asks for a long list (its answers run to rollout.maxTokens)
+MAX_TOKENS = 128
+PHRASES = ("What is {a} + {b}?", "Compute {a} + {b}.", "What do you get when you add {a} and {b}?",
+           "Add {a} and {b}.")
+ITERATIONS, PROMPTS, GROUP, LR, BATCH = 10, 8, 4, 1e-5, 32
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
-    "partial": {"rollout": {"partial": {"tokenBudget": 48, "maxAge": 8}}},
+    "partial": {"rollout": {"partial": {"tokenBudget": 48, "maxAge": 4}}},
     "async k=1": {"algorithm": {"maxStaleness": 1}},
     "async k=2": {"algorithm": {"maxStaleness": 2}},
 }
@@ -92,124 +90,59 @@ class RunFailed(RuntimeError):
     pass
 
 
-def long_prompt(n: int) -> str:
-    return f"Count from {n}:"
+def long_prompt(n: int) -> dict[str, Any]:
+    """A prompt SmolLM2 answers at length (a numbered list), rewarded 0: its answer is no sum."""
+    return {"messages": [{"role": "user", "content": f"List the numbers from {n} to {n + 60}, one per line."}],
+            "answer": -1}
 
 
-def count_from(n: int, tokens: int, tokenizer: Any) -> list[int]:
-    """` n n+1 n+2 ...` as token ids, `tokens` long (no end: the answer never stops)."""
-    text = "".join(f" {i}" for i in range(n, n + tokens))
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"][:tokens])
+def build_task(out: Path) -> tuple[Path, Path, Path]:
+    """(model dir, train.jsonl, test.jsonl): SmolLM2-135M-Instruct, examples/arith's 57 training sums with
+    every LONG_SHARE-th prompt a long list, and the 24 held-out sums in each of 4 phrasings (96 prompts)."""
+    from tandem.cli import models
 
-
-def build_task(out: Path, warmup_steps: int = WARMUP_STEPS, steps: int = COUNT_STEPS) -> tuple[Path, Path, Path]:
-    """(model dir, train.jsonl, test.jsonl): a weak toy model (`warmup_steps` of supervised sums: ~13% of sampled sums
-    right) taught to count without end after `Count from N:` by `steps` steps on counts alone, and its
-    sums with every LONG_SHARE-th prompt replaced by a count. The fine-tune leaves the sums where the
-    warm-up put them (it never sees one; the bench prints their sampled accuracy before and after), so
-    RL has room to learn them. Cached in `out`. The held-out sums (spec.eval) are the toy's test.jsonl
-    (256 rows)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tandem.sidecars.toy.build import build_toy
-    from tandem.sidecars.toy.dataset import make_problems, read_jsonl, write_jsonl
-    from tandem.sidecars.toy.model import accuracy
-
-    model_dir = out / f"model-long-tail-{MAX_TOKENS}-w{warmup_steps}-c{steps}"
-    train = out / f"train-long-tail-w{warmup_steps}.jsonl"
-    toy = build_toy(out / f"toy-{warmup_steps}", seed=0, warmup_steps=warmup_steps, max_operand=10)
-    if (model_dir / "model.safetensors").is_file() and train.is_file():
-        return model_dir, train, toy.test_path
-    rows = read_jsonl(toy.train_path)
-    rows = [{"prompt": long_prompt(i % 50), "answer": "never"} if i % LONG_SHARE == LONG_SHARE - 1 else r
-            for i, r in enumerate(rows)]
-    tok = AutoTokenizer.from_pretrained(toy.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(toy.model_dir)
-    model.config.max_position_embeddings = POSITIONS  # rotary positions: only the config limits them
-    held = read_jsonl(toy.test_path)[:128]
-
-    def sampled() -> float:
-        model.eval()
-        torch.manual_seed(0)
-        acc = sum(accuracy(model, tok, held, do_sample=True) for _ in range(2)) / 2
-        model.train()
-        return acc
-
-    before = sampled()
-    # the sums' targets are the warmed-up model's own samples (T=1): in expectation their gradient is zero at
-    # the starting weights, so they anchor the sums' distribution while the counts are learnt
-    pool: list[tuple[list[int], list[int]]] = []
-    tok.padding_side = "left"
-    model.eval()
-    with torch.no_grad():
-        for k in range(0, 24 * steps, 256):
-            prompts = [r["prompt"] for r in make_problems(5000 + k, 256, max_operand=10)]
-            enc = tok(prompts, return_tensors="pt", padding=True)
-            gen = model.generate(**enc, max_new_tokens=12, do_sample=True, temperature=1.0, top_p=None, top_k=None,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            for prompt, new in zip(prompts, gen[:, enc["input_ids"].shape[1]:].tolist(), strict=True):
-                cut = new.index(tok.eos_token_id) + 1 if tok.eos_token_id in new else len(new)
-                pool.append((tok(prompt)["input_ids"], new[:cut]))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    rng = random.Random(0)
-    model.train()
-    t0 = time.perf_counter()
-    for step in range(steps):  # counts and the model's own sums, completion tokens only
-        seqs = pool[24 * step:24 * (step + 1)]
-        for _ in range(4):
-            n = rng.randrange(50)
-            seqs.append((tok(long_prompt(n))["input_ids"], count_from(n, MAX_TOKENS + 24, tok)))
-        width = max(len(p) + len(c) for p, c in seqs)
-        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.int64)
-        labels = torch.full((len(seqs), width), -100, dtype=torch.int64)
-        mask = torch.zeros(len(seqs), width, dtype=torch.int64)
-        for i, (p, c) in enumerate(seqs):
-            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-            mask[i, :len(p) + len(c)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 20 == 0:
-            print(f"  fine-tune step {step}: loss {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
-    print(f"  sampled accuracy on 128 held-out sums: {before:.3f} before the count fine-tune, {sampled():.3f} after",
-          flush=True)
-    shutil.rmtree(model_dir, ignore_errors=True)
-    shutil.copytree(toy.model_dir, model_dir)
-    model.save_pretrained(model_dir, safe_serialization=True)
-    config = json.loads((model_dir / "tokenizer_config.json").read_text())
-    config["model_max_length"] = POSITIONS
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    write_jsonl(rows, train)
-    return model_dir, train, toy.test_path
+    model = models.fetch("smollm2-135m")
+    arith = ROOT / "examples" / "arith"
+    rows = [json.loads(x) for x in (arith / "train.jsonl").read_text().splitlines() if x.strip()]
+    train_rows: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        if i % (LONG_SHARE - 1) == LONG_SHARE - 2:
+            train_rows.append(long_prompt(i))
+        train_rows.append(row)
+    held = [json.loads(x) for x in (arith / "test.jsonl").read_text().splitlines() if x.strip()]
+    pairs = [tuple(int(t) for t in re.findall(r"\d+", r["messages"][0]["content"])) for r in held]
+    test_rows = [{"messages": [{"role": "user", "content": p.format(a=a, b=b)}], "answer": a + b}
+                 for p in PHRASES for a, b in pairs]
+    train, test = out / "train-long-tail.jsonl", out / "test-96.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
+    test.write_text("".join(json.dumps(r) + "\n" for r in test_rows))
+    return Path(model), train, test
 
 
 def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, iterations: int, prompts: int,
-             lr: float, batch: int) -> Path:
-    """The mode's job; spec.eval scores held-out sums (greedy pass@1 and 4 samples at temperature 1)
-    at the start, every quarter of the run and the end, the same prompts in every mode."""
+             lr: float, batch: int, eval_samples: int) -> Path:
+    """The mode's job: examples/smollm2-grpo.yaml's, with answers up to MAX_TOKENS long; spec.eval scores the
+    96 held-out prompts (`eval_samples` samples at temperature 1) at the start, the middle and the end."""
     import yaml
 
-    from tandem.sidecars.toy.dataset import reward_specs
-
-    algorithm: dict[str, Any] = {"name": "grpo", "groupSize": 8, "klCoef": 0.0, "clip": 0.2, "lr": lr,
-                                 "iterations": iterations, "tisCap": 2.0, "lossAgg": "seq-mean-token-mean"}
+    algorithm: dict[str, Any] = {"name": "grpo", "groupSize": GROUP, "klCoef": 0.0, "clip": 0.2, "lr": lr,
+                                 "iterations": iterations, "tisCap": 2.0}
     rollout: dict[str, Any] = {"tensorParallel": 1, "maxTokens": MAX_TOKENS, "temperature": 1.0,
                                "promptsPerIteration": prompts, "betweenRollouts": "keep"}
     algorithm |= MODES[mode].get("algorithm", {})
     rollout |= MODES[mode].get("rollout", {})
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": JOB},
-            "spec": {"model": {"path": str(model)}, "dataset": {"path": str(train)}, "algorithm": algorithm,
-                     "eval": {"dataset": {"path": str(test)},
-                              "every": max(1, iterations // 2), "prompts": EVAL_PROMPTS, "samples": 4,
-                              "temperature": 1.0, "maxTokens": 16},
+            "spec": {"model": {"path": str(model)},
+                     "dataset": {"path": str(train), "promptField": "messages", "answerField": "answer"},
+                     "algorithm": algorithm,
+                     "eval": {"dataset": {"path": str(test), "promptField": "messages"},
+                              "every": max(1, iterations // 2), "prompts": 96, "samples": eval_samples,
+                              "temperature": 1.0, "maxTokens": 48},
                      "replicas": 1, "rolloutOnlyReplicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": batch,
-                                 "microBatchSize": 32, "offload": False},
-                     "rollout": rollout, "rewards": reward_specs(),
-                     "checkpointEngine": {"shmSize": "1Gi", "transport": "tcp", "shardSizeMiB": 64},
+                                 "microBatchSize": 8, "microBatchTokens": 512, "offload": False},
+                     "rollout": rollout, "rewards": [{"type": "answerMatch", "match": "flexible", "weight": 1.0}],
+                     "checkpointEngine": {"shmSize": "2Gi", "transport": "tcp", "shardSizeMiB": 256},
                      "failurePolicy": {"maxRestarts": 0}}}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -310,11 +243,12 @@ def spread(xs: list[float], digits: int = 3) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=ITERATIONS)
-    ap.add_argument("--prompts", type=int, default=PROMPTS, help="rollout.promptsPerIteration (x 8 completions)")
+    ap.add_argument("--prompts", type=int, default=PROMPTS, help=f"rollout.promptsPerIteration (x {GROUP} completions)")
     ap.add_argument("--lr", type=float, default=LR)
     ap.add_argument("--batch", type=int, default=BATCH, help="trainer.globalBatchSize (optimizer steps per iteration: "
-                    "prompts x 8 / batch)")
+                    f"prompts x {GROUP} / batch)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rollout_modes"))
+    ap.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt (96 prompts)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, interleaved (sync, partial, ..., sync, ...)")
     ap.add_argument("--pin-pods", action=argparse.BooleanOptionalAction, default=True,
@@ -330,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"running {mode} ({k + 1}/{args.repeats})", flush=True)
             slug = mode.replace(" ", "").replace("=", "")
             job = job_yaml(mode, model, train, test, args.out / f"{slug}.yaml", iterations=args.iterations,
-                           prompts=args.prompts, lr=args.lr, batch=args.batch)
+                           prompts=args.prompts, lr=args.lr, batch=args.batch,
+                           eval_samples=args.eval_samples)
             for attempt in range(3):  # a run the machine's load broke (an etcd lease lost) is run again
                 try:
                     results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods))

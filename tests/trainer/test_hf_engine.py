@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from dist_worker import assert_same_after_adam
-from tiny_models import make_family_dirs
+from tiny_models import make_family_dirs, make_tiny_hf_model
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
@@ -149,3 +149,35 @@ def test_two_fsdp_ranks_equal_one(model_dirs: dict[str, Path], tmp_path: Path) -
     assert sorted(after) == sorted(one["export_after"])
     for name, tensor in one["export_after"].items():
         assert_same_after_adam(after[name], tensor, name, steps=1, noisy=0.01)
+
+
+def test_reference_weights_swap_in_and_out_between_steps(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """The loop's order on FSDP2: train step, reference forward (its weights swapped in by name, then the
+    policy's back), train step, policy forward. A forward without backward leaves the root module (embedding,
+    final norm, head) unsharded, a backward reshards it: weights written by name must reach the shards
+    whichever state the root is in, or the policy's embedding silently becomes the reference's. lr 0: the
+    steps change nothing, so every forward has an exact answer."""
+    from tandem.sidecars.trainer.reference import ReferenceWeights
+
+    samples = _groups(3)
+    other = make_tiny_hf_model(tmp_path / "other", family="gemma", seed=1)  # the same shape, other weights
+    policy_want = _transformers_logprobs(model_dirs["gemma"], samples)
+    ref_want = _transformers_logprobs(other, samples)
+    engine = HFEngine.from_hf(model_dirs["gemma"], lr=0.0)
+    batch = pack_samples(samples, row_budget(samples, share_prompts=True), share_prompts=True)
+    reference = ReferenceWeights.capture(engine, str(other))
+
+    def check(got: torch.Tensor, want: list[torch.Tensor]) -> None:
+        unpacked = batch.unpack(shift_to_labels(got))
+        for i in range(len(samples)):
+            assert (unpacked[i] - want[i]).abs().max().item() < 1e-5, i
+
+    for _ in range(2):
+        _grpo_step(engine, samples)
+        check(reference.token_logprobs(batch, scored_only=True), ref_want)
+        check(engine.token_logprobs(batch, scored_only=True), policy_want)
+    _grpo_step(engine, samples)
+    check(engine.token_logprobs(batch), policy_want)
+    exported = dict(engine.export_hf())
+    assert engine.load_hf_weights(exported.__getitem__) == len(exported)  # after a forward, as resume loads
+    check(engine.token_logprobs(batch), policy_want)

@@ -1,11 +1,12 @@
-"""What a job's device fields resolve to, in one place: the trainer's dtype and the rollout's vLLM knobs.
+"""What a job's engine and device fields resolve to, in one place: the trainer's engine and dtype, vLLM's knobs.
 
-Role: `gpusPerPod` decides GPU or CPU (the sidecars refuse a GPU job without CUDA, `tandem.sidecars.gpu`),
-and from it and the spec come `trainer.dtype` (auto: bfloat16 on GPU, float32 on CPU), used by the
-trainer's Megatron engine and as vLLM's dtype so that the published weights pass the rollout's check
-(which demands the exact dtype: no conversion is allowed there, so the trainer publishes in this one),
-and `rollout.gpuMemoryUtilization`, `sleepLevel` and `cudaGraphs`. Both sidecars read the job file
-named by the pod env contract (TANDEM_JOB_FILE) and call these functions, so they always agree.
+Role: `trainer.engine` resolves to megatron or hf (`trainer_engine`). `gpusPerPod` decides GPU or CPU (the
+sidecars refuse a GPU job without CUDA, `tandem.sidecars.gpu`), and from it and the spec come
+`trainer.dtype` (auto: bfloat16 on GPU, float32 on CPU), used by the trainer's engine and as vLLM's dtype
+so that the published weights pass the rollout's check (which demands the exact dtype: no conversion is
+allowed there, so the trainer publishes in this one), and `rollout.gpuMemoryUtilization`, `sleepLevel`
+and `cudaGraphs`. Both sidecars read the job file named by the pod env contract (TANDEM_JOB_FILE) and
+call these functions, so they always agree.
 Callers: the trainer's context (`tandem.sidecars.trainer.context`) and the rollout's entry point.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tandem.spec.models import JobSpec
+from tandem.spec.models import JobSpec, ModelRef, model_type
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.85
@@ -29,6 +30,17 @@ def trainer_dtype(spec: JobSpec) -> Dtype:
     if spec.trainer.dtype != "auto":
         return spec.trainer.dtype
     return "bfloat16" if on_gpu(spec) else "float32"
+
+
+def trainer_engine(spec: JobSpec) -> Literal["megatron", "hf"]:
+    """trainer.engine with auto resolved: megatron where model.family or config.json's model_type has a weight
+    mapping (or the file cannot be read), hf otherwise."""
+    if spec.trainer.engine != "auto":
+        return spec.trainer.engine
+    if spec.model.family != "auto":
+        return "megatron"
+    found = model_type(spec.model.path)
+    return "hf" if found is not None and found not in ModelRef.FAMILIES else "megatron"
 
 
 @dataclass(frozen=True)

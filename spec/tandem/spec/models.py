@@ -27,12 +27,25 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
 
-def _family_problem(path: str, family: str, supported: tuple[str, ...]) -> str | None:
-    """Why `family` does not fit `path`/config.json ("field: message"), or None.
+def model_type(path: str) -> str | None:
+    """config.json's model_type of the model at `path`, or None where the file cannot be read here (in a
+    cluster the path often exists only in the pods; a relative path is resolved after parsing)."""
+    import json
+    from pathlib import Path
 
-    None also when config.json cannot be read: in a cluster the path exists only in the pods, and a
-    relative path is resolved against the job file only after parsing (`load_job`).
-    """
+    if not path.startswith("/"):
+        return None
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    value = config.get("model_type") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _family_problem(path: str, family: str) -> str | None:
+    """Why `family` does not fit `path`/config.json ("field: message"), or None (also when the file cannot
+    be read: see `model_type`; whether a Megatron mapping exists is JobSpec's rule, by trainer.engine)."""
     import json
     from pathlib import Path
 
@@ -47,28 +60,27 @@ def _family_problem(path: str, family: str, supported: tuple[str, ...]) -> str |
         return f"path: {file} is not valid JSON ({e})"
     if not isinstance(config, dict):
         return f"path: {file} is not a JSON object"
-    model_type = config.get("model_type")
-    if model_type not in supported:
-        return (f"family: model_type {model_type!r} of {file} (architectures {config.get('architectures')}) "
-                f"is not a supported model.family (supported: {', '.join(supported)})")
-    if family not in ("auto", model_type):
-        return f"family: {family!r} does not match model_type {model_type!r} of {file} (use auto or {model_type})"
+    found = config.get("model_type")
+    if family not in ("auto", found):
+        return f"family: {family!r} does not match model_type {found!r} of {file} (use auto or {found})"
     return None
 
 
 class ModelRef(Base):
     """The policy model: a HuggingFace directory and its weight-mapping family."""
 
-    # Checked by _family_problem when path/config.json is readable here (tandem validate / run).
-    FAMILIES: ClassVar[tuple[str, ...]] = ("llama", "mixtral", "qwen2", "qwen3")  # tandem.checkpoint_engine.convert
+    # The families with a Megatron weight mapping (tandem.checkpoint_engine.convert); any other model_type trains
+    # on trainer.engine hf. Checked against path/config.json where it is readable here (tandem validate / run).
+    FAMILIES: ClassVar[tuple[str, ...]] = ("llama", "mixtral", "qwen2", "qwen3")
     path: Annotated[str, Field(min_length=1, description="HuggingFace model directory (PVC/hostPath in a cluster).")]
     family: Literal["auto", "llama", "mixtral", "qwen2", "qwen3"] = Field(
-        default="auto", description="Weight-mapping family; auto reads config.json's model_type (which, "
-        "where readable when the job is validated, must be a supported family and match this one).")
+        default="auto", description="Megatron weight-mapping family; auto reads config.json's model_type (which, "
+        "where readable when the job is validated, must match this one). A model of another family trains on "
+        "trainer.engine hf, with family auto.")
 
     @model_validator(mode="after")
     def _check_family(self) -> ModelRef:
-        problem = _family_problem(self.path, self.family, self.FAMILIES)
+        problem = _family_problem(self.path, self.family)
         if problem is not None:
             raise ValueError(problem)
         return self
@@ -81,6 +93,12 @@ class Resources(Base):
 
 class Trainer(Base):
     image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/trainer:0.1.0"
+    engine: Literal["auto", "megatron", "hf"] = Field(default="auto", description=(
+        "The training engine. megatron: Megatron-core, tensor, pipeline, expert and data parallel, for the families "
+        "with a weight mapping (model.family). hf: transformers with torch FSDP2, data parallel only (each rank "
+        "holds 1/N of the weights, gradients and Adam's state), for any causal LM that transformers and vLLM "
+        "load, its own state dict published as is; no PPO critic. auto: megatron where config.json's model_type "
+        "has a mapping, hf otherwise."))
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     expert_parallel: Annotated[int, Field(ge=1, le=64, description=(
@@ -117,6 +135,10 @@ class Trainer(Base):
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",
              ".globalBatchSize", lambda t: t.global_batch_size % t.micro_batch_size == 0),
+        Rule("self.engine != 'hf' || (self.tensorParallel == 1 && self.pipelineParallel == 1 && "
+             "self.expertParallel == 1)", "the hf engine is data parallel only (FSDP2): tensorParallel, "
+             "pipelineParallel and expertParallel must be 1", ".engine",
+             lambda t: t.engine != "hf" or (t.tensor_parallel, t.pipeline_parallel, t.expert_parallel) == (1, 1, 1)),
     )
 
 
@@ -497,9 +519,23 @@ class JobSpec(Base):
              lambda s: s.algorithm.name in ("dpo", "kto") or (s.rollout.partial is None
                                                              and s.algorithm.max_staleness == 0)
              or s.algorithm.tis_cap is not None),
+        Rule("self.trainer.engine != 'hf' || self.algorithm.name != 'ppo' || !self.algorithm.critic",
+             "PPO's learned critic (a value head on the policy's transformer) runs on the megatron engine",
+             ".trainer.engine", lambda s: s.trainer.engine != "hf" or s.algorithm.name != "ppo"
+             or not s.algorithm.critic),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
     )
+
+    @model_validator(mode="after")
+    def _check_engine_family(self) -> JobSpec:
+        """trainer.engine megatron on a model whose config.json (where readable here) has no weight mapping."""
+        found = model_type(self.model.path)
+        if self.trainer.engine == "megatron" and found is not None and found not in ModelRef.FAMILIES:
+            raise ValueError(f"trainer.engine: megatron has no weight mapping for model_type {found!r} of "
+                             f"{self.model.path}/config.json (mapped: {', '.join(ModelRef.FAMILIES)}); "
+                             "use hf, or auto, which picks hf for it")
+        return self
 
     def trainer_ranks_per_pod(self) -> int:
         """Trainer processes in one pod: one per GPU, or TP x PP on CPU (gpusPerPod: 0)."""

@@ -1,7 +1,7 @@
 """Build the demo's tiny task and model into a directory, idempotently and cached.
 
 Role: `build_toy(out_dir, seed=..., warmup_steps=...)` writes
-    out_dir/model/      HF Qwen2 (config.json, model.safetensors, generation_config.json,
+    out_dir/model/      HF Qwen2 or Gemma (config.json, model.safetensors, generation_config.json,
                         tokenizer.json, tokenizer_config.json) — the job's `model.path`
     out_dir/train.jsonl prompts for RL ({prompt, answer}) — the job's `dataset.path`
     out_dir/test.jsonl  held-out prompts for evaluation
@@ -52,6 +52,7 @@ class ToyParams:
     check_every: int = 25
     check_from: int = 50
     tied: bool = False  # tied input and output embeddings
+    family: str = "qwen2"  # the model's architecture: qwen2, or gemma (tied; trains on the hf engine only)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 300, th
     wanted = asdict(p)
     if not p.tied:  # builds made before the option existed stay valid
         del wanted["tied"]
+    if p.family == "qwen2":
+        del wanted["family"]
     cached = _complete(root, wanted)
     if cached is not None:
         return _paths(root, cached)
@@ -127,7 +130,7 @@ def _build_into(out: Path, p: ToyParams, threads: int | None) -> dict[str, float
         test = make_problems(p.seed + 1, p.test_size, max_operand=p.max_operand)
         write_jsonl(train, out / "train.jsonl")
         write_jsonl(test, out / "test.jsonl")
-        model = random_model(tokenizer, p.seed, ModelShape(tied=p.tied))
+        model = random_model(tokenizer, p.seed, ModelShape(tied=p.tied, family=p.family))
         model.eval()
         evaluation = test[:p.eval_size]
         before = accuracy(model, tokenizer, evaluation)

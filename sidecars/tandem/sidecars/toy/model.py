@@ -1,4 +1,4 @@
-"""The demo's tiny Qwen2 model: config, random init, supervised warm-up, greedy evaluation.
+"""The demo's tiny Qwen2 model (or a Gemma of the same size): config, random init, supervised warm-up, greedy eval.
 
 Role: gives the RL demo a model that already emits the answer format and is right some of the
 time (a random model never is, so RL would see no reward signal), leaving room to improve.
@@ -31,6 +31,7 @@ class ModelShape:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 128
     tied: bool = False  # tie_word_embeddings: the output layer is the embedding (as in SmolLM2, Qwen2-0.5B)
+    family: str = "qwen2"  # or gemma (tied always; a family only the hf trainer engine runs)
 
 
 def qwen2_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
@@ -46,11 +47,26 @@ def qwen2_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
     )
 
 
+def gemma_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
+    """The same sizes as a Gemma: GeGLU MLP, embeddings scaled by sqrt(hidden), RMSNorm weights as 1 + w, tied."""
+    from transformers import GemmaConfig
+
+    return GemmaConfig(
+        vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads, head_dim=shape.hidden_size // shape.num_attention_heads,
+        max_position_embeddings=shape.max_position_embeddings, rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32",
+    )
+
+
 def random_model(tokenizer: Any, seed: int, shape: ModelShape = ModelShape()) -> Any:
-    from transformers import Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(qwen2_config(tokenizer, shape))
+    config = gemma_config(tokenizer, shape) if shape.family == "gemma" else qwen2_config(tokenizer, shape)
+    model = AutoModelForCausalLM.from_config(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id

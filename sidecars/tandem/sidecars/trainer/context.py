@@ -1,10 +1,11 @@
 """Everything the driver loop needs, built once per trainer process, and each phase's work.
 
-Role: keeps `driver.run` one screen long. `TrainerContext.create` builds the Megatron engine (and,
-for PPO with `critic: true`, a value-head critic engine trained on the returns after each policy
-step), reference weights, algorithm, rewards, dataset and — on the driver rank — the etcd registry,
-the shared-memory publisher and the rollout client. Every rank calls the collective methods
-(`inference`, `train`, `publish`) in the same order; the driver alone talks to rollouts and etcd.
+Role: keeps `driver.run` one screen long. `TrainerContext.create` builds the trainer engine (`engine`:
+Megatron or transformers + FSDP2, as trainer.engine says; for PPO with `critic: true`, a value-head critic
+engine trained on the returns after each policy step), reference weights, algorithm, rewards, dataset
+and — on the driver rank — the etcd registry, the shared-memory publisher and the rollout client. Every
+rank calls the collective methods (`inference`, `train`, `publish`) in the same order; the driver alone
+talks to rollouts and etcd.
 Caller: `tandem.sidecars.trainer.driver`.
 """
 
@@ -35,10 +36,10 @@ from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.startup import etcd_security
 from tandem.sidecars.trainer import megatron_build, persist, resume, sharded, train_state
 from tandem.sidecars.trainer.dataset import PromptDataset
+from tandem.sidecars.trainer.engine import TrainerEngine, build_engine
 from tandem.sidecars.trainer.evaluate import EvalResult, Evaluator
 from tandem.sidecars.trainer.heads import shift_to_labels
 from tandem.sidecars.trainer.host_wait import broadcast as host_broadcast
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.persist import Persister
 from tandem.sidecars.trainer.prom import LoopMetrics
 from tandem.sidecars.trainer.reference import ReferenceWeights
@@ -46,7 +47,7 @@ from tandem.sidecars.trainer.rollout_client import RolloutClient
 from tandem.sidecars.trainer.timing import PhaseTimer
 from tandem.sidecars.trainer.tracking import Tracker
 from tandem.spec import devices
-from tandem.spec.models import JobSpec, RLHFJob
+from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import EvalSummary, Phase, Progress
 
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 class TrainerContext:
     env: PodEnv
     job: RLHFJob
-    engine: MegatronEngine
+    engine: TrainerEngine
     reference: ReferenceWeights | None
     algorithm: Algorithm
     rewards: RewardSet
@@ -65,7 +66,7 @@ class TrainerContext:
     eos_id: int
     pad_id: int
     seed: int = 0
-    critic: MegatronEngine | None = None  # PPO with critic: true
+    critic: TrainerEngine | None = None  # PPO with critic: true
     registry: SyncRegistry | None = None
     publisher: Publisher | None = None
     rollouts: RolloutClient | None = None
@@ -405,7 +406,8 @@ class TrainerContext:
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release")),
-               "layout": {k: getattr(self.engine.par, k) for k in ("tp", "pp", "dp", "ep")}}  # trainer ranks
+               "layout": {k: getattr(self.engine.par, k) for k in ("tp", "pp", "dp", "ep")},  # trainer ranks
+               "engine": devices.trainer_engine(self.job.spec)}
         if timer.memory is not None:
             row["memory"] = timer.memory.summary()
         if self.prom is not None:
@@ -417,18 +419,6 @@ class TrainerContext:
                 f.write(json.dumps(row) + "\n")
         log.info("iteration %d: reward %.3f kl %s sync %.2fs", iteration, info.get("reward_mean", 0.0),
                  info.get("kl"), info.get("sync_seconds", 0.0))
-
-
-def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> MegatronEngine:
-    """The policy's Megatron engine (or PPO's critic, with `value_head`) in the spec's parallel layout:
-    trainer.tensorParallel, pipelineParallel, expertParallel, distributedOptimizer, activationCheckpointing, in
-    trainer.dtype (which the rollout's vLLM runs too)."""
-    t = spec.trainer
-    return MegatronEngine.from_hf(
-        spec.model.path, tensor_parallel=t.tensor_parallel, pipeline_parallel=t.pipeline_parallel,
-        expert_parallel=t.expert_parallel, distributed_optimizer=t.distributed_optimizer, lr=spec.algorithm.lr,
-        seed=seed, dtype=getattr(torch, devices.trainer_dtype(spec)), micro_batch_size=t.micro_batch_size,
-        micro_batch_tokens=t.micro_batch_tokens, value_head=value_head, recompute=t.activation_checkpointing)
 
 
 def moves_state(offload: bool, device: torch.device) -> bool:

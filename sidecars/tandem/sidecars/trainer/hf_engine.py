@@ -150,6 +150,12 @@ class HFEngine:
                 p.requires_grad_(False)
         return cls(model, optimizer, shape, par, micro_batch_size, micro_batch_tokens, clip_grad, dtype)
 
+    def _resharded(self) -> None:
+        """The root module's weights back to their shards. FSDP2 leaves the root unsharded after a forward
+        without backward (the embedding, final norm and head: its parameters are then plain tensors whose
+        next forward reuses them); weights read or written by name must be the shards."""
+        self.model.reshard()
+
     # ----- forward -----
     def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
         rows, cols = micro_batches.require(batch, "input_ids").shape
@@ -233,6 +239,7 @@ class HFEngine:
         with torch.no_grad():
             for mb in runs:
                 outs.append(self._forward(mb, scored).float().cpu())
+        self._resharded()
         return torch.cat(outs[:own]) if own else torch.empty(0)
 
     def logits(self, batch: Any) -> torch.Tensor:
@@ -245,6 +252,7 @@ class HFEngine:
             out = self.model(input_ids=micro_batches.require(mb, "input_ids"), attention_mask=self._mask(mb),
                              position_ids=micro_batches.position_ids(seg) if positions is None else positions,
                              use_cache=False)
+        self._resharded()
         return out.logits.float()[..., : self.shape.vocab].cpu()
 
     def greedy_generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
@@ -284,6 +292,7 @@ class HFEngine:
             values = {k: float(v) for k, v in metrics.items()} | {"loss": float(loss.detach())}
             for k, v in values.items():  # every rank the same keys (each runs at least one micro-batch)
                 sums[k] = sums.get(k, 0.0) + weight * v
+        self._resharded()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
         grad_norm = float(_full(norm))
         update_ok = bool(torch.isfinite(torch.tensor(grad_norm)))
@@ -306,6 +315,7 @@ class HFEngine:
 
     # ----- memory phases -----
     def _state_tensors(self) -> list[torch.Tensor]:
+        self._resharded()
         tensors = [_local(p) for p in self.model.parameters()]
         tensors += [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
         return tensors + ([_local(t) for t in optimizer_tensors(self.optimizer)] if self.optimizer is not None else [])
@@ -325,6 +335,7 @@ class HFEngine:
             raise EngineError("the hf trainer engine publishes whole tensors (rollout tensor parallelism slices "
                               "them on load)")
         start = time.perf_counter()
+        self._resharded()
         for name, tensor in self.model.state_dict().items():
             if self.shape.tie_embeddings and name == "lm_head.weight":
                 continue
@@ -354,6 +365,7 @@ class HFEngine:
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         reader = megatron_build.SafetensorsDir(source) if isinstance(source, Path) else source
+        self._resharded()
         loaded = 0
         with torch.no_grad():
             for name, param in self.model.named_parameters():
@@ -378,5 +390,6 @@ class HFEngine:
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's shards (views of the parameters' storage), HF names."""
+        self._resharded()
         for name, param in self.model.named_parameters():
             yield name, _local(param)

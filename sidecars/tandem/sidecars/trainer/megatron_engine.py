@@ -464,6 +464,12 @@ class MegatronEngine:
             dist.barrier()
         return out
 
+    def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
+        """Copy HF-named weights (a directory, or a name -> tensor loader such as a published version) into
+        this rank's shards; a critic's value head is left as it is. Returns how many tensors were loaded."""
+        skip = (VALUE_HEAD,) if self.value_head else ()
+        return megatron_build.load_hf_weights(self.gpt, source, self.shape, self.par, skip=skip)
+
     @property
     def is_export_rank(self) -> bool:
         return self.par.dp_rank == 0 and self.par.tp_rank == 0 and self.par.pp_rank == 0

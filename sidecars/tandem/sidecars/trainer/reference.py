@@ -1,4 +1,4 @@
-"""The reference policy as a frozen copy of weights swapped into the trainer's own Megatron model.
+"""The reference policy as a frozen copy of weights swapped into the trainer's own model (either engine).
 
 Role: KL needs log-probs under the reference model. Instead of a second model on the
 accelerator, the reference weights live in host memory (this rank's shards only) and are swapped
@@ -16,23 +16,22 @@ from typing import Any
 
 import torch
 
-from tandem.sidecars.trainer import megatron_build
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engine import TrainerEngine
 
 
 class ReferenceWeights:
-    def __init__(self, engine: MegatronEngine, weights: dict[str, torch.Tensor]):
+    def __init__(self, engine: TrainerEngine, weights: dict[str, torch.Tensor]):
         self.engine = engine
         self.weights = weights
 
     @classmethod
-    def capture(cls, engine: MegatronEngine, path: str | None = None) -> ReferenceWeights:
+    def capture(cls, engine: TrainerEngine, path: str | None = None) -> ReferenceWeights:
         """Snapshot the engine's current weights, or (with `path`) the weights of another HF dir."""
         params = dict(engine.named_parameters())
         if path is None:
             return cls(engine, {n: p.detach().to("cpu", copy=True) for n, p in params.items()})
         policy = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
-        megatron_build.load_hf_weights(engine.gpt, Path(path), engine.shape, engine.par)
+        engine.load_hf_weights(Path(path))
         ref = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
         _copy_into(params, policy)
         return cls(engine, ref)

@@ -113,14 +113,12 @@ def _from_durable(ctx: Resumable) -> tuple[int, int, str] | None:
 
 
 def load_version(ctx: Resumable, version: int, path: Path) -> None:
-    """Copy version `version` (HF names, at `path`: shm or durable) into the Megatron model.
+    """Copy version `version` (HF names, at `path`: shm or durable) into the trainer's model.
 
     A rank in another pod than the driver's may not see `path` (another pod's shm, a volume
     mounted per node); it reads the same version from its own pod's shm, where that pod's
     rollout sidecar pulled it, and says so clearly when neither is there.
     """
-    from tandem.sidecars.trainer import megatron_build
-
     if not (path / layout.INDEX).exists():
         path = layout.version_dir(ctx.env.shm_dir, ctx.env.job, version)
         if not (path / layout.INDEX).exists():
@@ -128,4 +126,4 @@ def load_version(ctx: Resumable, version: int, path: Path) -> None:
     mapped = layout.MappedVersion(path)
     mapped.verify_checksums()
     tensors = dict(mapped.tensors())
-    megatron_build.load_hf_weights(ctx.engine.gpt, tensors.__getitem__, ctx.engine.shape, ctx.engine.par)
+    ctx.engine.load_hf_weights(tensors.__getitem__)

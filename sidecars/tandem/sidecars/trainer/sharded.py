@@ -31,6 +31,8 @@ def per_sample_outputs(
     mine: list[dict[int, list[float]]] = []
     for forward in forwards:
         if forward is None or hi == lo:  # a rank with no rows still joins the gather below
+            if forward is not None and par.fsdp:  # ... and FSDP2's per-forward weight gathers
+                forward(packed.rows(0, 1))
             mine.append({})
             continue
         out = forward(local)

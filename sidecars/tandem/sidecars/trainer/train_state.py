@@ -33,7 +33,7 @@ from tandem.sidecars.trainer import megatron_build
 
 if TYPE_CHECKING:
     from tandem.checkpoint_engine.durable import DurableStore
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engine import TrainerEngine
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,9 @@ class TrainerParts(Protocol):
     """
 
     @property
-    def engine(self) -> MegatronEngine: ...
+    def engine(self) -> TrainerEngine: ...
     @property
-    def critic(self) -> MegatronEngine | None: ...
+    def critic(self) -> TrainerEngine | None: ...
     @property
     def durable(self) -> DurableStore | None: ...
 
@@ -69,13 +69,13 @@ def layout_of(ctx: TrainerParts) -> dict[str, int]:
             "distributed_optimizer": int(sharded(ctx.engine)), "critic": int(ctx.critic is not None)}
 
 
-def _optimizer(engine: MegatronEngine) -> Any:
+def _optimizer(engine: TrainerEngine) -> Any:
     if engine.optimizer is None:
         raise megatron_build.EngineError("a forward-only engine has no training state")
     return engine.optimizer
 
 
-def sharded(engine: MegatronEngine) -> bool:
+def sharded(engine: TrainerEngine) -> bool:
     """Whether `engine` trains with Megatron's distributed optimizer (state sharded over the dp ranks)."""
     return bool(getattr(getattr(engine.model, "ddp_config", None), "use_distributed_optimizer", False))
 
@@ -85,7 +85,7 @@ def _parts(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def optimizer_state(engine: MegatronEngine) -> Any:
+def optimizer_state(engine: TrainerEngine) -> Any:
     """This rank's optimizer state. Megatron's distributed optimizer leaves its shard of Adam's moments and
     master weights out of `state_dict()` (megatron writes them separately); here they come with it."""
     optimizer = _optimizer(engine)
@@ -97,7 +97,7 @@ def optimizer_state(engine: MegatronEngine) -> Any:
                        for part in _parts(optimizer)]}
 
 
-def load_optimizer_state(engine: MegatronEngine, state: Any) -> None:
+def load_optimizer_state(engine: TrainerEngine, state: Any) -> None:
     """Inverse of `optimizer_state`, under the same layout; call after loading the weights it was saved with."""
     optimizer = _optimizer(engine)
     if not sharded(engine):
@@ -119,7 +119,7 @@ def save(ctx: TrainerParts, version: int) -> dict[str, float]:
     t = time.perf_counter()
     critic = None
     if ctx.critic is not None:
-        critic = {"params": {n: p.detach() for n, p in ctx.critic.gpt.named_parameters()},
+        critic = {"params": {n: p.detach() for n, p in ctx.critic.named_parameters()},
                   "optimizer": optimizer_state(ctx.critic)}
     payload = {"version": version, "layout": layout_of(ctx), "optimizer": optimizer_state(ctx.engine),
                "critic": critic}
@@ -176,14 +176,15 @@ def restore(ctx: TrainerParts, version: int) -> bool:
         log.warning("training state of version %d not restored, optimizer starts afresh: %s", version,
                     why or "another rank has none")
         for engine in (ctx.engine, ctx.critic):
-            if engine is not None:  # bf16: the fp32 master weights must follow the loaded weights
-                _optimizer(engine).reload_model_params()
+            reload = getattr(_optimizer(engine), "reload_model_params", None) if engine is not None else None
+            if reload is not None:  # Megatron in bf16: its fp32 master weights must follow the loaded weights
+                reload()
         return False
     assert payload is not None
     payload = _owned(payload)
     load_optimizer_state(ctx.engine, payload["optimizer"])
     if ctx.critic is not None:
-        params = dict(ctx.critic.gpt.named_parameters())
+        params = dict(ctx.critic.named_parameters())
         with torch.no_grad():
             for name, value in payload["critic"]["params"].items():
                 params[name].copy_(value)

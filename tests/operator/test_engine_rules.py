@@ -1,0 +1,93 @@
+"""The trainer engine's rules on a job (`trainer.engine`), enforced offline by `tandem.spec.load.parse_job`
+and by the real API server from the CRD's CEL rules, each naming the field; and what `auto` resolves to
+(`tandem.spec.devices.trainer_engine`) for a model Megatron maps and for one it does not (config.json
+read where the path is readable, as `tandem run` and the sidecars read it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from controlplane import ControlPlane
+from wrappers import JobWrapper
+
+from tandem.spec import devices
+from tandem.spec.load import SpecError, parse_job
+
+W = JobWrapper
+
+
+def hf() -> JobWrapper:
+    return W().set("trainer.engine", "hf")
+
+
+REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
+    ("hf-tensor-parallel", lambda: hf().set("trainer.tensorParallel", 2), "spec.trainer.engine",
+     "data parallel only"),
+    ("hf-pipeline-parallel", lambda: hf().set("trainer.pipelineParallel", 2), "spec.trainer.engine",
+     "data parallel only"),
+    ("hf-ppo-critic", lambda: hf().set("algorithm.name", "ppo").set("algorithm.advantage", "gae")
+     .set("algorithm.critic", True), "spec.trainer.engine", "runs on the megatron engine"),
+    ("unknown-engine", lambda: W().set("trainer.engine", "fsdp"), "spec.trainer.engine", ""),
+]
+ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
+    ("hf", hf),
+    ("hf-ppo-without-critic", lambda: hf().set("algorithm.name", "ppo").set("algorithm.critic", False)),
+    ("megatron-tp2", lambda: W().set("trainer.engine", "megatron").set("trainer.tensorParallel", 2)
+     .set("gpusPerPod", 2)),
+]
+
+
+@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
+def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str,
+                                            words: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_job(build().obj(), case)
+    assert field in err.value.fields and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_offline_validation_accepts(case: str, build: Callable[[], JobWrapper]) -> None:
+    parse_job(build().obj(), case)
+
+
+def _model(tmp_path: Path, model_type: str) -> str:
+    (tmp_path / model_type).mkdir()
+    (tmp_path / model_type / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return str(tmp_path / model_type)
+
+
+def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: Path) -> None:
+    llama, gemma = _model(tmp_path, "llama"), _model(tmp_path, "gemma")
+    assert devices.trainer_engine(parse_job(W().set("model.path", llama).obj(), "x").spec) == "megatron"
+    assert devices.trainer_engine(parse_job(W().set("model.path", gemma).obj(), "x").spec) == "hf"
+    assert devices.trainer_engine(parse_job(hf().set("model.path", llama).obj(), "x").spec) == "hf"
+    # an unreadable path (it exists only in the pods): megatron, which names the model_type if it has no mapping
+    assert devices.trainer_engine(parse_job(W().set("model.path", "/nowhere/m").obj(), "x").spec) == "megatron"
+    with pytest.raises(SpecError) as err:
+        parse_job(W().set("model.path", gemma).set("trainer.engine", "megatron").obj(), "x")
+    assert "no weight mapping for model_type 'gemma'" in str(err.value) and "trainer.engine" in str(err.value)
+    with pytest.raises(SpecError) as err:  # an explicit family must still match the file
+        parse_job(W().set("model.path", gemma).set("model.family", "llama").obj(), "x")
+    assert "does not match model_type 'gemma'" in str(err.value)
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
+def test_api_server_rejects_naming_the_field(installed: ControlPlane, case: str, build: Callable[[], JobWrapper],
+                                             field: str, words: str) -> None:
+    doc = build().meta("name", case).obj()
+    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert out.returncode != 0, f"{case} was accepted"
+    assert field in out.stderr and words in out.stderr, out.stderr
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_api_server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
+    doc = build().meta("name", case).obj()
+    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert out.returncode == 0, out.stderr
