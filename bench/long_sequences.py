@@ -32,7 +32,8 @@ SAMPLES_PER_ROW = 16
 
 
 def dense_scores_gib(length: int, heads: int = 9, layers: int = 30) -> float:
-    """What the dense path keeps for the backward: fp32 probabilities [heads, len, len] per layer."""
+    """What the dense path keeps for the backward: fp32 probabilities [heads, len, len] per layer (with
+    recompute, one layer's at a time: pass layers=1)."""
     return 4 * heads * length * length * layers / 2**30
 
 
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     for length in [int(x) for x in args.lengths.split(",")]:
         for path in ("dense", "segments"):
             for recompute in (False, True):
-                if path == "dense" and dense_scores_gib(length) > args.max_gib:
-                    print(f"{length:>6} {path:>9} {str(recompute):>9}  skipped: ~{dense_scores_gib(length):.0f} GiB "
+                scores = dense_scores_gib(length, layers=1 if recompute else 30)
+                if path == "dense" and scores > args.max_gib:
+                    print(f"{length:>6} {path:>9} {str(recompute):>9}  skipped: ~{scores:.0f} GiB "
                           "of attention probabilities", flush=True)
                     continue
                 guess = per_token.get((path, recompute), 0.0) * length / 1024
