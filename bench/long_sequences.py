@@ -43,8 +43,8 @@ def case(model: str, length: int, path: str, recompute: bool) -> dict[str, Any]:
 
     from tandem.sidecars.algorithms.base import Sample
     from tandem.sidecars.algorithms.grpo import GRPO
-    from tandem.sidecars.trainer.heads import shift_to_labels
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.heads import shift_to_labels
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     engine = MegatronEngine.from_hf(model, lr=1e-6, seed=0, recompute=recompute)

@@ -43,8 +43,8 @@ def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any
     from transformers import AutoTokenizer
 
     from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
-    from tandem.sidecars.trainer.dataset import PromptDataset
-    from tandem.sidecars.trainer.evaluate import Evaluator
+    from tandem.sidecars.trainer.loop.dataset import PromptDataset
+    from tandem.sidecars.trainer.loop.evaluate import Evaluator
     from tandem.spec import model_dir
     from tandem.spec.load import load_job
 

@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.cli import models
     from tandem.sidecars.algorithms.base import row_budget
     from tandem.sidecars.algorithms.grpo import GRPO
-    from tandem.sidecars.trainer import cpu_compat
-    from tandem.sidecars.trainer.heads import shift_to_labels
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines import cpu_compat
+    from tandem.sidecars.trainer.engines.heads import shift_to_labels
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     cpu_compat.apply()
     model = models.fetch("smollm2-135m", progress=print)

@@ -10,8 +10,8 @@ import pytest
 
 from tandem.checkpoint_engine.models import Completion, Phase, SamplingOptions
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
-from tandem.sidecars.trainer.dataset import Prompt
-from tandem.sidecars.trainer.evaluate import Evaluator
+from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.evaluate import Evaluator
 from tandem.spec.models import Dataset, Eval, Reward
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]

@@ -15,8 +15,8 @@ import torch
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
-from tandem.sidecars.trainer.dataset import Prompt
-from tandem.sidecars.trainer.partial import PartialRollouts
+from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.partial import PartialRollouts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]
 

@@ -14,7 +14,7 @@ import torch
 def main(model_dir: str, out: str) -> None:
     from dist_worker import fixed_batch, nll_loss
 
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     phases: dict[str, dict[str, float]] = {}
     mib = float(1 << 20)

@@ -48,7 +48,7 @@ def value_mse(values: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> tuple[
 
 def critic_script(model_dir: str, tp: int) -> dict[str, Any]:
     """A value-head engine at tensor parallelism `tp`: its values before and after 3 steps."""
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     critic = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, lr=1e-2, seed=0, value_head=True)
     batch = fixed_batch()
@@ -72,7 +72,7 @@ def rows_batch(rows: int) -> dict[str, torch.Tensor]:
 def sharded_forward(engine: Any) -> dict[str, Any]:
     """Per-sample log-probs of a packed batch of 5 rows, computed on each dp rank's share and gathered."""
     from tandem.sidecars.algorithms.base import Sample, pack_samples
-    from tandem.sidecars.trainer import sharded
+    from tandem.sidecars.trainer.loop import sharded
 
     gen = torch.Generator().manual_seed(11)
     samples = [Sample(prompt_ids=torch.randint(1, 128, (8,), generator=gen).tolist(),
@@ -105,7 +105,7 @@ def copy_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch
 def scored_batch() -> dict[str, torch.Tensor]:
     """Two rows of 11 tokens (odd: sequence parallelism pads them) with a `loss_mask` in the labels
     layout scoring each sample's tokens after its first two, as the algorithms' packed batches do."""
-    from tandem.sidecars.trainer.micro_batches import position_ids
+    from tandem.sidecars.trainer.engines.micro_batches import position_ids
 
     gen = torch.Generator().manual_seed(5)
     seg = torch.tensor([[1] * 4 + [2] * 7, [1] * 8 + [0] * 3])
@@ -125,7 +125,7 @@ def scored_nll(logprobs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> tup
 def scored_script(model_dir: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
     """A fresh engine's log-probs of every position and of the scored ones only, then its train step on
     the scored ones (before any other step: Adam's noise would blur the comparison)."""
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     engine = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep,
                                     lr=1e-2, seed=0)
@@ -137,7 +137,7 @@ def scored_script(model_dir: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) 
 def single_rank_script(model_dir: str | Path, scored: bool = False) -> dict[str, Any]:
     """What one rank (TP=PP=EP=1) sees of the fixed script: logits, a train step, the export after it,
     and with `scored` then `scored_script`."""
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     engine = MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0)
     batch = fixed_batch()
@@ -230,7 +230,7 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
     join(rank, world, port)
     from megatron.core import parallel_state
 
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     for model_dir, tp, pp, ep in layouts:
         engine = MegatronEngine.from_hf(

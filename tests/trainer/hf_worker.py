@@ -22,7 +22,7 @@ def uneven_batch() -> dict[str, torch.Tensor]:
 
 
 def script(model_dir: str, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    from tandem.sidecars.trainer.hf_engine import HFEngine
+    from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 
     engine = HFEngine.from_hf(model_dir, lr=1e-2, seed=0, dtype=dtype)
     batch = uneven_batch()

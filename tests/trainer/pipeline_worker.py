@@ -30,7 +30,7 @@ def run_case(case: dict[str, Any]) -> None:
     from dist_worker import fixed_batch, nll_loss
 
     from tandem.checkpoint_engine import layout
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     dtype = getattr(torch, case.get("dtype", "float32"))  # bfloat16: Megatron's Float16Module, bf16 export
     engine = MegatronEngine.from_hf(case["model_dir"], lr=1e-2, seed=0, dtype=dtype)

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.sidecars.trainer.async_rollouts import AsyncRollouts
-from tandem.sidecars.trainer.dataset import Prompt
-from tandem.sidecars.trainer.partial import Group, Pending, Segment
-from tandem.sidecars.trainer.sources import to_samples
+from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts
+from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.partial import Group, Pending, Segment
+from tandem.sidecars.trainer.loop.sources import to_samples
 
 WAIT = 10.0  # seconds a condition may take before the test fails
 

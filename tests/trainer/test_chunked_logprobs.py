@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tandem.checkpoint_engine.ports import free_port
-from tandem.sidecars.trainer.chunked_logprobs import chunk_positions, chunked_logprobs
+from tandem.sidecars.trainer.engines.chunked_logprobs import chunk_positions, chunked_logprobs
 
 N, H, V, VALID = 53, 24, 40, 37  # positions, hidden, vocabulary slice(s), real vocabulary
 

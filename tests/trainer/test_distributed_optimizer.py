@@ -122,7 +122,7 @@ def test_the_engine_refuses_an_expert_parallelism_the_model_cannot_take(
         model_dirs: dict[str, str], family: str, ep: int, experts: str) -> None:
     """Before any process group: megatron would give a dense model expert groups for nothing, and
     assert inside its MoE layer on 4 experts over 3 ranks."""
-    from tandem.sidecars.trainer.megatron_engine import EngineError, MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import EngineError, MegatronEngine
 
     with pytest.raises(EngineError, match=f"expert parallelism {ep} needs a mixture-of-experts model .* "
                                           f"this model has {experts} experts"):

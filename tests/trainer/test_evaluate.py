@@ -16,8 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.sidecars.trainer.dataset import Prompt
-from tandem.sidecars.trainer.evaluate import Evaluator, pass_at_k
+from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.evaluate import Evaluator, pass_at_k
 from tandem.spec.models import Dataset, Eval, JobSpec, Reward
 
 # ---- pass@k --------------------------------------------------------------------------------------

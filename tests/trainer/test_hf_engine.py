@@ -18,9 +18,9 @@ from tiny_models import make_family_dirs, make_tiny_hf_model
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
-from tandem.sidecars.trainer.heads import shift_to_labels
-from tandem.sidecars.trainer.hf_engine import HFEngine
-from tandem.sidecars.trainer.megatron_build import EngineError
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.hf_engine import HFEngine
+from tandem.sidecars.trainer.engines.megatron_build import EngineError
 
 FAMILIES = ["qwen2", "llama", "gemma"]
 
@@ -87,7 +87,7 @@ def _grpo_step(engine: Any, samples: list[Sample]) -> dict[str, float]:
 @pytest.mark.megatron
 @pytest.mark.parametrize("family", ["qwen2", "llama"])  # qwen2 is tied: the head's gradient reaches the embedding
 def test_grpo_step_equals_the_megatron_engines(family: str, model_dirs: dict[str, Path]) -> None:
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     samples = _groups(2)
     megatron = MegatronEngine.from_hf(model_dirs[family], lr=1e-2, seed=0)
@@ -157,7 +157,7 @@ def test_reference_weights_swap_in_and_out_between_steps(model_dirs: dict[str, P
     final norm, head) unsharded, a backward reshards it: weights written by name must reach the shards
     whichever state the root is in, or the policy's embedding silently becomes the reference's. lr 0: the
     steps change nothing, so every forward has an exact answer."""
-    from tandem.sidecars.trainer.reference import ReferenceWeights
+    from tandem.sidecars.trainer.loop.reference import ReferenceWeights
 
     samples = _groups(3)
     other = make_tiny_hf_model(tmp_path / "other", family="gemma", seed=1)  # the same shape, other weights

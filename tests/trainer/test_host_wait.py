@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tandem.checkpoint_engine.ports import free_port
-from tandem.sidecars.trainer import host_wait
+from tandem.sidecars.trainer.loop import host_wait
 
 MAIN_TIMEOUT = timedelta(seconds=3)
 PHASE_S = 8.0

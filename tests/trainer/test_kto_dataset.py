@@ -15,8 +15,8 @@ import pytest
 # a real byte-level BPE tokenizer with a ChatML template, built and saved as a model's would be
 from test_dataset import build_tokenizer, jsonl
 
-from tandem.sidecars.trainer.dataset import DatasetError, PromptDataset
-from tandem.sidecars.trainer.sources import LabelledSource
+from tandem.sidecars.trainer.loop.dataset import DatasetError, PromptDataset
+from tandem.sidecars.trainer.loop.sources import LabelledSource
 from tandem.spec.load import SpecError, parse_job
 from tandem.spec.models import Dataset as DatasetSpec
 

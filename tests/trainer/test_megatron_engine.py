@@ -20,7 +20,7 @@ from tiny_models import make_family_dirs
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.packing import pack
-from tandem.sidecars.trainer.megatron_engine import EngineError, MegatronEngine
+from tandem.sidecars.trainer.engines.megatron_engine import EngineError, MegatronEngine
 
 pytestmark = pytest.mark.megatron
 FAMILIES = ["qwen2", "llama"]

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
 pytestmark = pytest.mark.megatron
 Layout = tuple[str, int, int, int]  # family, tp, pp, ep

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.sidecars.trainer import memory
+from tandem.sidecars.trainer.observe import memory
 
 pytestmark = pytest.mark.skipif(not memory.reset_peak(), reason="/proc/self/clear_refs refused: no peak reset")
 

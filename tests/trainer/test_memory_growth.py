@@ -22,10 +22,11 @@ from tiny_models import make_tiny_hf_model
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
-from tandem.sidecars.trainer import memory, sharded
-from tandem.sidecars.trainer.heads import shift_to_labels
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
-from tandem.sidecars.trainer.timing import PhaseTimer
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.loop import sharded
+from tandem.sidecars.trainer.observe import memory
+from tandem.sidecars.trainer.observe.timing import PhaseTimer
 
 pytestmark = pytest.mark.megatron
 ITERATIONS = 5

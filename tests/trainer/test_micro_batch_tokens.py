@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.sidecars.trainer.micro_batches import rows_per_micro_batch
+from tandem.sidecars.trainer.engines.micro_batches import rows_per_micro_batch
 
 
 @pytest.mark.parametrize(("rows", "row_len", "size", "cap", "equal", "want"), [

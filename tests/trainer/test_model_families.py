@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
 from tandem.checkpoint_engine import convert
-from tandem.sidecars.trainer.megatron_build import global_name, layer_numbers
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engines.megatron_build import global_name, layer_numbers
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
 pytestmark = pytest.mark.megatron
 

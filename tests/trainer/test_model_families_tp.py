@@ -29,8 +29,8 @@ QK_NORM = ("q_layernorm.weight", "k_layernorm.weight")
 
 def _script(model_dir: str, tp: int) -> dict[str, Any]:
     """What one rank sees: logits, its parameter shards, a training step and its q/k norm grads."""
-    from tandem.sidecars.trainer.megatron_build import global_name, layer_numbers
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_build import global_name, layer_numbers
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     engine = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, lr=1e-2, seed=0)
     numbers = layer_numbers(engine.gpt)

@@ -18,8 +18,8 @@ import yaml
 from dist_worker import fixed_batch, nll_loss
 from tiny_models import make_tiny_hf_model
 
-from tandem.sidecars.trainer.context import TrainerContext, moves_state
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.loop.context import TrainerContext, moves_state
 from tandem.spec.load import parse_job
 
 pytestmark = pytest.mark.megatron

@@ -1,4 +1,4 @@
-"""Partial rollouts' bookkeeping (`tandem.sidecars.trainer.partial`) with a scripted engine.
+"""Partial rollouts' bookkeeping (`tandem.sidecars.trainer.loop.partial`) with a scripted engine.
 
 `Script` stands in for the rollouts' generate: every member of a prompt's group has a natural
 length; a request yields min(limit, what is left) tokens and says "stop" when the answer ended,
@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 
 from tandem.checkpoint_engine.models import Completion
-from tandem.sidecars.trainer.dataset import Prompt
-from tandem.sidecars.trainer.partial import Group, PartialRollouts, Pending, Segment, staleness_stats, whole_groups
+from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment, staleness_stats, whole_groups
 
 TOKEN = 10_000  # generated token ids are TOKEN + member uid (uid = 100 * prompt + member)
 

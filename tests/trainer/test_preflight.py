@@ -1,4 +1,4 @@
-"""The trainer's checks before its ranks start (`tandem.sidecars.trainer.preflight`), in process and on the
+"""The trainer's checks before its ranks start (`tandem.sidecars.trainer.loop.preflight`), in process and on the
 real entry point: every dataset row is counted as the driver sends it (the model's tokenizer and chat
 template) against the rollout's context length, and a row without room for one generated token is
 refused naming the file, the row, its token count, the limit and the fields; a broken model directory
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tandem.sidecars.trainer import preflight
-from tandem.sidecars.trainer.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop import preflight
+from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.sidecars.trainer.prom import LoopMetrics
+from tandem.sidecars.trainer.observe.prom import LoopMetrics
 
 
 def row(iteration: int, **extra: Any) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def test_rows_set_the_logprob_mismatch_and_keep_it_when_absent() -> None:
 
 
 def test_eval_results_become_gauges() -> None:
-    from tandem.sidecars.trainer.evaluate import EvalResult
+    from tandem.sidecars.trainer.loop.evaluate import EvalResult
 
     m = LoopMetrics()
     get = m.registry.get_sample_value

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.models import SamplingOptions
-from tandem.sidecars.trainer.rollout_client import RolloutClient, RolloutError
+from tandem.sidecars.trainer.loop.rollout_client import RolloutClient, RolloutError
 
 
 class Rollout:

@@ -15,10 +15,10 @@ from tiny_models import make_family_dirs
 
 from tandem.sidecars.algorithms.base import Sample, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
-from tandem.sidecars.trainer import micro_batches
-from tandem.sidecars.trainer.heads import shift_to_labels
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
-from tandem.sidecars.trainer.segment_attention import runs
+from tandem.sidecars.trainer.engines import micro_batches
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engines.segment_attention import runs
 
 pytestmark = pytest.mark.megatron
 FAMILIES = ["qwen2", "llama"]

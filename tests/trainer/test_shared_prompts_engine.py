@@ -15,8 +15,8 @@ from tiny_models import make_family_dirs
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
-from tandem.sidecars.trainer.heads import shift_to_labels
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
 pytestmark = pytest.mark.megatron
 FAMILIES = ["qwen2", "llama"]

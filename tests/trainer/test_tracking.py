@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tandem.sidecars.trainer.tracking import Tracker, flatten_metrics
+from tandem.sidecars.trainer.observe.tracking import Tracker, flatten_metrics
 from tandem.spec.models import JobSpec, MLflow, Tracking
 
-LOGGER = "tandem.sidecars.trainer.tracking"
+LOGGER = "tandem.sidecars.trainer.observe.tracking"
 
 
 def rows() -> list[dict[str, Any]]:

@@ -18,12 +18,12 @@ from urllib.parse import urlparse
 import pytest
 
 from tandem.operator import builders
-from tandem.sidecars.trainer.tracking import Tracker, redact
+from tandem.sidecars.trainer.observe.tracking import Tracker, redact
 from tandem.spec.load import parse_job
 from tandem.spec.models import MLflow, Tracking
 
 SECRET = {"username": "alice", "password": "pw-Kq7-never-logged"}  # the Secret's data, as the kubelet reads it
-LOGGER = "tandem.sidecars.trainer.tracking"
+LOGGER = "tandem.sidecars.trainer.observe.tracking"
 
 
 class MlflowStandIn(ThreadingHTTPServer):

@@ -20,8 +20,9 @@ from dist_worker import fixed_batch, nll_loss, value_mse
 from tiny_models import make_tiny_hf_model
 
 from tandem.checkpoint_engine.durable import DurableStore
-from tandem.sidecars.trainer import megatron_build, train_state
-from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.engines import megatron_build
+from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
+from tandem.sidecars.trainer.loop import train_state
 
 pytestmark = pytest.mark.megatron
 VERSION = 3

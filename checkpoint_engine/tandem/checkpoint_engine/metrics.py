@@ -9,7 +9,7 @@ metrics when /metrics is scraped — nothing is recorded on the hot path:
   tandem_engine_error{role}              1 while the last operation left an error
 `metrics_response(registry)` renders a registry for the API route. Callers: `api.create_app`
 (registers the collector and serves GET /metrics); the trainer adds its loop metrics to the same
-registry (`tandem.sidecars.trainer.prom`).
+registry (`tandem.sidecars.trainer.observe.prom`).
 """
 
 from __future__ import annotations

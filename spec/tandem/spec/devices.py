@@ -7,7 +7,7 @@ so that the published weights pass the rollout's check (which demands the exact 
 allowed there, so the trainer publishes in this one), and `rollout.gpuMemoryUtilization`, `sleepLevel`
 and `cudaGraphs`. Both sidecars read the job file named by the pod env contract (TANDEM_JOB_FILE) and
 call these functions, so they always agree.
-Callers: the trainer's context (`tandem.sidecars.trainer.context`) and the rollout's entry point.
+Callers: the trainer's context (`tandem.sidecars.trainer.loop.context`) and the rollout's entry point.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ object, no tokenizer files) becomes one line naming the file and the spec field,
 traceback from transformers or vLLM deep inside a sidecar that then crash-loops. Callers:
 `tandem validate` and `tandem run` (`tandem.cli.main`; validate passes over a directory that does not
 exist here, as a cluster's exists only in its pods), the trainer and rollout sidecars at start
-(`tandem.sidecars.trainer.preflight`, `tandem.sidecars.rollout.__main__`), which exit with that line
+(`tandem.sidecars.trainer.loop.preflight`, `tandem.sidecars.rollout.__main__`), which exit with that line
 as the container's termination message.
 
 `context_length` is vLLM's max_model_len for the job (prompt + completion tokens): `rollout.maxModelLen`,

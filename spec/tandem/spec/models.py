@@ -386,7 +386,7 @@ class MLflow(Base):
 
 
 class Tracking(Base):
-    """Experiment tracking of the trainer's metrics rows (tandem.sidecars.trainer.tracking)."""
+    """Experiment tracking of the trainer's metrics rows (tandem.sidecars.trainer.observe.tracking)."""
 
     tensorboard: bool = Field(default=True, description="TensorBoard event files in the run's output directory "
                               "(<dir>/tensorboard/), where the trainer has one.")

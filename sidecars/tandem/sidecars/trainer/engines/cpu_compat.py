@@ -1,6 +1,6 @@
 """CPU compatibility layer that lets megatron-core run on a machine without a GPU.
 
-Called by :mod:`tandem.sidecars.trainer.megatron_engine` before it imports megatron, and only when
+Called by :mod:`tandem.sidecars.trainer.engines.megatron_engine` before it imports megatron, and only when
 ``torch.cuda.is_available()`` is False. megatron-core assumes CUDA in a handful of places; this
 module redirects each of them to the CPU:
 

@@ -3,7 +3,7 @@
 Role: the driver's only way to talk to vLLM — in its own pod or any other. Each rollout sidecar
 advertises `{"address": "host:port", "generation": g, ...}` under `keys.endpoint(ns, job, pod,
 "rollout")` (lease-bound, so a dead one disappears once its lease expires; until then
-`trainer.resume` skips records of another gang generation). Caller: `tandem.sidecars.trainer.driver`.
+`trainer.resume` skips records of another gang generation). Caller: `tandem.sidecars.trainer.loop.driver`.
 A rollout that cannot be reached any more (its pod deleted: a scale-down of the rollout-only pool)
 is dropped, and its share of a generate call goes to the others, so removing rollout-only pods
 never fails the iteration; an error the rollout itself answers still does, as does losing them all.

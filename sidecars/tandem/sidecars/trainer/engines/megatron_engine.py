@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer import heads, megatron_build, megatron_export, micro_batches
-from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
-from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
+from tandem.sidecars.trainer.engines import heads, megatron_build, megatron_export, micro_batches
+from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
+from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
 VALUE_HEAD = "output_layer.weight"  # a critic's untied output layer; its column 0 is the value head
 

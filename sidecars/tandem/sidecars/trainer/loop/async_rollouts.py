@@ -15,7 +15,7 @@ when no rollout-only pod is registered) unless they stay up while the trainer tr
 when the job has no rollout-only pod), and the producer alone loads versions into them; the driver
 evaluates inside `exclusive(version)`, between two batches. Batches in the queue live in memory only: a restart
 re-generates them from `next_batch()` (the driver records it with each version; see
-`tandem.sidecars.trainer.inflight`). Caller: `tandem.sidecars.trainer.driver`.
+`tandem.sidecars.trainer.loop.inflight`). Caller: `tandem.sidecars.trainer.loop.driver`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tandem.checkpoint_engine.models import SamplingOptions
-from tandem.sidecars.trainer.dataset import Prompt
-from tandem.sidecars.trainer.partial import Group, whole_groups
-from tandem.sidecars.trainer.rollout_client import RolloutClient
+from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.partial import Group, whole_groups
+from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ Role: the driver asks its `RolloutSource` for the groups to train on weights `ve
   which then evaluates between batches, through `exclusive`).
 Each returns finished `Group`s (every completion records the version of each segment) and the
 metrics of its mode; `to_samples` turns them into the algorithm's samples and the rewards' inputs.
-`make_source` picks one. Caller: `tandem.sidecars.trainer.driver`.
+`make_source` picks one. Caller: `tandem.sidecars.trainer.loop.driver`.
 
 KTO (algorithm.name kto) generates nothing: `LabelledSource` takes the iteration's rows of the
 labelled dataset and gives samples directly (not behind `RolloutSource`: there are no groups to
@@ -31,11 +31,11 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
-from tandem.sidecars.trainer import inflight, resume
-from tandem.sidecars.trainer.async_rollouts import AsyncRollouts
-from tandem.sidecars.trainer.dataset import DatasetError, Prompt, PromptDataset
-from tandem.sidecars.trainer.partial import Group, PartialRollouts, whole_groups
-from tandem.sidecars.trainer.rollout_client import RolloutClient
+from tandem.sidecars.trainer.loop import inflight, resume
+from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts
+from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, whole_groups
+from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
 from tandem.spec.models import JobSpec
 
 log = logging.getLogger(__name__)

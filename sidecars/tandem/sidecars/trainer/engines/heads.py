@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer import micro_batches
-from tandem.sidecars.trainer.megatron_build import Parallelism
+from tandem.sidecars.trainer.engines import micro_batches
+from tandem.sidecars.trainer.engines.megatron_build import Parallelism
 
 
 def aligned(per_position: torch.Tensor, mb: Any) -> torch.Tensor:
@@ -116,7 +116,7 @@ def scored_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, mb: 
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel as mtp
 
-    from tandem.sidecars.trainer.chunked_logprobs import chunked_logprobs
+    from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
 
     index, target = _scored_targets(mb)
     flat = hidden.reshape(-1, hidden.shape[-1])

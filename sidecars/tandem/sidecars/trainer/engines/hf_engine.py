@@ -33,11 +33,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from tandem.sidecars.trainer import megatron_build, micro_batches
-from tandem.sidecars.trainer.chunked_logprobs import chunked_logprobs
-from tandem.sidecars.trainer.heads import aligned
-from tandem.sidecars.trainer.megatron_build import EngineError, Parallelism
-from tandem.sidecars.trainer.offload import HostOffloader, optimizer_tensors
+from tandem.sidecars.trainer.engines import megatron_build, micro_batches
+from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
+from tandem.sidecars.trainer.engines.heads import aligned
+from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
+from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 

@@ -20,13 +20,13 @@ from typing import Any
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
-from tandem.sidecars.trainer import dynamic_sampling, host_wait, inflight, resume
-from tandem.sidecars.trainer.context import TrainerContext
-from tandem.sidecars.trainer.dynamic_sampling import Scores
-from tandem.sidecars.trainer.memory import PhaseMemory
-from tandem.sidecars.trainer.partial import Group, staleness_stats
-from tandem.sidecars.trainer.sources import LabelledSource, RolloutSource, SyncSource, make_source, to_samples
-from tandem.sidecars.trainer.timing import PhaseTimer
+from tandem.sidecars.trainer.loop import dynamic_sampling, host_wait, inflight, resume
+from tandem.sidecars.trainer.loop.context import TrainerContext
+from tandem.sidecars.trainer.loop.dynamic_sampling import Scores
+from tandem.sidecars.trainer.loop.partial import Group, staleness_stats
+from tandem.sidecars.trainer.loop.sources import LabelledSource, RolloutSource, SyncSource, make_source, to_samples
+from tandem.sidecars.trainer.observe.memory import PhaseMemory
+from tandem.sidecars.trainer.observe.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -38,7 +38,7 @@ def run_rank(local_rank: int, env: PodEnv, ranks_per_pod: int) -> None:
     import torch
 
     from tandem.sidecars import gpu
-    from tandem.sidecars.trainer import cpu_compat
+    from tandem.sidecars.trainer.engines import cpu_compat
 
     job = env.load_job()
     on_gpu = gpu.select(job.spec.gpus_per_pod, "trainer")  # NoUsableGpu rather than a quiet CPU run

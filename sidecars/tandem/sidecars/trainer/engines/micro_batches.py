@@ -1,6 +1,6 @@
 """Packed-batch plumbing for the Megatron engine: masks, positions, micro-batches, devices.
 
-Used by :class:`~tandem.sidecars.trainer.megatron_engine.MegatronEngine`. A batch is either the
+Used by :class:`~tandem.sidecars.trainer.engines.megatron_engine.MegatronEngine`. A batch is either the
 algorithms' ``PackedBatch`` (:mod:`tandem.sidecars.algorithms.packing`, the RL loop's type) or a
 plain mapping of ``[rows, row_len]`` tensors; both carry ``input_ids`` and ``segment_ids``
 (1, 2, ... for the samples of a row, 0 for padding) and optionally ``position_ids`` and

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from tandem.checkpoint_engine import convert
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer import megatron_build
-from tandem.sidecars.trainer.megatron_build import Parallelism, global_name, layer_numbers
+from tandem.sidecars.trainer.engines import megatron_build
+from tandem.sidecars.trainer.engines.megatron_build import Parallelism, global_name, layer_numbers
 
 
 def _stage_tensors(gpt: Any, shape: ModelShape, par: Parallelism) -> Iterator[tuple[str, torch.Tensor]]:

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from tandem.sidecars.trainer.megatron_build import Parallelism
+from tandem.sidecars.trainer.engines.megatron_build import Parallelism
 from tandem.spec import devices
 from tandem.spec.models import JobSpec
 
@@ -74,10 +74,10 @@ def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> Trai
                                   micro_batch_tokens=t.micro_batch_tokens, value_head=value_head,
                                   recompute=t.activation_checkpointing)
     if devices.trainer_engine(spec) == "hf":
-        from tandem.sidecars.trainer.hf_engine import HFEngine
+        from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 
         return HFEngine.from_hf(spec.model.path, **common)
-    from tandem.sidecars.trainer.megatron_engine import MegatronEngine
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     return MegatronEngine.from_hf(spec.model.path, tensor_parallel=t.tensor_parallel,
                                   pipeline_parallel=t.pipeline_parallel, expert_parallel=t.expert_parallel,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
-from tandem.sidecars.trainer.memory import PhaseMemory
+from tandem.sidecars.trainer.observe.memory import PhaseMemory
 
 
 class PhaseTimer:

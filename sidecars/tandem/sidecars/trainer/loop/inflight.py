@@ -8,7 +8,7 @@ carried and the next asynchronous batch; on resume from that same version the ca
 generated again from scratch under the resumed weights and the producer starts at that batch, so
 no prompt is lost and none trains twice. Resuming from another version (an older durable copy)
 finds no matching record and starts afresh: prompts carried then are not re-generated (logged).
-Caller: `tandem.sidecars.trainer.driver`.
+Caller: `tandem.sidecars.trainer.loop.driver`.
 """
 
 from __future__ import annotations

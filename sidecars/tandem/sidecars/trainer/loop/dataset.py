@@ -1,6 +1,6 @@
 """Prompt dataset of a job: read once, rendered with the model's chat template, sampled per iteration.
 
-Callers: the trainer's context and driver (`tandem.sidecars.trainer.context`, `.driver`):
+Callers: the trainer's context and driver (`tandem.sidecars.trainer.loop.context`, `.driver`):
 `PromptDataset.load(spec.dataset, tokenizer)` once, `batch(iteration, size)` every iteration,
 `head(n)` for an evaluation set (its first n prompts in file order).
 
@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tandem.sidecars.trainer import labelled as kto_rows
-from tandem.sidecars.trainer.labelled import Labelled
+from tandem.sidecars.trainer.loop import labelled as kto_rows
+from tandem.sidecars.trainer.loop.labelled import Labelled
 from tandem.spec.models import Dataset as DatasetSpec
 
 ROLES = ("system", "user", "assistant", "tool")

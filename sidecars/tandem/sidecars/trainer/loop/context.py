@@ -6,7 +6,7 @@ engine trained on the returns after each policy step), reference weights, algori
 and — on the driver rank — the etcd registry, the shared-memory publisher and the rollout client. Every
 rank calls the collective methods (`inference`, `train`, `publish`) in the same order; the driver alone
 talks to rollouts and etcd.
-Caller: `tandem.sidecars.trainer.driver`.
+Caller: `tandem.sidecars.trainer.loop.driver`.
 """
 
 from __future__ import annotations
@@ -34,18 +34,19 @@ from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.startup import etcd_security
-from tandem.sidecars.trainer import megatron_build, persist, resume, sharded, train_state
-from tandem.sidecars.trainer.dataset import PromptDataset
-from tandem.sidecars.trainer.engine import TrainerEngine, build_engine
-from tandem.sidecars.trainer.evaluate import EvalResult, Evaluator
-from tandem.sidecars.trainer.heads import shift_to_labels
-from tandem.sidecars.trainer.host_wait import broadcast as host_broadcast
-from tandem.sidecars.trainer.persist import Persister
-from tandem.sidecars.trainer.prom import LoopMetrics
-from tandem.sidecars.trainer.reference import ReferenceWeights
-from tandem.sidecars.trainer.rollout_client import RolloutClient
-from tandem.sidecars.trainer.timing import PhaseTimer
-from tandem.sidecars.trainer.tracking import Tracker
+from tandem.sidecars.trainer.engines import megatron_build
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.interface import TrainerEngine, build_engine
+from tandem.sidecars.trainer.loop import persist, resume, sharded, train_state
+from tandem.sidecars.trainer.loop.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.evaluate import EvalResult, Evaluator
+from tandem.sidecars.trainer.loop.host_wait import broadcast as host_broadcast
+from tandem.sidecars.trainer.loop.persist import Persister
+from tandem.sidecars.trainer.loop.reference import ReferenceWeights
+from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
+from tandem.sidecars.trainer.observe.prom import LoopMetrics
+from tandem.sidecars.trainer.observe.timing import PhaseTimer
+from tandem.sidecars.trainer.observe.tracking import Tracker
 from tandem.spec import devices
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv

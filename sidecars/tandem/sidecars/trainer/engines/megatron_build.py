@@ -21,7 +21,7 @@ from safetensors import safe_open
 from tandem.checkpoint_engine import convert
 from tandem.checkpoint_engine.convert import ModelShape
 from tandem.checkpoint_engine.ports import free_port
-from tandem.sidecars.trainer import cpu_compat
+from tandem.sidecars.trainer.engines import cpu_compat
 
 
 class EngineError(RuntimeError):
@@ -193,7 +193,7 @@ def _sequence_parallel_spec(layer: Any, config: Any) -> Any:
 def _segment_attention_spec(layer: Any) -> Any:
     """The local layer spec with `segment_attention.SegmentAttention` as its core attention (Megatron's own
     for a dense mask; one fused call per sample for the compact layout of long rows)."""
-    from tandem.sidecars.trainer.segment_attention import SegmentAttention
+    from tandem.sidecars.trainer.engines.segment_attention import SegmentAttention
 
     attn = layer.submodules.self_attention
     attn = dataclasses.replace(attn, submodules=dataclasses.replace(attn.submodules, core_attention=SegmentAttention))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.sidecars.trainer import train_state
+from tandem.sidecars.trainer.loop import train_state
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from tandem.sidecars.trainer import megatron_build, micro_batches
-from tandem.sidecars.trainer.heads import shift_to_labels
-from tandem.sidecars.trainer.megatron_build import Parallelism
+from tandem.sidecars.trainer.engines import megatron_build, micro_batches
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.megatron_build import Parallelism
 
 Forward = Callable[[Any], torch.Tensor]  # packed rows -> [rows, len] in the engine's layout
 

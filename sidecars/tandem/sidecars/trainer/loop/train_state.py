@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from tandem.sidecars.trainer import megatron_build
+from tandem.sidecars.trainer.engines import megatron_build
 
 if TYPE_CHECKING:
     from tandem.checkpoint_engine.durable import DurableStore
-    from tandem.sidecars.trainer.engine import TrainerEngine
+    from tandem.sidecars.trainer.engines.interface import TrainerEngine
 
 log = logging.getLogger(__name__)
 
