@@ -32,10 +32,20 @@ REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
     ("hf-ppo-critic", lambda: hf().set("algorithm.name", "ppo").set("algorithm.advantage", "gae")
      .set("algorithm.critic", True), "spec.trainer.engine", "runs on the megatron engine"),
     ("unknown-engine", lambda: W().set("trainer.engine", "fsdp"), "spec.trainer.engine", ""),
+    ("lora-on-megatron", lambda: W().set("trainer.engine", "megatron").set("trainer.lora", {"rank": 8}),
+     "spec.trainer.lora", "LoRA trains on the hf engine"),
+    ("lora-tensor-parallel", lambda: W().set("trainer.lora", {}).set("trainer.tensorParallel", 2)
+     .set("gpusPerPod", 2), "spec.trainer.lora", "data parallel only"),
+    ("lora-rank-0", lambda: W().set("trainer.lora", {"rank": 0}), "spec.trainer.lora.rank", ""),
+    ("lora-no-targets", lambda: W().set("trainer.lora", {"targetModules": []}), "spec.trainer.lora.targetModules",
+     ""),
 ]
 ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
     ("hf", hf),
     ("hf-ppo-without-critic", lambda: hf().set("algorithm.name", "ppo").set("algorithm.critic", False)),
+    ("lora-defaults", lambda: W().set("trainer.lora", {})),
+    ("lora-hf", lambda: hf().set("trainer.lora", {"rank": 64, "alpha": 16, "targetModules": ["q_proj", "v_proj"],
+                                                  "dropout": 0.05})),
     ("megatron-tp2", lambda: W().set("trainer.engine", "megatron").set("trainer.tensorParallel", 2)
      .set("gpusPerPod", 2)),
 ]
@@ -65,6 +75,9 @@ def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: P
     assert devices.trainer_engine(parse_job(W().set("model.path", llama).obj(), "x").spec) == "megatron"
     assert devices.trainer_engine(parse_job(W().set("model.path", gemma).obj(), "x").spec) == "hf"
     assert devices.trainer_engine(parse_job(hf().set("model.path", llama).obj(), "x").spec) == "hf"
+    with_lora = parse_job(W().set("model.path", llama).set("trainer.lora", {}).obj(), "x").spec
+    assert devices.trainer_engine(with_lora) == "hf" and with_lora.trainer.lora is not None
+    assert (with_lora.trainer.lora.rank, with_lora.trainer.lora.alpha) == (16, 32.0)
     # an unreadable path (it exists only in the pods): megatron, which names the model_type if it has no mapping
     assert devices.trainer_engine(parse_job(W().set("model.path", "/nowhere/m").obj(), "x").spec) == "megatron"
     with pytest.raises(SpecError) as err:

@@ -33,10 +33,12 @@ def trainer_dtype(spec: JobSpec) -> Dtype:
 
 
 def trainer_engine(spec: JobSpec) -> Literal["megatron", "hf"]:
-    """trainer.engine with auto resolved: megatron where model.family or config.json's model_type has a weight
-    mapping (or the file cannot be read), hf otherwise."""
+    """trainer.engine with auto resolved: hf with trainer.lora; else megatron where model.family or config.json's
+    model_type has a weight mapping (or the file cannot be read), hf otherwise."""
     if spec.trainer.engine != "auto":
         return spec.trainer.engine
+    if spec.trainer.lora is not None:
+        return "hf"
     if spec.model.family != "auto":
         return "megatron"
     found = model_type(spec.model.path)

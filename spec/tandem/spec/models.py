@@ -91,6 +91,17 @@ class Resources(Base):
     memory: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
 
 
+class Lora(Base):
+    """Low-rank adapters (PEFT's LoRA) trained on the frozen model: Adam's state for the adapters only."""
+
+    rank: Annotated[int, Field(ge=1, le=4096, description="Rank r of each adapter (B A, A: r x in, B: out x r).")] = 16
+    alpha: Annotated[float, Field(gt=0, le=1e6, description="The update is alpha / rank x B A.")] = 32.0
+    target_modules: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Field(
+        min_length=1, max_length=64, description="Module names to adapt (q_proj, v_proj, ...), or [all-linear]: "
+        "every linear layer but the output layer.")] = Field(default_factory=lambda: ["all-linear"])
+    dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout on the adapters' input.")] = 0.0
+
+
 class Trainer(Base):
     image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/trainer:0.1.0"
     engine: Literal["auto", "megatron", "hf"] = Field(default="auto", description=(
@@ -131,6 +142,10 @@ class Trainer(Base):
         "(Megatron's full recompute): a train step's activations shrink from every layer's to one layer's, "
         "for about a third more compute. With rows longer than 512 tokens, which attend one sample at a time "
         "(memory linear in the row), it is what lets long sequences train: bench/long_sequences.py."))
+    lora: Lora | None = Field(default=None, description=(
+        "Train LoRA adapters instead of every weight (the hf engine, which auto then picks). Each version "
+        "carries the merged weights (W + alpha / rank x B A under the model's own names), so the rollouts load "
+        "it as any version."))
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",
@@ -139,6 +154,12 @@ class Trainer(Base):
              "self.expertParallel == 1)", "the hf engine is data parallel only (FSDP2): tensorParallel, "
              "pipelineParallel and expertParallel must be 1", ".engine",
              lambda t: t.engine != "hf" or (t.tensor_parallel, t.pipeline_parallel, t.expert_parallel) == (1, 1, 1)),
+        Rule("!has(self.lora) || self.engine != 'megatron'", "LoRA trains on the hf engine (engine hf or auto)",
+             ".lora", lambda t: t.lora is None or t.engine != "megatron"),
+        Rule("!has(self.lora) || (self.tensorParallel == 1 && self.pipelineParallel == 1 && "
+             "self.expertParallel == 1)", "LoRA trains on the hf engine, which is data parallel only: "
+             "tensorParallel, pipelineParallel and expertParallel must be 1", ".lora",
+             lambda t: t.lora is None or (t.tensor_parallel, t.pipeline_parallel, t.expert_parallel) == (1, 1, 1)),
     )
 
 

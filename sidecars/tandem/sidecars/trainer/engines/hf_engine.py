@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from tandem.sidecars.trainer.engines import lora as lora_weights
 from tandem.sidecars.trainer.engines import megatron_build, micro_batches
 from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
 from tandem.sidecars.trainer.engines.heads import aligned
@@ -98,6 +99,7 @@ class HFEngine:
         self.last_step_rows = 0
         self.last_export_seconds = 0.0
         self.plain_head = _plain_head(model)
+        self.lora_scale = lora_weights.scale(model) if hasattr(model, "peft_config") else None
         self._offloader = HostOffloader()
 
     # ----- construction -----
@@ -105,12 +107,13 @@ class HFEngine:
     def from_hf(cls, model_dir: str | Path, *, lr: float = 1e-6, seed: int = 0, dtype: torch.dtype = torch.float32,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, micro_batch_size: int = 1,
                 micro_batch_tokens: int | None = None, trainable: bool = True, value_head: bool = False,
-                recompute: bool = False) -> HFEngine:
+                recompute: bool = False, lora: Any = None) -> HFEngine:
         """Load `model_dir` with transformers (float32 master weights) and shard it over every rank.
 
         `trainable=False` builds a forward-only engine. `recompute` turns on the model's gradient
-        checkpointing (each decoder layer recomputed in the backward). A value head (PPO's critic) is
-        Megatron's only: refused here."""
+        checkpointing (each decoder layer recomputed in the backward). `lora` (`spec.models.Lora`) trains
+        adapters on the frozen model (`lora.py`): the optimizer holds them only, and versions carry the merged
+        weights. A value head (PPO's critic) is Megatron's only: refused here."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM
@@ -131,6 +134,8 @@ class HFEngine:
         if recompute:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        if lora is not None:
+            model = lora_weights.wrap(model, lora)
         mesh = init_device_mesh(device.type, (world,))
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
             MixedPrecisionPolicy()
@@ -142,8 +147,8 @@ class HFEngine:
         par = Parallelism(tp=1, pp=1, dp=world, ep=1, tp_rank=0, pp_rank=0, dp_rank=rank, ep_rank=0, fsdp=True)
         optimizer = None
         if trainable:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                                          weight_decay=weight_decay)
+            trained = [p for p in model.parameters() if p.requires_grad]  # with LoRA, the adapters only
+            optimizer = torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
         else:
             model.eval()
             for p in model.parameters():
@@ -330,17 +335,18 @@ class HFEngine:
     # ----- weights in and out -----
     def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
         """The model's own HF state dict, whole, on rank 0 (every rank must exhaust the iterator: the
-        gathers are collective). A tied output layer is left out, as `save_pretrained` leaves it out."""
+        gathers are collective); with LoRA, the base model's names with the adapters merged in. A tied output
+        layer is left out, as `save_pretrained` leaves it out."""
         if target_tp != 1:
             raise EngineError("the hf trainer engine publishes whole tensors (rollout tensor parallelism slices "
                               "them on load)")
         start = time.perf_counter()
         self._resharded()
-        for name, tensor in self.model.state_dict().items():
-            if self.shape.tie_embeddings and name == "lm_head.weight":
-                continue
-            full = _full(tensor)
-            if self.is_export_rank:
+        whole: Iterator[tuple[str, torch.Tensor]] = ((n, _full(t)) for n, t in self.model.state_dict().items())
+        if self.lora_scale is not None:
+            whole = lora_weights.merged(whole, self.lora_scale)
+        for name, full in whole:
+            if self.is_export_rank and not (self.shape.tie_embeddings and name == "lm_head.weight"):
                 yield name, full.detach()
         self.last_export_seconds = time.perf_counter() - start
 
@@ -361,14 +367,21 @@ class HFEngine:
 
     def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
         """Copy HF weights (a directory's safetensors, or a name -> tensor loader) into this rank's shards;
-        returns how many tensors were loaded. A name the source lacks is an EngineError naming it."""
+        returns how many tensors were loaded. A name the source lacks is an EngineError naming it. With LoRA
+        the weights become the base model's and the adapters start again from zero (B = 0): the model then
+        computes exactly the loaded weights."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         reader = megatron_build.SafetensorsDir(source) if isinstance(source, Path) else source
         self._resharded()
         loaded = 0
         with torch.no_grad():
-            for name, param in self.model.named_parameters():
+            for peft_name, param in self.model.named_parameters():
+                if lora_weights.is_adapter(peft_name):
+                    if ".lora_B." in peft_name:
+                        param.zero_()
+                    continue
+                name = lora_weights.hf_name(peft_name) if self.lora_scale is not None else peft_name
                 try:
                     full = reader(name)
                 except KeyError as exc:

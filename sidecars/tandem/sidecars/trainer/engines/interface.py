@@ -67,7 +67,7 @@ class TrainerEngine(Protocol):
 def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> TrainerEngine:
     """The policy's engine (or PPO's critic, with `value_head`: Megatron only) as the spec lays it out:
     trainer.engine, tensorParallel, pipelineParallel, expertParallel, distributedOptimizer,
-    activationCheckpointing, in trainer.dtype (which the rollout's vLLM runs too)."""
+    activationCheckpointing, lora, in trainer.dtype (which the rollout's vLLM runs too)."""
     t = spec.trainer
     dtype = getattr(torch, devices.trainer_dtype(spec))
     common: dict[str, Any] = dict(lr=spec.algorithm.lr, seed=seed, dtype=dtype, micro_batch_size=t.micro_batch_size,
@@ -76,7 +76,7 @@ def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> Trai
     if devices.trainer_engine(spec) == "hf":
         from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 
-        return HFEngine.from_hf(spec.model.path, **common)
+        return HFEngine.from_hf(spec.model.path, lora=t.lora, **common)
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     return MegatronEngine.from_hf(spec.model.path, tensor_parallel=t.tensor_parallel,

@@ -1,0 +1,80 @@
+"""LoRA on the hf trainer engine (`trainer.lora`) against PEFT and transformers themselves.
+
+A fresh adapter (B = 0) leaves the model's log-probs exactly transformers'; a GRPO step moves the adapters
+only; the merged version the engine publishes equals PEFT's own `merge_and_unload` of the same adapters and,
+saved as a HF directory, gives transformers the engine's log-probs; weights loaded by HF name become the base
+with the adapters reset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from test_hf_engine import _groups, _grpo_step, _transformers_logprobs
+from tiny_models import make_tiny_hf_model
+
+from tandem.sidecars.algorithms.base import pack_samples, row_budget
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.hf_engine import HFEngine
+
+LORA = SimpleNamespace(rank=4, alpha=8.0, target_modules=["all-linear"], dropout=0.0)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma"])  # untied, and tied (the head is the embedding)
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_hf_model(tmp_path_factory.mktemp("lora") / request.param, family=request.param)
+
+
+def _logprobs(engine: HFEngine, samples: Any) -> list[torch.Tensor]:
+    batch = pack_samples(samples, row_budget(samples, share_prompts=True), share_prompts=True)
+    got = batch.unpack(shift_to_labels(engine.token_logprobs(batch)))
+    return [got[i] for i in range(len(samples))]
+
+
+def _close(got: list[torch.Tensor], want: list[torch.Tensor], tol: float = 1e-5) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g - w).abs().max().item() < tol, i
+
+
+def test_adapters_train_and_publish_merged_as_peft_merges_them(model_dir: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    samples = _groups(4)
+    engine = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)
+    _close(_logprobs(engine, samples), _transformers_logprobs(model_dir, samples))  # B = 0: the base model
+    trained = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    before = {n: t.clone() for n, t in engine.named_parameters()}
+    for _ in range(2):
+        metrics = _grpo_step(engine, samples)
+        assert metrics["update_ok"] == 1.0 and metrics["grad_norm"] > 0
+    after = dict(engine.named_parameters())
+    for name, tensor in before.items():
+        moved = not torch.equal(after[name], tensor)
+        assert moved == (name in trained or ".lora_B." in name), name  # the adapters moved, nothing else
+    # PEFT's own merge of the engine's adapters into the same base model is what the engine publishes
+    reference = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                               LoraConfig(r=4, lora_alpha=8.0, target_modules="all-linear", lora_dropout=0.0))
+    missing, unexpected = reference.load_state_dict(after, strict=False)
+    assert not unexpected and set(missing) <= {"base_model.model.lm_head.weight"}  # a tied head is the embedding
+    merged = reference.merge_and_unload().state_dict()
+    published = dict(engine.export_hf())
+    assert set(published) == set(merged) - ({"lm_head.weight"} if engine.shape.tie_embeddings else set())
+    for name, tensor in published.items():
+        assert (tensor - merged[name]).abs().max().item() < 1e-6, name
+    saved = engine.save_hf(tmp_path / "merged", model_dir)
+    _close(_transformers_logprobs(saved, samples), _logprobs(engine, samples))  # what vLLM loads is what trains
+
+
+def test_loaded_weights_become_the_base_with_fresh_adapters(model_dir: Path, tmp_path: Path) -> None:
+    samples = _groups(5)
+    other = make_tiny_hf_model(tmp_path / "other", family=model_dir.name, seed=3)
+    engine = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)
+    _grpo_step(engine, samples)  # adapters away from zero
+    assert engine.load_hf_weights(other) == sum(1 for n, _ in engine.named_parameters() if ".lora_" not in n)
+    _close(_logprobs(engine, samples), _transformers_logprobs(other, samples))
