@@ -10,7 +10,24 @@ engine is built (weights, gradients and Adam's state are there), per token of th
 seconds (noisy on 2 shared cores: not a target). A case whose estimate exceeds --max-gib is skipped
 and said so: the dense path's probabilities, or the memory per token measured at a shorter row.
 
-Not a test. Run (a few minutes on 2 cores):
+Measured 2026-11-26 (2 cores; one step per case, peak RSS growth over the built engine, KiB per token):
+       len  attention  recompute  peak growth MiB  KiB/token  step s
+      1024  dense      no                    3450       3450    14.5
+      1024  dense      yes                    591        591    20.6
+      1024  segments   no                    1860       1860     9.7
+      1024  segments   yes                    468        468    12.2
+      4096  dense      no         skipped: ~17 GiB of attention probabilities
+      4096  dense      yes                   3634        887   204.2
+      4096  segments   no                    8246       2061    36.1
+      4096  segments   yes                   1219        305    64.7
+     16384  dense      either     skipped: ~270 GiB (no recompute), ~9 GiB of one layer's scores (recompute)
+     16384  segments   no         skipped: ~32 GiB by the 4k row's memory per token
+     16384  segments   yes                   2434        152   330.1
+Per-sample attention with recompute grows linearly (1.2 GiB at 4k, 2.4 GiB at 16k); the dense mask's scores
+grow with the square of the row. The 4k dense + recompute case ran alone (`--case`), after the rule that skips
+dense cases counted one layer's scores under recompute, not every layer's.
+
+Not a test. Run (a few minutes on 2 cores; the 16k case ~6 minutes, the 4k dense one ~4):
     /root/.cache/tandem/venv/bin/python bench/long_sequences.py [--lengths 1024,4096,16384] [--out DIR]
 It prints a table and writes DIR/long_sequences.json (default DIR: /tmp/tandem-bench/long_sequences).
 """

@@ -1,58 +1,33 @@
-"""Rollout-mode benchmark: synchronous vs partial rollouts vs asynchronous (maxStaleness 1, 2), one run.
+"""Rollout-mode benchmark: synchronous vs partial rollouts vs asynchronous (maxStaleness 1, 2), side by side.
 
-The task has a long-tailed answer length, as real RL data does, and room to learn. The toy model
-(`tandem.sidecars.toy`, single-digit sums, answers of ~6 tokens) is built with a short warm-up (40 steps:
-~12-15% of sampled sums right) and then fine-tuned (60 steps) to answer `Count from N:` by counting: every
-tenth training prompt is such a count, whose answer runs long (about half to `rollout.maxTokens`, 320; the
-others stop after ~60-70 tokens) and earns no reward. The fine-tune's sums are the warmed-up model's own
-samples, so it leaves their accuracy where the warm-up put it (0.117 -> 0.125 sampled; trained on the
-true answers, as before 2026-11-25, they reached 0.74 and RL had no room). Each mode runs `tandem run` on
-one hybrid pod plus one rollout-only pod, the same model, prompts, rewards, group size, learning rate and
-number of iterations, so the same number of trained completions: GRPO, lossAgg seq-mean-token-mean (with
-token-mean the weak model's long wrong answers dominate the loss: at lr 1e-3 its answers collapsed to
-~3 tokens and pass@1 fell 0.117 -> 0.076 in 5 iterations), tisCap 2 in every mode (the synchronous loop's
-weights are ~1: same loss). Reported per mode (mean and range over --repeats runs, interleaved so that
-load drifts hit every mode): trained completions, completions/s in the loop (sum of per-iteration
-seconds, evaluations left out), mean reward over the last quarter, held-out pass@1 (spec.eval: the toy's
-first 128 test sums x 4 samples at T=1, at the start, the middle and the end, the same prompts in every
-mode), held-out pass@1 gained per hour of loop wall time, staleness, carried share and wasted tokens,
-and the ratio of completions/s to sync's. DIR/rollout_modes.png plots the training reward and the
-held-out pass@1 against trained completions and against loop wall time (every run, and the mean with
-its range), the pass@1 gained per hour and the throughput.
+The task is examples/smollm2-grpo.yaml's, on which the synchronous loop learns (held-out pass@1 ~0.1 ->
+0.26 in 5 iterations there), with a long tail of answer length, as real RL data has: SmolLM2-135M-Instruct
+(`tandem models fetch smollm2-135m`) answers chat-format single-digit sums (answerMatch flexible), and
+every LONG_SHARE-th training prompt asks for a numbered list of 61 numbers, whose answers run to
+rollout.maxTokens (MAX_TOKENS) and earn 0. Each mode runs `tandem run` on one hybrid pod plus one
+rollout-only pod (--pin-pods: each pod on its own core, as on separate nodes) with the same model,
+prompts, rewards, group size (4), learning rate (1e-5), tisCap 2 and number of iterations, so the same
+number of trained completions. Held-out: the 24 sums of examples/arith/test.jsonl, each in 4 phrasings
+(96 prompts), `--eval-samples` samples at T=1, at the start, the middle and the end, the same prompts in
+every mode. Runs are interleaved (sync, partial, async, sync, ...) so that load drifts hit every mode.
+Reported per mode (mean and range over --repeats runs): trained completions, completions/s in the loop (sum
+of per-iteration seconds, evaluations left out), mean reward over the last quarter, held-out pass@1, held-out
+pass@1 gained per hour of loop wall time, staleness, carried share and wasted tokens, and the ratio of
+completions/s to sync's. DIR/rollout_modes.png plots the training reward and held-out pass@1 against trained
+completions and against loop wall time (every run, and the mean with its range), the pass@1 gained per hour
+and the throughput.
 
-Measured 2026-11-25 (2 cores, shared with two or three other agents' `tandem run`s and a pytest: load
-average 8-90, memory exhausted at times), --pin-pods, 10 iterations of 32 prompts x 8, lr 4e-4,
-globalBatchSize 64 (4 optimizer steps per iteration); one run per mode finished, so no ranges:
-    mode     trained  compl/s  held-out pass@1 0 -> 5 -> 10   pass@1/h  reward(last 1/4)  len   staleness
-    sync     2560     10.8     0.148 -> 0.162 -> 0.162        +0.21     0.242             31.9  all 0
-    partial  2512     10.5     0.117 -> 0.115 -> 0.102        -0.23     0.176             20.5  0: 89%, up to 6
-The async k=1 run of that round, and a relaunch at lr 1e-3 (its first sync run after one iteration), were killed
-from outside (SIGINT to `tandem run`, the bench gone without a traceback); two sync runs died when the
-load let their etcd leases expire (a trainer's register on a dead lease; a rollout-only pod's endpoint
-gone with its lease and never advertised again: "only 1 of 2 rollout sidecars registered"; both fixed
-since: a lost lease is replaced on register, and a rollout advertises itself again). The bench
-now runs a failed run again, twice at most, keeping the failed one in DIR/<mode>-<k>-failed<n>.
-What this shows, and what it does not:
-- Held-out pass@1 of the same starting model differs by up to 0.03 between runs (0.117-0.148 at
-  iteration 0: 128 prompts x 4 samples, vLLM's sampling not reproducible across processes), so a
-  difference under ~0.05 between modes is noise.
-- At this budget sync learns the sums only a little: training answerMatch 0.10 -> 0.15-0.21 over 10
-  iterations, held-out +0.014, inside the noise. "Sync learns clearly" is not met at lr 4e-4 and 2560
-  completions; lr 1e-3 with seq-mean-token-mean is the next setting to try (with token-mean it collapsed).
-- Partial (tokenBudget 48, maxAge 8) carried the count answers for up to 6 weight versions; when they were
-  trained (iterations 6-8) the trainer-vs-rollout log-prob mismatch was ~1.0-1.3 nats/token and tisCap 2
-  clipped 6-7% of the tokens. Those answers all earn 0 (zero advantage), so they add no gradient of their
-  own, but their training reward and held-out pass@1 did not rise in the one run (0.117 -> 0.102): not
-  evidence that partial learns worse (one run, inside the noise), and no claim of parity either.
-- Throughput under that load: partial 0.97x sync (10.5 vs 10.8 completions/s) — the machine's other jobs,
-  not the modes, set the pace; the unloaded figures of 2026-11-24/25 (partial 1.3-1.5x, async k=1 1.8-1.9x
-  sync, pinned) still stand for throughput, measured on the earlier task (its model then knew 74% of sums).
-Which mode matches sync, and under which settings: not established by these runs.
+History: until 2026-11-26 the bench ran a toy model taught to count without end after `Count from N:`.
+There nothing learnt measurably: at lr 4e-4 held-out pass@1 went 0.148 -> 0.162 (sync) and 0.117 -> 0.102
+(partial) in 10 iterations, at lr 1e-3 sync went 0.129 -> 0.127 in 5, and the spread between runs of one
+starting model was 0.03, so no mode could be compared with another; hence the pretrained model here. What
+those runs did show about partial rollouts: answers carried for up to 6 versions had a trainer-vs-rollout
+mismatch of 1.0-1.3 nats/token when trained, and tisCap 2 clipped 6-7% of their tokens.
 
-Not a test. Run (under the load above 7-9 minutes per mode and run, startup and evaluations included; the
-earlier task took about 3 on idle cores, so 3 modes x 3 repeats should take about 40 minutes there):
+Not a test. Run (about 10-12 minutes per mode and run on 2 idle cores with the defaults, evaluations and
+start-up included; 3 modes x 3 repeats ~1h45):
     /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...]
-        [--iterations N] [--prompts N] [--lr X] [--batch N] [--out DIR]
+        [--iterations N] [--prompts N] [--lr X] [--batch N] [--eval-samples N] [--out DIR]
 It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
 """
 
@@ -269,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             for attempt in range(3):  # a run the machine's load broke (an etcd lease lost) is run again
                 try:
                     results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods))
+                    (args.out / "rollout_modes.json").write_text(json.dumps(results, indent=2))  # so far
                     break
                 except RunFailed as e:
                     print(f"  {e}; {'again' if attempt < 2 else 'giving up'}", flush=True)
