@@ -1,0 +1,8 @@
+"""Multi-turn environments: what a completion's turns are made of when the model may call tools.
+
+`base` (the `Environment` contract: reset to a prompt's first messages, step on each reply; `SingleTurn`,
+today's one-reply task, and `ToolEnvironment`, which runs the tool calls of each reply and answers with
+their results), `toolcalls` (tool calls parsed from a reply in the chat-template family's format: Hermes /
+Qwen `<tool_call>` JSON, Llama 3 JSON) and `tools` (Python functions as tools, their JSON schemas from
+signatures and docstrings, run in a bounded pool with a per-call timeout; the built-in calculator).
+"""
