@@ -23,7 +23,6 @@ each rank runs the same number of micro-batches, padding with zero-weight ones w
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -278,11 +277,8 @@ class HFEngine:
             raise EngineError("this engine was built with trainable=False")
         start = time.perf_counter()
         self.model.train()
-        rows = micro_batches.require(batch, "input_ids").shape[0]
-        lo, hi = micro_batches.dp_share(rows, self.par.dp, self.par.dp_rank)
-        self.last_step_rows = hi - lo
-        mbs = self._micro_batches(micro_batches.take_rows(batch, lo, max(hi, lo + 1)), micro_batch_size)
-        counted = len(mbs) if hi > lo else 0
+        mbs, counted, self.last_step_rows = micro_batches.train_share(
+            batch, self.par.dp, self.par.dp_rank, lambda part: self._micro_batches(part, micro_batch_size))
         runs, _ = self._equalized(mbs, mbs[0])
         total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
         # FSDP2 averages gradients over the ranks: x dp turns that into the sum over every rank's micro-batches
@@ -351,19 +347,10 @@ class HFEngine:
         self.last_export_seconds = time.perf_counter() - start
 
     def save_hf(self, out_dir: str | Path, config_dir: str | Path) -> Path:
-        """The weights as a HF directory (safetensors plus the non-weight files of `config_dir`). Collective."""
-        from safetensors.torch import save_file
+        """The weights as a HF directory (`interface.save_hf_dir`). Collective; the export rank writes."""
+        from tandem.sidecars.trainer.engines.interface import save_hf_dir
 
-        out = Path(out_dir)
-        tensors = {name: t.contiguous().clone() for name, t in self.export_hf()}
-        if self.is_export_rank:
-            out.mkdir(parents=True, exist_ok=True)
-            for item in Path(config_dir).iterdir():
-                if item.is_file() and item.suffix != ".safetensors" and not item.name.endswith(".index.json"):
-                    shutil.copy2(item, out / item.name)
-            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        dist.barrier()
-        return out
+        return save_hf_dir(self, out_dir, config_dir)
 
     def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
         """Copy HF weights (a directory's safetensors, or a name -> tensor loader) into this rank's shards;

@@ -1,13 +1,13 @@
-"""The trainer-engine interface, and the engine a job's spec asks for.
+"""The trainer-engine interface.
 
 Role: the driver (`context.TrainerContext`) trains through one interface, drawn from what it calls:
 load (`from_hf`), log-probs (policy, reference, values), a train step, offload and onload around the
 rollout, export of HF-named weights (publish, durable copies, export dirs) and loading them back
 (reference weights, resume). Two implementations: `megatron_engine.MegatronEngine` (tensor, pipeline,
 expert and data parallel; the families of `checkpoint_engine.convert`) and `hf_engine.HFEngine`
-(transformers + FSDP2, data parallel; any causal LM transformers loads). `build_engine` picks one by
-`trainer.engine` (auto: megatron where a weight mapping exists, `spec.devices.trainer_engine`).
-Caller: `TrainerContext.create`.
+(transformers + FSDP2, data parallel; any causal LM transformers loads); `select.build_engine` picks one by
+`trainer.engine`. `save_hf_dir` writes either engine's weights as a HF directory.
+Callers: the loop (`loop.context`, `loop.reference`, `loop.resume`, `loop.train_state`) and both engines.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from typing import Any, Literal, Protocol
 import torch
 
 from tandem.sidecars.trainer.engines.megatron_build import Parallelism
-from tandem.spec import devices
-from tandem.spec.models import JobSpec
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, Any]]]
 
@@ -64,21 +62,22 @@ class TrainerEngine(Protocol):
     def is_export_rank(self) -> bool: ...
 
 
-def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> TrainerEngine:
-    """The policy's engine (or PPO's critic, with `value_head`: Megatron only) as the spec lays it out:
-    trainer.engine, tensorParallel, pipelineParallel, expertParallel, distributedOptimizer,
-    activationCheckpointing, lora, in trainer.dtype (which the rollout's vLLM runs too)."""
-    t = spec.trainer
-    dtype = getattr(torch, devices.trainer_dtype(spec))
-    common: dict[str, Any] = dict(lr=spec.algorithm.lr, seed=seed, dtype=dtype, micro_batch_size=t.micro_batch_size,
-                                  micro_batch_tokens=t.micro_batch_tokens, value_head=value_head,
-                                  recompute=t.activation_checkpointing)
-    if devices.trainer_engine(spec) == "hf":
-        from tandem.sidecars.trainer.engines.hf_engine import HFEngine
+def save_hf_dir(engine: TrainerEngine, out_dir: str | Path, config_dir: str | Path) -> Path:
+    """`engine`'s weights as a HF directory: `model.safetensors` plus the non-weight files of `config_dir`
+    (config, tokenizer, generation config). Collective (the export is); the export rank writes."""
+    import shutil
 
-        return HFEngine.from_hf(spec.model.path, lora=t.lora, **common)
-    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
+    import torch.distributed as dist
+    from safetensors.torch import save_file
 
-    return MegatronEngine.from_hf(spec.model.path, tensor_parallel=t.tensor_parallel,
-                                  pipeline_parallel=t.pipeline_parallel, expert_parallel=t.expert_parallel,
-                                  distributed_optimizer=t.distributed_optimizer, **common)
+    out = Path(out_dir)
+    tensors = {name: tensor.contiguous().clone() for name, tensor in engine.export_hf()}
+    if engine.is_export_rank:
+        out.mkdir(parents=True, exist_ok=True)
+        for item in Path(config_dir).iterdir():
+            if item.is_file() and item.suffix != ".safetensors" and not item.name.endswith(".index.json"):
+                shutil.copy2(item, out / item.name)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if dist.is_initialized():
+        dist.barrier()
+    return out

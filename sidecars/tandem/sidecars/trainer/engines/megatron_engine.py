@@ -22,7 +22,6 @@ layout (position t scores token t + 1) is this shifted left by one.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -352,13 +351,8 @@ class MegatronEngine:
             raise EngineError("this engine was built with trainable=False")
         start = time.perf_counter()
         self.model.train()
-        rows = micro_batches.require(batch, "input_ids").shape[0]
-        lo, hi = micro_batches.dp_share(rows, self.par.dp, self.par.dp_rank)
-        self.last_step_rows = hi - lo
-        # a data-parallel rank left without rows runs one row with weight 0: the gradient
-        # all-reduce is collective, so every rank takes part in the step
-        mbs = self._micro_batches(micro_batches.take_rows(batch, lo, max(hi, lo + 1)), micro_batch_size)
-        counted = len(mbs) if hi > lo else 0
+        mbs, counted, self.last_step_rows = micro_batches.train_share(
+            batch, self.par.dp, self.par.dp_rank, lambda part: self._micro_batches(part, micro_batch_size))
         total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -448,21 +442,10 @@ class MegatronEngine:
         self.last_export_seconds = time.perf_counter() - start
 
     def save_hf(self, out_dir: str | Path, config_dir: str | Path) -> Path:
-        """Write the weights as a HF directory (``model.safetensors`` plus the non-weight files
-        of ``config_dir``: config, tokenizer, generation config). Collective; rank 0 writes."""
-        from safetensors.torch import save_file
+        """The weights as a HF directory (`interface.save_hf_dir`). Collective; the export rank writes."""
+        from tandem.sidecars.trainer.engines.interface import save_hf_dir
 
-        out = Path(out_dir)
-        tensors = {name: tensor.contiguous().clone() for name, tensor in self.export_hf()}
-        if self.is_export_rank:
-            out.mkdir(parents=True, exist_ok=True)
-            for item in Path(config_dir).iterdir():
-                if item.is_file() and item.suffix != ".safetensors" and not item.name.endswith(".index.json"):
-                    shutil.copy2(item, out / item.name)
-            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        if dist.is_initialized():
-            dist.barrier()
-        return out
+        return save_hf_dir(self, out_dir, config_dir)
 
     def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
         """Copy HF-named weights (a directory, or a name -> tensor loader such as a published version) into

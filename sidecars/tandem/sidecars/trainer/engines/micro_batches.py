@@ -149,6 +149,16 @@ def take_rows(batch: Any, lo: int, hi: int) -> Any:
     return {k: v[lo:hi] for k, v in batch.items()}
 
 
+def train_share(batch: Any, dp: int, dp_rank: int, split: Any) -> tuple[list[Any], int, int]:
+    """A train step's micro-batches on data-parallel rank `dp_rank`: `split` of its rows of the global `batch`
+    (`dp_share`), how many of them count, and how many rows it took. A rank left without rows runs one row
+    with weight 0 (counted 0): the gradient reduction is collective, so every rank takes part in the step."""
+    rows = require(batch, "input_ids").shape[0]
+    lo, hi = dp_share(rows, dp, dp_rank)
+    mbs: list[Any] = split(take_rows(batch, lo, max(hi, lo + 1)))
+    return mbs, (len(mbs) if hi > lo else 0), hi - lo
+
+
 def dp_share(rows: int, dp: int, dp_rank: int) -> tuple[int, int]:
     """The contiguous rows ``[lo, hi)`` of a global batch that data-parallel rank ``dp_rank`` trains on.
 

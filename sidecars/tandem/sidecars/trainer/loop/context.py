@@ -36,7 +36,8 @@ from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.startup import etcd_security
 from tandem.sidecars.trainer.engines import megatron_build
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
-from tandem.sidecars.trainer.engines.interface import TrainerEngine, build_engine
+from tandem.sidecars.trainer.engines.interface import TrainerEngine
+from tandem.sidecars.trainer.engines.select import build_engine
 from tandem.sidecars.trainer.loop import persist, resume, sharded, train_state
 from tandem.sidecars.trainer.loop.dataset import PromptDataset
 from tandem.sidecars.trainer.loop.evaluate import EvalResult, Evaluator
