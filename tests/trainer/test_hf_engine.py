@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from dist_worker import assert_same_after_adam
-from tiny_models import make_family_dirs, make_tiny_hf_model
+from tiny_models import grouped_samples, make_family_dirs, make_tiny_hf_model
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
@@ -28,18 +28,6 @@ FAMILIES = ["qwen2", "llama", "gemma"]
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_family_dirs(tmp_path_factory.mktemp("tiny-hf-engine"), FAMILIES)
-
-
-def _groups(seed: int) -> list[Sample]:
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Sample] = []
-    for g, size in enumerate((4, 2, 3)):
-        prompt = torch.randint(1, 128, (int(torch.randint(6, 13, (1,), generator=gen)),), generator=gen).tolist()
-        for k in range(size):
-            n = int(torch.randint(1, 7, (1,), generator=gen))
-            out.append(Sample(prompt, torch.randint(1, 128, (n,), generator=gen).tolist(), group=g,
-                              reward=float((g + k) % 3), rollout_logprobs=[-1.5] * n))
-    return out
 
 
 def _transformers_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch.Tensor]:
@@ -60,7 +48,7 @@ def _transformers_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch
 @pytest.mark.parametrize("plain_head", [True, False], ids=["chunked-head", "model-logits"])
 def test_packed_and_shared_rows_give_transformers_logprobs(family: str, plain_head: bool,
                                                            model_dirs: dict[str, Path]) -> None:
-    samples = _groups(1)
+    samples = grouped_samples(1)
     want = _transformers_logprobs(model_dirs[family], samples)
     engine = HFEngine.from_hf(model_dirs[family])
     assert engine.plain_head  # none of these models scales or caps its logits
@@ -89,7 +77,7 @@ def _grpo_step(engine: Any, samples: list[Sample]) -> dict[str, float]:
 def test_grpo_step_equals_the_megatron_engines(family: str, model_dirs: dict[str, Path]) -> None:
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
-    samples = _groups(2)
+    samples = grouped_samples(2)
     megatron = MegatronEngine.from_hf(model_dirs[family], lr=1e-2, seed=0)
     want = _grpo_step(megatron, samples)
     want_after = {n: t.clone() for n, t in megatron.export_hf()}
@@ -159,7 +147,7 @@ def test_reference_weights_swap_in_and_out_between_steps(model_dirs: dict[str, P
     steps change nothing, so every forward has an exact answer."""
     from tandem.sidecars.trainer.loop.reference import ReferenceWeights
 
-    samples = _groups(3)
+    samples = grouped_samples(3)
     other = make_tiny_hf_model(tmp_path / "other", family="gemma", seed=1)  # the same shape, other weights
     policy_want = _transformers_logprobs(model_dirs["gemma"], samples)
     ref_want = _transformers_logprobs(other, samples)

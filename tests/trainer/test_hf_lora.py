@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_hf_engine import _groups, _grpo_step, _transformers_logprobs
-from tiny_models import make_tiny_hf_model
+from test_hf_engine import _grpo_step, _transformers_logprobs
+from tiny_models import grouped_samples, make_tiny_hf_model
 
 from tandem.sidecars.algorithms.base import pack_samples, row_budget
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
@@ -44,7 +44,7 @@ def test_adapters_train_and_publish_merged_as_peft_merges_them(model_dir: Path, 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    samples = _groups(4)
+    samples = grouped_samples(4)
     engine = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)
     _close(_logprobs(engine, samples), _transformers_logprobs(model_dir, samples))  # B = 0: the base model
     trained = {n for n, p in engine.model.named_parameters() if p.requires_grad}
@@ -72,7 +72,7 @@ def test_adapters_train_and_publish_merged_as_peft_merges_them(model_dir: Path, 
 
 
 def test_loaded_weights_become_the_base_with_fresh_adapters(model_dir: Path, tmp_path: Path) -> None:
-    samples = _groups(5)
+    samples = grouped_samples(5)
     other = make_tiny_hf_model(tmp_path / "other", family=model_dir.name, seed=3)
     engine = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)
     _grpo_step(engine, samples)  # adapters away from zero

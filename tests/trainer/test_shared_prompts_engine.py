@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import make_family_dirs
+from tiny_models import grouped_samples, make_family_dirs
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
+from tandem.sidecars.algorithms.base import pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
@@ -27,25 +27,11 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_family_dirs(tmp_path_factory.mktemp("tiny-hf-shared"), FAMILIES)
 
 
-def _groups(seed: int) -> list[Sample]:
-    """Three groups of 2-4 completions with prompts of 6-12 tokens (one group of one-token prompts is
-    not worth testing here: it is never shared)."""
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Sample] = []
-    for g, size in enumerate((4, 2, 3)):
-        prompt = torch.randint(1, 128, (int(torch.randint(6, 13, (1,), generator=gen)),), generator=gen).tolist()
-        for k in range(size):
-            n = int(torch.randint(1, 7, (1,), generator=gen))
-            out.append(Sample(prompt, torch.randint(1, 128, (n,), generator=gen).tolist(), group=g,
-                              reward=float((g + k) % 3), rollout_logprobs=[-1.5] * n))
-    return out
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_shared_rows_give_transformers_logprobs(family: str, model_dirs: dict[str, Path]) -> None:
     import transformers
 
-    samples = _groups(1)
+    samples = grouped_samples(1)
     engine = MegatronEngine.from_hf(model_dirs[family], lr=1e-2, seed=0)
     batch = pack_samples(samples, row_budget(samples, share_prompts=True), share_prompts=True)
     assert batch.prefix_ids is not None and all(p.shared > 0 for p in batch.placements)
@@ -65,7 +51,7 @@ def test_shared_rows_give_transformers_logprobs(family: str, model_dirs: dict[st
 
 @pytest.mark.parametrize("family", FAMILIES)  # qwen2 is tied: the head's gradient reaches the embedding
 def test_grpo_step_on_shared_rows_equals_the_step_on_whole_rows(family: str, model_dirs: dict[str, Path]) -> None:
-    samples = _groups(2)
+    samples = grouped_samples(2)
 
     results = []
     for share in (False, True):

@@ -77,3 +77,19 @@ def make_tiny_hf_model(
 def make_family_dirs(root: Path, families: list[str]) -> dict[str, Path]:
     """One tiny model per family under `root` (module-scoped fixtures of the engine tests)."""
     return {family: make_tiny_hf_model(root / family, family=family) for family in families}
+
+
+def grouped_samples(seed: int) -> list[Any]:
+    """Three groups of 2-4 completions (1-6 tokens, ids < 128) sharing prompts of 6-12 tokens, as the RL
+    loop packs them (a group of one-token prompts is not worth testing: it is never shared)."""
+    from tandem.sidecars.algorithms.base import Sample
+
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Any] = []
+    for g, size in enumerate((4, 2, 3)):
+        prompt = torch.randint(1, 128, (int(torch.randint(6, 13, (1,), generator=gen)),), generator=gen).tolist()
+        for k in range(size):
+            n = int(torch.randint(1, 7, (1,), generator=gen))
+            out.append(Sample(prompt, torch.randint(1, 128, (n,), generator=gen).tolist(), group=g,
+                              reward=float((g + k) % 3), rollout_logprobs=[-1.5] * n))
+    return out
