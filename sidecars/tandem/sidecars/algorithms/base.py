@@ -54,6 +54,7 @@ class Sample:
     truncated: bool | None = None  # cut at the generation limit (vLLM's finish_reason "length"); None: unknown
     desirable: bool | None = None  # KTO: the row's label (True desirable, False undesirable); None: unlabelled
     kl_probe: bool = False  # KTO: a mismatched (prompt, completion) pair scored only for the KL estimate z0
+    completion_mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
 
 
 Metrics = dict[str, float]
@@ -98,7 +99,8 @@ def pack_samples(
     `share_prompts` the samples of one prompt (a group) form a unit that holds the prompt once."""
     return pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], token_budget,
                 units=prompt_groups(samples) if share_prompts else None, pad_id=pad_id,
-                pad_to_multiple=pad_to_multiple, share_prompts=share_prompts)
+                pad_to_multiple=pad_to_multiple, share_prompts=share_prompts,
+                completion_masks=[s.completion_mask for s in samples])
 
 
 def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:

@@ -254,16 +254,24 @@ def pack(
     pad_id: int = 0,
     pad_to_multiple: int = 1,
     share_prompts: bool = False,
+    completion_masks: Sequence[Sequence[int] | None] | None = None,
 ) -> PackedBatch:
     """Pack samples i = (prompts[i] + completions[i]) into rows of at most `token_budget` tokens.
 
     `units` (default: each sample alone) lists sample indices that must share a row, in order.
     Every sample must appear in exactly one unit. Rows keep the units' order of placement.
     With `share_prompts`, a unit of two or more samples with one prompt holds it once (module
-    docstring); split into sub-units when the whole group exceeds the budget.
+    docstring); split into sub-units when the whole group exceeds the budget. `completion_masks[i]`
+    (one 0/1 per completion token; None: all 1) keeps the 0 tokens out of the loss: a multi-turn
+    completion's tool results and other environment tokens, which are context, not the model's.
     """
     if len(prompts) != len(completions):
         raise PackingError("prompts and completions differ in length")
+    masks = list(completion_masks) if completion_masks is not None else [None] * len(prompts)
+    for i, m in enumerate(masks):
+        if m is not None and len(m) != len(completions[i]):
+            raise PackingError(f"sample {i}: its completion mask has {len(m)} entries for {len(completions[i])} "
+                               "tokens")
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise PackingError(f"sample {i} has an empty prompt: nothing predicts its first token")
@@ -313,7 +321,9 @@ def pack(
                 end = put(r, start, own, n_shared, segment)
                 prefix_ids[r, start:end] = prefix_segment
                 seq_index[r, start:end] = len(placements)
-                loss_mask[r, start + n_p - n_shared - 1:end - 1] = 1.0
+                mask = masks[i]
+                loss_mask[r, start + n_p - n_shared - 1:end - 1] = 1.0 if mask is None else \
+                    torch.tensor(mask, dtype=torch.float32)
                 placements.append(Placement(i, r, start, n_p, n_c, n_shared, prefix if n_shared else 0))
                 start = end
     return PackedBatch(input_ids, position_ids, segment_ids, labels, loss_mask, seq_index, placements,
