@@ -5,7 +5,6 @@ aggregation), its gradient and the rollout-mismatch metrics ignore them."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples
 from tandem.sidecars.algorithms.grpo import GRPO
