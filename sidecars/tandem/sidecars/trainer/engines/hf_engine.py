@@ -99,6 +99,7 @@ class HFEngine:
         self.last_export_seconds = 0.0
         self.plain_head = _plain_head(model)
         self.lora_scale = lora_weights.scale(model) if hasattr(model, "peft_config") else None
+        self.model_dir: Path | None = None  # the base model's directory (LoRA's frozen weights)
         self._offloader = HostOffloader()
 
     # ----- construction -----
@@ -152,7 +153,9 @@ class HFEngine:
             model.eval()
             for p in model.parameters():
                 p.requires_grad_(False)
-        return cls(model, optimizer, shape, par, micro_batch_size, micro_batch_tokens, clip_grad, dtype)
+        engine = cls(model, optimizer, shape, par, micro_batch_size, micro_batch_tokens, clip_grad, dtype)
+        engine.model_dir = model_dir
+        return engine
 
     def _resharded(self) -> None:
         """The root module's weights back to their shards. FSDP2 leaves the root unsharded after a forward
@@ -383,6 +386,23 @@ class HFEngine:
                 param.copy_(full)
                 loaded += 1
         return loaded
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        """LoRA: this rank's shards of the adapters (copies), for the training state; None without LoRA."""
+        if self.lora_scale is None:
+            return None
+        return {n: t.detach().clone() for n, t in self.named_parameters() if lora_weights.is_adapter(n)}
+
+    def restore_adapters(self, state: dict[str, torch.Tensor]) -> None:
+        """Undo a merged version's load: the base model's own weights again, and the adapters of `state`
+        (`adapter_state` of the run that published it), so training continues exactly where it stopped."""
+        if self.model_dir is None or self.lora_scale is None:
+            raise EngineError("adapters can be restored only on a LoRA engine built from a model directory")
+        self.load_hf_weights(self.model_dir)
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)
 
     @property
     def is_export_rank(self) -> bool:

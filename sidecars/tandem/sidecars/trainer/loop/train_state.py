@@ -121,8 +121,9 @@ def save(ctx: TrainerParts, version: int) -> dict[str, float]:
     if ctx.critic is not None:
         critic = {"params": {n: p.detach() for n, p in ctx.critic.named_parameters()},
                   "optimizer": optimizer_state(ctx.critic)}
+    adapters = getattr(ctx.engine, "adapter_state", None)  # LoRA: the adapters, whose base the version merged
     payload = {"version": version, "layout": layout_of(ctx), "optimizer": optimizer_state(ctx.engine),
-               "critic": critic}
+               "critic": critic, "adapters": adapters() if adapters is not None else None}
     path = ctx.durable.write_train_file(version, file_name(_rank()), lambda tmp: torch.save(payload, tmp))
     return {"train_state_s": time.perf_counter() - t, "train_state_bytes": float(path.stat().st_size)}
 
@@ -182,6 +183,8 @@ def restore(ctx: TrainerParts, version: int) -> bool:
         return False
     assert payload is not None
     payload = _owned(payload)
+    if payload.get("adapters") is not None:  # the loaded version merged them into the base: unmerge exactly
+        ctx.engine.restore_adapters(payload["adapters"])  # type: ignore[attr-defined]
     load_optimizer_state(ctx.engine, payload["optimizer"])
     if ctx.critic is not None:
         params = dict(ctx.critic.named_parameters())
