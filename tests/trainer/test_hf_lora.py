@@ -2,7 +2,8 @@
 
 A fresh adapter (B = 0) leaves the model's log-probs exactly transformers'; a GRPO step moves the adapters
 only; the merged version the engine publishes equals PEFT's own `merge_and_unload` of the same adapters and,
-saved as a HF directory, gives transformers the engine's log-probs; weights loaded by HF name become the base
+saved as a HF directory, gives transformers the engine's log-probs, as does the PEFT adapter directory the
+engine writes, loaded by PEFT onto the base model; weights loaded by HF name become the base
 with the adapters reset.
 """
 
@@ -69,6 +70,20 @@ def test_adapters_train_and_publish_merged_as_peft_merges_them(model_dir: Path, 
         assert (tensor - merged[name]).abs().max().item() < 1e-6, name
     saved = engine.save_hf(tmp_path / "merged", model_dir)
     _close(_transformers_logprobs(saved, samples), _logprobs(engine, samples))  # what vLLM loads is what trains
+    # the adapters alone, as a PEFT adapter directory that PEFT loads onto the base model
+    from peft import PeftModel
+
+    adapter = engine.write_adapter(tmp_path / "adapter")
+    assert adapter is not None and (adapter / "adapter_model.safetensors").stat().st_size < \
+        (saved / "model.safetensors").stat().st_size / 2
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                           str(adapter)).eval()
+    merged_dir = tmp_path / "peft-merged"
+    peft_model.merge_and_unload().save_pretrained(merged_dir)
+    for name in ("tokenizer_config.json", "config.json"):
+        if (model_dir / name).exists() and not (merged_dir / name).exists():
+            (merged_dir / name).write_text((model_dir / name).read_text())
+    _close(_transformers_logprobs(merged_dir, samples), _logprobs(engine, samples))
 
 
 def test_loaded_weights_become_the_base_with_fresh_adapters(model_dir: Path, tmp_path: Path) -> None:

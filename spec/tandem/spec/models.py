@@ -145,7 +145,8 @@ class Trainer(Base):
     lora: Lora | None = Field(default=None, description=(
         "Train LoRA adapters instead of every weight (the hf engine, which auto then picks). Each version "
         "carries the merged weights (W + alpha / rank x B A under the model's own names), so the rollouts load "
-        "it as any version."))
+        "it as any version; spec.export writes the adapters alone too, as a PEFT adapter directory (adapter/ "
+        "in each exported model directory)."))
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",

@@ -100,6 +100,7 @@ class HFEngine:
         self.plain_head = _plain_head(model)
         self.lora_scale = lora_weights.scale(model) if hasattr(model, "peft_config") else None
         self.model_dir: Path | None = None  # the base model's directory (LoRA's frozen weights)
+        self.last_adapters: dict[str, torch.Tensor] | None = None  # LoRA: the adapters of the last export
         self._offloader = HostOffloader()
 
     # ----- construction -----
@@ -343,7 +344,8 @@ class HFEngine:
         self._resharded()
         whole: Iterator[tuple[str, torch.Tensor]] = ((n, _full(t)) for n, t in self.model.state_dict().items())
         if self.lora_scale is not None:
-            whole = lora_weights.merged(whole, self.lora_scale)
+            self.last_adapters = {} if self.is_export_rank else None
+            whole = lora_weights.merged(whole, self.lora_scale, self.last_adapters)
         for name, full in whole:
             if self.is_export_rank and not (self.shape.tie_embeddings and name == "lm_head.weight"):
                 yield name, full.detach()
@@ -386,6 +388,13 @@ class HFEngine:
                 param.copy_(full)
                 loaded += 1
         return loaded
+
+    def write_adapter(self, out_dir: str | Path) -> Path | None:
+        """LoRA, on the export rank: the adapters of the last `export_hf` as a PEFT adapter directory; None
+        without LoRA or before an export. Not collective."""
+        if self.lora_scale is None or not self.last_adapters:
+            return None
+        return lora_weights.write_adapter_dir(Path(out_dir), self.last_adapters, self.model, self.model_dir)
 
     def adapter_state(self) -> dict[str, torch.Tensor] | None:
         """LoRA: this rank's shards of the adapters (copies), for the training state; None without LoRA."""

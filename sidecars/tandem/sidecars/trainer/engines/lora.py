@@ -5,12 +5,15 @@ a frozen base model; Adam's state exists for the adapters only. A published vers
 weights, W + (alpha / rank) B A under the base model's own HF names, so the rollouts load it like any
 version and the conversion layer stays the identity. Names: PEFT's `base_model.model.<hf>` with each
 adapted linear's weight under `<module>.base_layer.weight` and its adapter under `<module>.lora_A/B.default`.
-Caller: `hf_engine.HFEngine` (from_hf, export_hf, load_hf_weights).
+The adapters alone are also kept from each export, for a PEFT adapter directory beside each exported model.
+Caller: `hf_engine.HFEngine` (from_hf, export_hf, load_hf_weights, write_adapter).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,12 +47,16 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float) -> Iterator[tuple[str, torch.Tensor]]:
+def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float,
+           adapters: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """PEFT state-dict entries (whole tensors, in the model's order) -> HF-named weights with each adapter
     merged into its base weight. Holds at most one module's base and adapter at a time (PEFT lists an
-    adapted linear's base weight, then its A, then its B)."""
+    adapted linear's base weight, then its A, then its B). `adapters`, when given, receives the adapter
+    tensors under the names PEFT saves them with (`write_adapter_dir`)."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in items:
+        if adapters is not None and is_adapter(name):
+            adapters[name.replace(f".{ADAPTER}.", ".")] = tensor.detach().clone()
         if is_adapter(name) or name.endswith(".base_layer.weight"):
             module = name.split(".lora_")[0] if is_adapter(name) else name.removesuffix(".base_layer.weight")
             part = "A" if ".lora_A." in name else "B" if ".lora_B." in name else "W"
@@ -63,3 +70,17 @@ def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float) -> Iterator
         yield hf_name(name), tensor
     if pending:
         raise ValueError(f"adapters without their base weight or A/B pair: {sorted(pending)}")
+
+
+def write_adapter_dir(out: Path, adapters: dict[str, torch.Tensor], model: Any, base_dir: Path | None) -> Path:
+    """A PEFT adapter directory (`adapter_model.safetensors`, `adapter_config.json`) that `PeftModel.
+    from_pretrained(base, out)` loads onto the base model at `base_dir`."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(model.peft_config[ADAPTER])
+    config.base_model_name_or_path = str(base_dir) if base_dir is not None else None
+    config.save_pretrained(str(out))
+    save_file({k: v.contiguous() for k, v in adapters.items()}, str(out / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
+    return out

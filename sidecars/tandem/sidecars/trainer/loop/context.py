@@ -228,8 +228,12 @@ class TrainerContext:
         t = time.perf_counter()
         target = export_version(self.last_publish_path, Path(self.job.spec.model.path),
                                 Path(spec.path) / f"iteration-{done}", dtype=dtypes.get(spec.dtype))
-        log.info("exported version %d (after %d iterations) to %s", version, done, target)
-        return {"export": {"path": str(target), "version": version, "seconds": time.perf_counter() - t}}
+        write_adapter = getattr(self.engine, "write_adapter", None)  # trainer.lora: the adapters alone as well
+        adapter = write_adapter(target / "adapter") if write_adapter is not None else None
+        log.info("exported version %d (after %d iterations) to %s%s", version, done, target,
+                 f" (PEFT adapter in {adapter})" if adapter is not None else "")
+        row = {"path": str(target), "version": version, "seconds": time.perf_counter() - t}
+        return {"export": row | ({"adapter": str(adapter)} if adapter is not None else {})}
 
     def evaluate(self, iterations_done: int, version: int) -> EvalResult | None:
         """spec.eval, when due after `iterations_done` iterations: pass@1/pass@k on the live rollouts."""
