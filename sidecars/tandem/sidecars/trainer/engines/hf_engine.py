@@ -130,8 +130,9 @@ class HFEngine:
         except (OSError, ValueError) as exc:
             raise EngineError(f"transformers cannot load {model_dir}: {exc}") from exc
         shape = HFShape.of(model)
+        # the weights stay on the host until sharded: fully_shard moves each rank's shard, not the whole model,
+        # to the mesh's device
         device = megatron_build.device()
-        model.to(device)
         if recompute:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
