@@ -1,6 +1,6 @@
-"""Megatron in bf16 on one GPU, in a process of its own: load, train, offload, onload, train again,
+"""A trainer engine in bf16 on one GPU, in a process of its own: load, train, offload, onload, train again,
 with torch.cuda.max_memory_allocated and memory_allocated per phase. Caller: test_gpu_path.py.
-Usage: python memory_worker.py MODEL_DIR OUT_JSON"""
+Usage: python memory_worker.py MODEL_DIR OUT_JSON [megatron|hf]"""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 
-def main(model_dir: str, out: str) -> None:
+def main(model_dir: str, out: str, engine_name: str = "megatron") -> None:
     from dist_worker import fixed_batch, nll_loss
 
+    from tandem.sidecars.trainer.engines.hf_engine import HFEngine
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     phases: dict[str, dict[str, float]] = {}
@@ -28,7 +29,8 @@ def main(model_dir: str, out: str) -> None:
                         "allocated_mib": torch.cuda.memory_allocated() / mib}
         return result
 
-    engine = phase("load", lambda: MegatronEngine.from_hf(model_dir, lr=1e-2, seed=0, dtype=torch.bfloat16))
+    build = HFEngine.from_hf if engine_name == "hf" else MegatronEngine.from_hf
+    engine: Any = phase("load", lambda: build(model_dir, lr=1e-2, seed=0, dtype=torch.bfloat16))
     losses = phase("train", lambda: [engine.train_step(fixed_batch(), nll_loss)["loss"] for _ in range(2)])
     phase("offload", engine.offload)
     phase("onload", engine.onload)
@@ -39,4 +41,4 @@ def main(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

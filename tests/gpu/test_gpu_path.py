@@ -1,7 +1,8 @@
 """The GPU path, on a CUDA machine (scripts/gpu-check.sh; skipped elsewhere, naming why):
 
 * Megatron in bf16 trains, offloads (its GPU memory drops to a small share), onloads and trains again;
-  torch.cuda.max_memory_allocated of every phase is recorded;
+  torch.cuda.max_memory_allocated of every phase is recorded; the hf engine (FSDP2, bf16 compute over fp32
+  master weights) does the same;
 * vLLM on CUDA in bf16 with CUDA graphs and sleep mode: starts with dummy weights, loads the bf16
   version the Megatron trainer published in place, decodes greedily what transformers (bf16, CUDA)
   decodes (a divergence only at a bf16 near-tie), sleeps at level 2 (weights dropped), wakes, loads
@@ -43,16 +44,18 @@ def model(tmp_path: Path) -> Path:
     return d
 
 
-def test_megatron_bf16_train_offload_onload(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["megatron", "hf"])
+def test_bf16_train_offload_onload(tmp_path: Path, engine: str) -> None:
     out = tmp_path / "memory.json"
-    proc = subprocess.run([sys.executable, str(HERE / "memory_worker.py"), str(model(tmp_path)), str(out)],
+    proc = subprocess.run([sys.executable, str(HERE / "memory_worker.py"), str(model(tmp_path)), str(out), engine],
                           capture_output=True, text=True, timeout=600, cwd=HERE.parent / "trainer")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads(out.read_text())
     phases = result["phases"]
     for name, m in phases.items():
-        record(f"megatron {name}", peak_mib=round(m["peak_mib"], 1), allocated_mib=round(m["allocated_mib"], 1))
-    assert "torch.bfloat16" in result["dtypes"], result["dtypes"]
+        record(f"{engine} {name}", peak_mib=round(m["peak_mib"], 1), allocated_mib=round(m["allocated_mib"], 1))
+    # Megatron keeps bf16 weights (fp32 main copies in its optimizer); FSDP2 keeps fp32 and computes in bf16
+    assert ("torch.bfloat16" if engine == "megatron" else "torch.float32") in result["dtypes"], result["dtypes"]
     assert all(x == x for x in result["losses"]) and result["losses"][1] < result["losses"][0], result["losses"]
     trained = phases["train"]["allocated_mib"]
     assert phases["offload"]["allocated_mib"] < 0.25 * trained, phases  # weights and optimizer left the GPU
