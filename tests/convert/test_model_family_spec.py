@@ -1,5 +1,6 @@
-"""`model.family` at validate time (tandem.spec): the spec's families are the converter's, and a
-readable config.json with an unsupported or mismatching model_type is refused naming the field.
+"""`model.family` at validate time (tandem.spec): the spec's families are the converter's; a readable
+config.json with a mismatching or missing model_type is refused naming the field, and one without a Megatron
+mapping trains on the hf engine (refused only with `trainer.engine: megatron`).
 
 What `tandem validate` prints comes from `tandem.spec.load.parse_job`'s SpecError (field, message).
 """
@@ -47,14 +48,22 @@ def test_spec_families_are_the_converters() -> None:
     assert sorted(ModelRef.FAMILIES) == convert.families()
 
 
-def test_unsupported_model_type_is_refused_naming_model_family(tmp_path: Path) -> None:
+def test_a_model_type_without_a_mapping_trains_on_the_hf_engine(tmp_path: Path) -> None:
     path = _model_dir(tmp_path, {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
-    [(field, message)] = _problems({"path": path})
-    assert field == "spec.model.family"
-    assert "'gpt2'" in message and "GPT2LMHeadModel" in message
-    assert "supported: llama, mixtral, qwen2, qwen3" in message
-    with pytest.raises(SpecError, match="spec.model.family"):  # an explicit family does not help
+    assert parse_job(_job({"path": path})).spec.trainer.engine == "auto"  # which resolves to hf (spec.devices)
+    job = _job({"path": path})
+    job["spec"]["trainer"] = {"engine": "megatron"}
+    [(field, message)] = _problems_of(job)
+    assert field == "spec.trainer.engine" and "megatron has no weight mapping for model_type 'gpt2'" in message
+    assert "mapped: llama, mixtral, qwen2, qwen3" in message
+    with pytest.raises(SpecError, match="spec.model.family"):  # an explicit family must match the file
         parse_job(_job({"path": path, "family": "llama"}))
+
+
+def _problems_of(job: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as err:
+        parse_job(job)
+    return err.value.problems
 
 
 def test_config_without_model_type_is_refused(tmp_path: Path) -> None:

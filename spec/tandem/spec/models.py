@@ -61,6 +61,8 @@ def _family_problem(path: str, family: str) -> str | None:
     if not isinstance(config, dict):
         return f"path: {file} is not a JSON object"
     found = config.get("model_type")
+    if not isinstance(found, str) or not found:
+        return f"family: model_type {found!r} of {file} (architectures {config.get('architectures')}) names no model"
     if family not in ("auto", found):
         return f"family: {family!r} does not match model_type {found!r} of {file} (use auto or {found})"
     return None
