@@ -8,6 +8,9 @@ klCoef 0, the same iterations and the same seeded prompt order. Only `algorithm.
 out, so the job sets no clip: grpo/dr_grpo/rloo clip 0.2, dapo 0.2/0.28, gspo 3e-4/4e-4). klCoef 0 is
 the demo's and held for all: rloo's preset leaves it at the default 0.001 (its KL k1 in the reward), which
 here is off, as it is for the other presets (theirs is 0), so no reference model runs in any of them.
+Two more variants of grpo compare the engines (--algorithms grpo,grpo-hf,grpo-lora16): grpo-hf trains the
+same model on the hf engine (transformers + FSDP2; grpo itself runs Megatron, which auto picks for SmolLM2),
+grpo-lora16 trains LoRA adapters (rank 16, alpha 32, every linear layer) at lr 1e-4, adapters' usual ~10x.
 DAPO's dynamic sampling drops groups whose rewards all tie and generates up to 2 more rounds of 8 prompts:
 it trains on at most the same 32 completions per iteration but generates more (reported: extra rounds,
 generated completions) and may train on fewer when the rounds run out. Its training reward (reward_mean:
@@ -74,7 +77,8 @@ ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 JOB = "bench-algorithms"
 ARITH = ROOT / "examples" / "arith"  # examples/smollm2-grpo.yaml's task: chat rows, held-out test.jsonl (24 sums)
 ALGORITHMS: dict[str, str | None] = {"grpo": None, "dapo": "dapo", "dr_grpo": "dr_grpo", "gspo": "gspo",
-                                     "rloo": "rloo"}  # name -> algorithm.preset
+                                     "rloo": "rloo", "grpo-hf": None, "grpo-lora16": None}  # name -> preset
+LORA = {"grpo-lora16": ({"rank": 16, "alpha": 32}, 1e-4)}  # trainer.lora and its lr (adapters take ~10x full FT's)
 GROUP, PROMPTS, MAX_TOKENS, LR = 4, 8, 48, 1e-5  # examples/smollm2-grpo.yaml
 EVAL_PROMPTS, EVAL_SAMPLES = 24, 4  # test.jsonl has 24 sums (--eval-samples 8: 192 answers, +~100 s a run)
 
@@ -96,7 +100,8 @@ def job_yaml(algorithm: str, model: Path, iterations: int, path: Path, samples: 
     """The algorithm's job: examples/smollm2-grpo.yaml's, with `preset` and spec.eval at 0, the middle and the end."""
     import yaml
 
-    spec_algorithm: dict[str, Any] = {"name": "grpo", "groupSize": GROUP, "klCoef": 0.0, "lr": LR,
+    lora, lr = LORA.get(algorithm, (None, LR))
+    spec_algorithm: dict[str, Any] = {"name": "grpo", "groupSize": GROUP, "klCoef": 0.0, "lr": lr,
                                       "iterations": iterations}
     if ALGORITHMS[algorithm]:
         spec_algorithm["preset"] = ALGORITHMS[algorithm]
@@ -111,7 +116,8 @@ def job_yaml(algorithm: str, model: Path, iterations: int, path: Path, samples: 
                      "replicas": 1, "gpusPerPod": 0,
                      # a CPU pod has nothing to free between phases (the state would move RAM to RAM)
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": 32,
-                                 "microBatchSize": 8, "microBatchTokens": 512, "offload": False},
+                                 "microBatchSize": 8, "microBatchTokens": 512, "offload": False}
+                     | ({"lora": lora} if lora else {}) | ({"engine": "hf"} if algorithm == "grpo-hf" else {}),
                      "rollout": {"tensorParallel": 1, "maxTokens": MAX_TOKENS, "temperature": 1.0,
                                  "promptsPerIteration": PROMPTS, "betweenRollouts": "keep"},
                      "rewards": [{"type": "answerMatch", "match": "flexible", "weight": 1.0}],
@@ -163,7 +169,9 @@ def run_algorithm(algorithm: str, job: Path, workdir: Path) -> dict[str, Any]:
             "extra_rounds": sum(rounds) - len(rounds), "generated": generated,
             "kept_groups": sum(r.get("dynamic_kept_groups", PROMPTS) for r in rows),
             "dropped_groups": sum(r.get("dynamic_dropped_groups", 0) for r in rows),
-            "completion_len": sum(r.get("completion_tokens", 0) for r in rows) / max(done, 1)}
+            "completion_len": sum(r.get("completion_tokens", 0) for r in rows) / max(done, 1),
+            "engine": rows[0].get("engine"), "train_s": mean(r["seconds"].get("train", 0.0) for r in rows),
+            "sync_s": mean(r["seconds"].get("sync", 0.0) + r["seconds"].get("publish", 0.0) for r in rows)}
 
 
 def plot(results: dict[str, list[dict[str, Any]]], path: Path, samples: int) -> None:
@@ -222,7 +230,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS),
+    ap.add_argument("--algorithms", default="grpo,dapo,dr_grpo,gspo,rloo",
                     help="comma-separated subset of " + ", ".join(ALGORITHMS))
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1,
