@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane
+from rule_checks import refused_by_api_server, refused_offline, server_dry_run
 from wrappers import JobWrapper
 
 from tandem.spec import devices
@@ -54,9 +55,7 @@ ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
 @pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
 def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str,
                                             words: str) -> None:
-    with pytest.raises(SpecError) as err:
-        parse_job(build().obj(), case)
-    assert field in err.value.fields and words in str(err.value), str(err.value)
+    refused_offline(case, build, field, words)
 
 
 @pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
@@ -92,15 +91,11 @@ def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: P
 @pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
 def test_api_server_rejects_naming_the_field(installed: ControlPlane, case: str, build: Callable[[], JobWrapper],
                                              field: str, words: str) -> None:
-    doc = build().meta("name", case).obj()
-    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
-    assert out.returncode != 0, f"{case} was accepted"
-    assert field in out.stderr and words in out.stderr, out.stderr
+    refused_by_api_server(installed, case, build, field, words)
 
 
 @pytest.mark.k8s
 @pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
 def test_api_server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
-    doc = build().meta("name", case).obj()
-    out = installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    out = server_dry_run(installed, case, build)
     assert out.returncode == 0, out.stderr
