@@ -36,6 +36,7 @@ from tandem.sidecars.trainer.engines import lora as lora_weights
 from tandem.sidecars.trainer.engines import megatron_build, micro_batches
 from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
 from tandem.sidecars.trainer.engines.heads import aligned
+from tandem.sidecars.trainer.engines.hf_weights import HFWeights, _full, _local
 from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
@@ -60,18 +61,6 @@ class HFShape:
                    tie_embeddings=bool(tied))
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank (a view of its storage), any other tensor itself."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a DTensor (collective), any other tensor itself."""
-    full = getattr(t, "full_tensor", None)
-    return full() if callable(full) else t
-
-
 def _plain_head(model: Any) -> bool:
     """Whether logits are exactly `hidden @ lm_head.weight.T` (so the chunked head may replace it)."""
     head = model.get_output_embeddings()
@@ -86,8 +75,9 @@ def start_process_group() -> tuple[int, int]:
     return dist.get_world_size(), dist.get_rank()
 
 
-class HFEngine:
-    """A transformers model sharded by FSDP2 over the job's ranks, with its AdamW optimizer."""
+class HFEngine(HFWeights):
+    """A transformers model sharded by FSDP2 over the job's ranks, with its AdamW optimizer; its weights in and
+    out by HF name come from `HFWeights` (hf_weights.py)."""
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer | None, shape: HFShape, par: Parallelism,
                  micro_batch_size: int, micro_batch_tokens: int | None, clip_grad: float, compute_dtype: torch.dtype
@@ -158,12 +148,6 @@ class HFEngine:
         engine = cls(model, optimizer, shape, par, micro_batch_size, micro_batch_tokens, clip_grad, dtype)
         engine.model_dir = model_dir
         return engine
-
-    def _resharded(self) -> None:
-        """The root module's weights back to their shards. FSDP2 leaves the root unsharded after a forward
-        without backward (the embedding, final norm and head: its parameters are then plain tensors whose
-        next forward reuses them); weights read or written by name must be the shards."""
-        self.model.reshard()
 
     # ----- forward -----
     def _micro_batches(self, batch: Any, micro_batch_size: int | None) -> list[Any]:
@@ -332,94 +316,3 @@ class HFEngine:
 
     def onload(self) -> dict[str, float]:
         return self._offloader.onload()
-
-    # ----- weights in and out -----
-    def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-        """The model's own HF state dict, whole, on rank 0 (every rank must exhaust the iterator: the
-        gathers are collective); with LoRA, the base model's names with the adapters merged in. A tied output
-        layer is left out, as `save_pretrained` leaves it out."""
-        if target_tp != 1:
-            raise EngineError("the hf trainer engine publishes whole tensors (rollout tensor parallelism slices "
-                              "them on load)")
-        start = time.perf_counter()
-        self._resharded()
-        whole: Iterator[tuple[str, torch.Tensor]] = ((n, _full(t)) for n, t in self.model.state_dict().items())
-        if self.lora_scale is not None:
-            self.last_adapters = {} if self.is_export_rank else None
-            whole = lora_weights.merged(whole, self.lora_scale, self.last_adapters)
-        for name, full in whole:
-            if self.is_export_rank and not (self.shape.tie_embeddings and name == "lm_head.weight"):
-                yield name, full.detach()
-        self.last_export_seconds = time.perf_counter() - start
-
-    def save_hf(self, out_dir: str | Path, config_dir: str | Path) -> Path:
-        """The weights as a HF directory (`interface.save_hf_dir`). Collective; the export rank writes."""
-        from tandem.sidecars.trainer.engines.interface import save_hf_dir
-
-        return save_hf_dir(self, out_dir, config_dir)
-
-    def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
-        """Copy HF weights (a directory's safetensors, or a name -> tensor loader) into this rank's shards;
-        returns how many tensors were loaded. A name the source lacks is an EngineError naming it. With LoRA
-        the weights become the base model's and the adapters start again from zero (B = 0): the model then
-        computes exactly the loaded weights."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
-        reader = megatron_build.SafetensorsDir(source) if isinstance(source, Path) else source
-        self._resharded()
-        loaded = 0
-        with torch.no_grad():
-            for peft_name, param in self.model.named_parameters():
-                if lora_weights.is_adapter(peft_name):
-                    if ".lora_B." in peft_name:
-                        param.zero_()
-                    continue
-                name = lora_weights.hf_name(peft_name) if self.lora_scale is not None else peft_name
-                try:
-                    full = reader(name)
-                except KeyError as exc:
-                    raise EngineError(f"{name}: not in the weights loaded ({source})") from exc
-                if tuple(full.shape) != tuple(param.shape):
-                    raise EngineError(f"{name}: the weights give {tuple(full.shape)}, the model has "
-                                      f"{tuple(param.shape)}")
-                full = full.to(param.dtype)
-                if isinstance(param, DTensor):
-                    full = distribute_tensor(full.to(param.device_mesh.device_type), param.device_mesh,
-                                             param.placements, src_data_rank=None)
-                param.copy_(full)
-                loaded += 1
-        return loaded
-
-    def write_adapter(self, out_dir: str | Path) -> Path | None:
-        """LoRA, on the export rank: the adapters of the last `export_hf` as a PEFT adapter directory; None
-        without LoRA or before an export. Not collective."""
-        if self.lora_scale is None or not self.last_adapters:
-            return None
-        return lora_weights.write_adapter_dir(Path(out_dir), self.last_adapters, self.model, self.model_dir)
-
-    def adapter_state(self) -> dict[str, torch.Tensor] | None:
-        """LoRA: this rank's shards of the adapters (copies), for the training state; None without LoRA."""
-        if self.lora_scale is None:
-            return None
-        return {n: t.detach().clone() for n, t in self.named_parameters() if lora_weights.is_adapter(n)}
-
-    def restore_adapters(self, state: dict[str, torch.Tensor]) -> None:
-        """Undo a merged version's load: the base model's own weights again, and the adapters of `state`
-        (`adapter_state` of the run that published it), so training continues exactly where it stopped."""
-        if self.model_dir is None or self.lora_scale is None:
-            raise EngineError("adapters can be restored only on a LoRA engine built from a model directory")
-        self.load_hf_weights(self.model_dir)
-        params = dict(self.named_parameters())
-        with torch.no_grad():
-            for name, value in state.items():
-                params[name].copy_(value)
-
-    @property
-    def is_export_rank(self) -> bool:
-        return self.par.dp_rank == 0
-
-    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """This rank's shards (views of the parameters' storage), HF names."""
-        self._resharded()
-        for name, param in self.model.named_parameters():
-            yield name, _local(param)

@@ -62,7 +62,15 @@ class TrainerEngine(Protocol):
     def is_export_rank(self) -> bool: ...
 
 
-def save_hf_dir(engine: TrainerEngine, out_dir: str | Path, config_dir: str | Path) -> Path:
+class Exporter(Protocol):
+    """What writing a HF directory needs of an engine."""
+
+    def export_hf(self, target_tp: int = 1, target_rank: int = 0) -> Iterator[tuple[str, torch.Tensor]]: ...
+    @property
+    def is_export_rank(self) -> bool: ...
+
+
+def save_hf_dir(engine: Exporter, out_dir: str | Path, config_dir: str | Path) -> Path:
     """`engine`'s weights as a HF directory: `model.safetensors` plus the non-weight files of `config_dir`
     (config, tokenizer, generation config). Collective (the export is); the export rank writes."""
     import shutil
