@@ -36,7 +36,7 @@ from tandem.sidecars.trainer.engines import lora as lora_weights
 from tandem.sidecars.trainer.engines import megatron_build, micro_batches
 from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
 from tandem.sidecars.trainer.engines.heads import aligned
-from tandem.sidecars.trainer.engines.hf_weights import HFWeights, _full, _local
+from tandem.sidecars.trainer.engines.hf_weights import HFWeights, local_shard, whole_tensor
 from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
@@ -284,7 +284,7 @@ class HFEngine(HFWeights):
                 sums[k] = sums.get(k, 0.0) + weight * v
         self._resharded()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
-        grad_norm = float(_full(norm))
+        grad_norm = float(whole_tensor(norm))
         update_ok = bool(torch.isfinite(torch.tensor(grad_norm)))
         if update_ok:
             self.optimizer.step()
@@ -306,9 +306,11 @@ class HFEngine(HFWeights):
     # ----- memory phases -----
     def _state_tensors(self) -> list[torch.Tensor]:
         self._resharded()
-        tensors = [_local(p) for p in self.model.parameters()]
-        tensors += [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-        return tensors + ([_local(t) for t in optimizer_tensors(self.optimizer)] if self.optimizer is not None else [])
+        tensors = [local_shard(p) for p in self.model.parameters()]
+        tensors += [local_shard(p.grad) for p in self.model.parameters() if p.grad is not None]
+        if self.optimizer is not None:
+            tensors += [local_shard(t) for t in optimizer_tensors(self.optimizer)]
+        return tensors
 
     def offload(self) -> dict[str, float]:
         """Move this rank's weight, gradient and optimizer shards to host memory; timings and bytes."""

@@ -21,13 +21,13 @@ from tandem.sidecars.trainer.engines import megatron_build
 from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (a view of its storage), any other tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a DTensor (collective), any other tensor itself."""
     full = getattr(t, "full_tensor", None)
     return full() if callable(full) else t
@@ -58,7 +58,8 @@ class HFWeights:
                               "them on load)")
         start = time.perf_counter()
         self._resharded()
-        whole: Iterator[tuple[str, torch.Tensor]] = ((n, _full(t)) for n, t in self.model.state_dict().items())
+        state = self.model.state_dict()
+        whole: Iterator[tuple[str, torch.Tensor]] = ((n, whole_tensor(t)) for n, t in state.items())  # collective
         if self.lora_scale is not None:
             self.last_adapters = {} if self.is_export_rank else None
             whole = lora_weights.merged(whole, self.lora_scale, self.last_adapters)
@@ -137,4 +138,4 @@ class HFWeights:
         """This rank's shards (views of the parameters' storage), HF names."""
         self._resharded()
         for name, param in self.model.named_parameters():
-            yield name, _local(param)
+            yield name, local_shard(param)
