@@ -24,6 +24,15 @@ starting model was 0.03, so no mode could be compared with another; hence the pr
 those runs did show about partial rollouts: answers carried for up to 6 versions had a trainer-vs-rollout
 mismatch of 1.0-1.3 nats/token when trained, and tisCap 2 clipped 6-7% of their tokens.
 
+Measured 2026-11-26 (2 idle cores, pinned, 5 iterations, one round: the async run was stopped for lack of
+time): sync trained 160 completions at 0.34/s, held-out pass@1 0.141 -> 0.154 -> 0.219 -> 0.174 (after 0, 2,
+4, 5 iterations), training reward 0.28 in the last quarter; partial (tokenBudget 48) trained 128 at 0.32/s,
+0.133 -> 0.141 -> 0.182 -> 0.206, reward 0.17, carried share 0.62. An iteration takes ~95 s (train ~62 s on
+one core) and an evaluation ~76 s. Two lessons for the full run: 5 iterations are too few for this task to
+learn clearly (sync's 0.14 -> 0.17-0.22 is ~1-2 standard errors), so use 8-10; and a tokenBudget of 48 is
+below SmolLM2's typical answer (~72 tokens), so partial carried most sums, not just the long tail, and had
+fewer finished completions to train on (128 vs 160): use a budget above the typical answer (96).
+
 Not a test. Run (about 10-12 minutes per mode and run on 2 idle cores with the defaults, evaluations and
 start-up included; 3 modes x 3 repeats ~1h45):
     /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...]
@@ -55,7 +64,7 @@ PHRASES = ("What is {a} + {b}?", "Compute {a} + {b}.", "What do you get when you
 ITERATIONS, PROMPTS, GROUP, LR, BATCH = 10, 8, 4, 1e-5, 32
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
-    "partial": {"rollout": {"partial": {"tokenBudget": 48, "maxAge": 4}}},
+    "partial": {"rollout": {"partial": {"tokenBudget": 96, "maxAge": 4}}},  # above the typical sum answer (~72)
     "async k=1": {"algorithm": {"maxStaleness": 1}},
     "async k=2": {"algorithm": {"maxStaleness": 2}},
 }
