@@ -203,20 +203,24 @@ class HFEngine(HFWeights):
         finally:
             del head.forward
 
-    def _forward(self, mb: Any, scored_only: bool) -> torch.Tensor:
-        """Log-probs `[rows, len]` of one micro-batch (with gradient when grad is enabled)."""
-        seg = micro_batches.require(mb, "segment_ids")
+    def _inputs(self, mb: Any) -> dict[str, Any]:
+        """The model's keyword arguments for a packed micro-batch: ids, the block-diagonal mask, per-sample
+        positions (or the batch's own, with shared prompts)."""
         positions = micro_batches.field(mb, "position_ids")
         if positions is None:
-            positions = micro_batches.position_ids(seg)
-        ids = micro_batches.require(mb, "input_ids")
+            positions = micro_batches.position_ids(micro_batches.require(mb, "segment_ids"))
+        return {"input_ids": micro_batches.require(mb, "input_ids"), "attention_mask": self._mask(mb),
+                "position_ids": positions, "use_cache": False}
+
+    def _forward(self, mb: Any, scored_only: bool) -> torch.Tensor:
+        """Log-probs `[rows, len]` of one micro-batch (with gradient when grad is enabled)."""
         if self.plain_head:
             got: list[torch.Tensor] = []
             with self._scoring_head(mb, scored_only, got):
-                self.model(input_ids=ids, attention_mask=self._mask(mb), position_ids=positions, use_cache=False)
+                self.model(**self._inputs(mb))
             return got[-1]
-        logits = self.model(input_ids=ids, attention_mask=self._mask(mb), position_ids=positions,
-                            use_cache=False).logits.float()
+        logits = self.model(**self._inputs(mb)).logits.float()
+        ids = micro_batches.require(mb, "input_ids")
         nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
         return aligned(-nll, mb)
 
@@ -239,12 +243,8 @@ class HFEngine(HFWeights):
         """Full-vocabulary logits `[rows, len, vocab]` (float32, CPU)."""
         self.model.eval()
         mb = micro_batches.to_device(batch, megatron_build.device())
-        seg = micro_batches.require(mb, "segment_ids")
-        positions = micro_batches.field(mb, "position_ids")
         with torch.no_grad():
-            out = self.model(input_ids=micro_batches.require(mb, "input_ids"), attention_mask=self._mask(mb),
-                             position_ids=micro_batches.position_ids(seg) if positions is None else positions,
-                             use_cache=False)
+            out = self.model(**self._inputs(mb))
         self._resharded()
         return out.logits.float()[..., : self.shape.vocab].cpu()
 

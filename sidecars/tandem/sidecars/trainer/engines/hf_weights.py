@@ -60,8 +60,8 @@ class HFWeights:
         self._resharded()
         state = self.model.state_dict()
         whole: Iterator[tuple[str, torch.Tensor]] = ((n, whole_tensor(t)) for n, t in state.items())  # collective
-        if self.lora_scale is not None:
-            self.last_adapters = {} if self.is_export_rank else None
+        if self.lora_scale is not None and self.is_export_rank:  # the others only join the gathers
+            self.last_adapters = {}
             whole = lora_weights.merged(whole, self.lora_scale, self.last_adapters)
         for name, full in whole:
             if self.is_export_rank and not (self.shape.tie_embeddings and name == "lm_head.weight"):
