@@ -289,11 +289,7 @@ class HFEngine(HFWeights):
         if update_ok:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        keys = sorted(sums)
-        summed = megatron_build.dp_sum(self.par, [sums.get(k, 0.0) for k in keys])
-        metrics_out = {k: v / max(total, 1) for k, v in zip(keys, summed, strict=True)}
-        if reduction == "sum" and "loss" in keys:
-            metrics_out["loss"] = summed[keys.index("loss")]
+        metrics_out = megatron_build.step_metrics(self.par, sums, total, reduction)
         metrics_out.update(grad_norm=grad_norm, update_ok=float(update_ok), step_seconds=time.perf_counter() - start)
         return metrics_out
 

@@ -312,6 +312,18 @@ def dp_sum(par: Parallelism, values: list[float]) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
+def step_metrics(par: Parallelism, sums: dict[str, float], total: int, reduction: str) -> dict[str, float]:
+    """A train step's metrics: each one's mean over every micro-batch of every data-parallel rank (`sums`: this
+    rank's sums over its counted micro-batches, the same keys on every rank; `total`: the micro-batches counted
+    on all ranks); with reduction "sum" the loss is the sum itself. Collective over the dp ranks."""
+    keys = sorted(sums)
+    summed = dp_sum(par, [sums[k] for k in keys])
+    metrics = {k: v / max(total, 1) for k, v in zip(keys, summed, strict=True)}
+    if reduction == "sum" and "loss" in sums:
+        metrics["loss"] = summed[keys.index("loss")]
+    return metrics
+
+
 def dp_gather(par: Parallelism, obj: Any) -> list[Any]:
     """Every data-parallel rank's `obj`, in dp-rank order (just `[obj]` when dp == 1)."""
     if par.dp == 1:

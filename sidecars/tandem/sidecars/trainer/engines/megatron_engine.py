@@ -375,11 +375,8 @@ class MegatronEngine:
         update_ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {}
         if outs:  # the last pipeline stage: means over every micro-batch of every dp rank
-            keys = sorted(outs[0])
-            sums = megatron_build.dp_sum(self.par, [sum(o[k] for o in outs) if counted else 0.0 for k in keys])
-            metrics = {k: v / max(total, 1) for k, v in zip(keys, sums, strict=True)}
-            if reduction == "sum":
-                metrics["loss"] = sums[keys.index("loss")]
+            sums = {k: sum(o[k] for o in outs) if counted else 0.0 for k in outs[0]}
+            metrics = megatron_build.step_metrics(self.par, sums, total, reduction)
         metrics = self._metrics_from_last_stage(metrics)
         metrics.update(
             grad_norm=float(grad_norm or 0.0),
