@@ -15,11 +15,10 @@ import os
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
-from test_pretrained import greedy_text
 
 # remove_shm_dirs (autouse: each test's /dev/shm dirs go) is a fixture
 from test_tandem_run import demo_job, processes_of, remove_shm_dirs, run_cmd, run_ok  # noqa: F401
+from test_two_pods import assert_exports_answer_as_live, run_two_pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.etcd]
 
@@ -35,32 +34,15 @@ def gemma_toy() -> Path:
 
 
 def test_gemma_trains_on_the_hf_engine_across_two_pods(gemma_toy: Path, tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
-
     assert json.loads((gemma_toy / "model" / "config.json").read_text())["model_type"] == "gemma"
-    job = demo_job(gemma_toy, "e2e-hf-engine")
-    spec = job["spec"]
-    spec["replicas"] = 2
-    spec["algorithm"].update(iterations=ITERATIONS, lr=2e-3)
-    spec["rollout"]["promptsPerIteration"] = 8
-    spec["volumes"] = [{"name": "out", "mountPath": "/out", "hostPath": str(tmp_path / "volume")}]
-    spec["export"] = {"path": "/out/hf", "every": 1}
-    run_ok(run_cmd(job, tmp_path))
-    runs = tmp_path / "runs" / "e2e-hf-engine"
-    rows = [json.loads(line) for line in (runs / "metrics.jsonl").read_text().splitlines()]
+    _, rows = run_two_pods(gemma_toy, "e2e-hf-engine", tmp_path, iterations=ITERATIONS, lr=2e-3)
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS))
     for r in rows:
         assert r["engine"] == "hf" and r["layout"] == {"tp": 1, "pp": 1, "dp": 2, "ep": 1}, r
         assert r["rollouts"] == 2 and r["completions"] == 64
         assert r["mismatch_mean"] < 1e-4, r  # both vLLMs sampled with exactly the weights the trainer holds
     assert any(r["reward_mean"] > 0 for r in rows)
-    probe = AutoTokenizer.from_pretrained(gemma_toy / "model")(rows[0]["probe"]["prompt"])["input_ids"]
-    for it in range(ITERATIONS - 1):  # iteration it + 1's probe was generated with the version exported after it
-        out = tmp_path / "volume" / "hf" / f"iteration-{it + 1}"
-        assert rows[it]["export"]["version"] == rows[it + 1]["rollout_version"]
-        with safe_open(str(out / "model.safetensors"), "pt") as f:
-            assert "lm_head.weight" not in set(f.keys())
-        assert greedy_text(out, probe, 12).strip() == rows[it + 1]["probe"]["greedy"].strip()
+    assert_exports_answer_as_live(rows, gemma_toy / "model", tmp_path / "volume" / "hf")
     assert not processes_of(tmp_path / "runs"), "processes left running"
 
 
