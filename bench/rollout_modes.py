@@ -35,7 +35,7 @@ fewer finished completions to train on (128 vs 160): use a budget above the typi
 
 Not a test. Run (about 10-12 minutes per mode and run on 2 idle cores with the defaults, evaluations and
 start-up included; 3 modes x 3 repeats ~1h45):
-    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...]
+    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...] [--resume]
         [--iterations N] [--prompts N] [--lr X] [--batch N] [--eval-samples N] [--out DIR]
 It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
 """
@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt (96 prompts)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, interleaved (sync, partial, ..., sync, ...)")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in DIR/rollout_modes.json and "
+                    "run only the missing ones (a long bench split over several sittings)")
     ap.add_argument("--pin-pods", action=argparse.BooleanOptionalAction, default=True,
                     help="each pod on its own cores (tandem run --pin-pods), as on separate nodes (default)")
     args = ap.parse_args(argv)
@@ -243,8 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     model, train, test = build_task(args.out)
     modes = args.modes.split(",")
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    saved = args.out / "rollout_modes.json"
+    if args.resume and saved.exists():
+        results |= {m: runs for m, runs in json.loads(saved.read_text()).items() if m in modes}
+        print("kept " + ", ".join(f"{m}: {len(r)}" for m, r in results.items()), flush=True)
     for k in range(args.repeats):
         for mode in modes:
+            if k < len(results[mode]):
+                continue
             print(f"running {mode} ({k + 1}/{args.repeats})", flush=True)
             slug = mode.replace(" ", "").replace("=", "")
             job = job_yaml(mode, model, train, test, args.out / f"{slug}.yaml", iterations=args.iterations,
