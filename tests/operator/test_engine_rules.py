@@ -40,6 +40,11 @@ REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
     ("lora-rank-0", lambda: W().set("trainer.lora", {"rank": 0}), "spec.trainer.lora.rank", ""),
     ("lora-no-targets", lambda: W().set("trainer.lora", {"targetModules": []}), "spec.trainer.lora.targetModules",
      ""),
+    ("lora-adapter-rank-above-vllm", lambda: W().set("trainer.lora", {"rank": 1024}), "spec.trainer.lora.rank",
+     "up to 512"),
+    ("lora-adapter-sleep-level-2", lambda: W().set("trainer.lora", {}).set("rollout.betweenRollouts", "sleep")
+     .set("rollout.sleepLevel", 2), "spec.rollout.sleepLevel", "drops the base weights"),
+    ("lora-unknown-sync", lambda: W().set("trainer.lora", {"sync": "delta"}), "spec.trainer.lora.sync", ""),
 ]
 ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
     ("hf", hf),
@@ -47,6 +52,11 @@ ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
     ("lora-defaults", lambda: W().set("trainer.lora", {})),
     ("lora-hf", lambda: hf().set("trainer.lora", {"rank": 64, "alpha": 16, "targetModules": ["q_proj", "v_proj"],
                                                   "dropout": 0.05})),
+    ("lora-merged-rank-1024", lambda: W().set("trainer.lora", {"rank": 1024, "sync": "merged"})),
+    ("lora-merged-sleep-level-2", lambda: W().set("trainer.lora", {"sync": "merged"})
+     .set("rollout.betweenRollouts", "sleep").set("rollout.sleepLevel", 2)),
+    ("lora-adapter-sleep-level-1", lambda: W().set("trainer.lora", {}).set("rollout.betweenRollouts", "sleep")
+     .set("rollout.sleepLevel", 1)),
     ("megatron-tp2", lambda: W().set("trainer.engine", "megatron").set("trainer.tensorParallel", 2)
      .set("gpusPerPod", 2)),
 ]
@@ -77,6 +87,11 @@ def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: P
     with_lora = parse_job(W().set("model.path", llama).set("trainer.lora", {}).obj(), "x").spec
     assert devices.trainer_engine(with_lora) == "hf" and with_lora.trainer.lora is not None
     assert (with_lora.trainer.lora.rank, with_lora.trainer.lora.alpha) == (16, 32.0)
+    assert with_lora.trainer.lora.sync == "adapter" and devices.adapter_sync(with_lora)
+    sleeping = W().set("model.path", llama).set("rollout.betweenRollouts", "sleep")
+    assert devices.sleep_level(with_lora) == 1 and devices.sleep_level(parse_job(sleeping.obj(), "x").spec) == 2
+    merged = parse_job(W().set("model.path", llama).set("trainer.lora", {"sync": "merged"}).obj(), "x").spec
+    assert not devices.adapter_sync(merged) and devices.sleep_level(merged) == 2
     # an unreadable path (it exists only in the pods): megatron, which names the model_type if it has no mapping
     assert devices.trainer_engine(parse_job(W().set("model.path", "/nowhere/m").obj(), "x").spec) == "megatron"
     with pytest.raises(SpecError) as err:

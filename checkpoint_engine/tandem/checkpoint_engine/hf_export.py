@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine import errors, hashing, layout
+from tandem.checkpoint_engine import adapters, errors, hashing, layout
 from tandem.checkpoint_engine.durable import fsync_path
 
 log = logging.getLogger(__name__)
@@ -133,12 +133,20 @@ def export_version(
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
     """Export a published version directory (shared memory or a durable copy) after verifying every
-    checksum; a damaged shard is refused naming its file. Maps the shards read-only (no copy)."""
+    checksum; a damaged shard is refused naming its file. Maps the shards read-only (no copy). A version of
+    LoRA adapters alone (adapters.py) becomes the merged model (the base's weights in `source_model_dir`
+    with the adapters merged in) and, in its adapter/ subdirectory, the PEFT adapter directory."""
     path = Path(version_dir)
     index = layout.read_index(path)
     with _ReadOnlyVersion(path, index) as version:
         version.verify()
-        return export_hf_dir(version.tensors(), source_model_dir, target, dtype, max_shard_size)
+        if index.adapter is None:
+            return export_hf_dir(version.tensors(), source_model_dir, target, dtype, max_shard_size)
+        lora = dict(version.tensors())
+        merged = adapters.merged(adapters.base_weights(Path(source_model_dir)), lora, index.adapter)
+        out = export_hf_dir(merged, source_model_dir, target, dtype, max_shard_size)
+        adapters.write_peft_dir(lora.items(), index.adapter, out / "adapter", base_dir=source_model_dir)
+        return out
 
 
 def resolve_source(source: Path, version: int | None = None) -> Path:

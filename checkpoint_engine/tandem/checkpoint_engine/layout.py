@@ -71,6 +71,7 @@ class VersionIndex(BaseModel):
     created: float
     shards: list[ShardRecord]
     tensors: list[TensorRecord]
+    adapter: dict[str, Any] | None = None  # LoRA: the PEFT adapter config; the tensors are adapters only
 
     @property
     def total_bytes(self) -> int:
@@ -142,13 +143,15 @@ def write_version(
     fsync: bool = False,
     spares: Path | None = None,
     expected_shards: list[int] | None = None,
+    adapter: dict[str, Any] | None = None,
 ) -> WriteReport:
     """Write all tensors of `version` into a temp dir, then rename it into place atomically.
 
     Tensors are written in the iterator's order; a shard closes when the next tensor would make
     it exceed `shard_bytes` (a larger tensor gets a shard of its own). With `spares` (slots.py),
     each shard file is a spare file of a released version when there is one (the best fit for
-    `expected_shards[i]`, else for `shard_bytes`), overwritten in place and cut to its size.
+    `expected_shards[i]`, else for `shard_bytes`), overwritten in place and cut to its size. `adapter` (a
+    PEFT adapter config) marks a version of LoRA adapters only (adapters.py).
     """
     if shard_bytes <= 0:
         raise ValueError("shard_bytes must be positive")
@@ -228,6 +231,7 @@ def write_version(
             created=time.time(),
             shards=shards,
             tensors=tensors,
+            adapter=adapter,
         )
         (tmp / INDEX).write_text(index.model_dump_json())
         os.rename(tmp, final)  # atomic: the version appears complete or not at all

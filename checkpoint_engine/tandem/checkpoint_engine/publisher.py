@@ -77,8 +77,10 @@ class Publisher:
         latest = self.registry.latest()
         return 1 if latest is None else latest + 1
 
-    def publish(self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PublishReport:
-        """Write, register and GC one version; `version=None` takes latest + 1."""
+    def publish(self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                adapter: dict[str, Any] | None = None) -> PublishReport:
+        """Write, register and GC one version; `version=None` takes latest + 1. `adapter`: the PEFT config of
+        a version holding LoRA adapters only (adapters.py)."""
         with self._lock:
             t0 = time.perf_counter()
             v = self.next_version() if version is None else version
@@ -90,6 +92,7 @@ class Publisher:
                 wrote = layout.write_version(
                     self.shm_root, self.job, v, named_tensors, shard_bytes=self.shard_bytes, fsync=self.fsync,
                     spares=self.spares if self.recycle else None, expected_shards=self._shard_sizes(),
+                    adapter=adapter,
                 )
             except Exception as e:
                 self._set(Phase.IDLE, error=f"write of version {v} failed: {e}")

@@ -189,6 +189,7 @@ class Registry:
             "bytes": index.total_bytes,
             "algorithm": index.algorithm,
             "created": index.created,
+            "adapter": index.adapter is not None,  # LoRA adapters only (adapters.py)
         }
         ops.append(tx.put(_b(keys.version(ns, job, v)), _b(json.dumps(record)), lease))
         ops.append(tx.put(_b(keys.latest(ns, job)), _b(str(v)), lease))

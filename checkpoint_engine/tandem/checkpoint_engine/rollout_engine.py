@@ -8,6 +8,11 @@ shapes, dtypes against the model's HF parameters, every checksum) BEFORE touchin
 reload that fails half-way leaves vLLM half-loaded — and only then has every worker reload in
 place (vllm_ext.ShmWeightLoader). A bad or torn version raises a typed error and the engine keeps
 serving the previous weights. Phases and operations are published in etcd (keys.engine/keys.op).
+Adapter versions (adapters.py; `EngineConfig.lora_rank`): vLLM starts with LoRA enabled and the base
+model's own weights; a version of adapters is checked the same way (names and shapes against the base's
+linear layers, rank, checksums), written as a PEFT directory beside the versions and added to vLLM as the
+LoRA adapter every later generate uses (id = version); the previous adapter is then removed. A full version
+on such an engine reloads the base in place and serves it without adapter.
 generate() refuses a prompt with no room for one generated token in max_model_len (`PromptTooLong`,
 HTTP 400 naming the limit) before vLLM sees it, and any request vLLM itself refuses is a `BadRequest`:
 neither leaves the engine FAILED.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.checkpoint_engine import engine_procs, errors, layout
+from tandem.checkpoint_engine import adapters, engine_procs, errors, layout
 from tandem.checkpoint_engine.models import Completion, EngineStatus, Phase, SamplingOptions, UpdateReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
@@ -57,6 +63,8 @@ class EngineConfig:
     enable_sleep_mode: bool = False
     shutdown_timeout_s: float = 2.0  # graceful vLLM exit, then kill (vLLM's own default: 5 s)
     cpu_reserved_cores: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU on CPU (None: vLLM's default, 1)
+    lora_rank: int | None = None  # trainer.lora.sync adapter: adapter versions served as LoRA of this rank;
+    # the base weights then come from the model directory at start (never dummy)
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -138,6 +146,7 @@ class RolloutEngine:
         self._stale_pins: set[int] = set()
         self._sleep_level = 0
         self.procs = engine_procs.EngineProcesses()
+        self.lora: Any = None  # the LoRARequest of the adapter version served (adapter versions only)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
@@ -154,6 +163,7 @@ class RolloutEngine:
 
                 t1 = time.perf_counter()
                 self.procs = engine_procs.EngineProcesses.before_start()
+                dummy = dummy and self.cfg.lora_rank is None  # adapters apply to the base's own weights
                 with cpu_worker_binding(self.cfg, self._on_gpu()):
                     self.llm = self._new_llm(LLM, model_dir, dummy)
                 t2 = time.perf_counter()
@@ -165,12 +175,15 @@ class RolloutEngine:
                 self._destroy()
                 self._set_phase(Phase.FAILED, error=f"start failed: {e}")
                 raise
-            self.model_dir, self.dummy, self.version = model_dir, dummy, None
+            self.model_dir, self.dummy, self.version, self.lora = model_dir, dummy, None, None
             self.timings.update({"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0})
             self._set_phase(Phase.READY)
             return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
 
     def _new_llm(self, llm_class: Any, model_dir: str, dummy: bool) -> Any:
+        lora: dict[str, Any] = {}
+        if self.cfg.lora_rank is not None:
+            lora = {"enable_lora": True, "max_lora_rank": adapters.vllm_max_rank(self.cfg.lora_rank), "max_loras": 1}
         return llm_class(
             model=model_dir,
             load_format="dummy" if dummy else "auto",
@@ -182,6 +195,7 @@ class RolloutEngine:
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
             enable_sleep_mode=self.cfg.enable_sleep_mode,
             worker_extension_cls=EXTENSION,
+            **lora,
             **self.cfg.llm_kwargs,
         )
 
@@ -209,13 +223,16 @@ class RolloutEngine:
             t0 = time.perf_counter()
             self._set_phase(Phase.TERMINATING)
             self._destroy()
-            self.version = None
+            self.version, self.lora = None, None
             self.timings["terminate_s"] = time.perf_counter() - t0
             self._set_phase(Phase.STOPPED)
             return {"terminate_s": self.timings["terminate_s"]}
 
     def _destroy(self) -> None:
         llm, self.llm = self.llm, None
+        if self.lora is not None:  # the served adapter's PEFT directory in shm
+            shutil.rmtree(self.lora.lora_path, ignore_errors=True)
+            self.lora = None
         self.procs.refresh()  # workers and segments made since start, while they are still mapped
         if llm is not None:
             try:
@@ -292,17 +309,30 @@ class RolloutEngine:
             raise errors.TornVersion(f"{path} holds version {index.version}, not {v}")
         if digests is not None and digests != [s.digest for s in index.shards]:
             raise errors.TornVersion(f"shards of {path} differ from those registered for version {v}")
-        layout.validate(index, self._expected, self._optional)
-        layout.MappedVersion(path, index).verify_checksums()
+        if index.adapter is not None:
+            if self.cfg.lora_rank is None:
+                raise errors.InvalidVersion(f"version {index.version} holds LoRA adapters only, and this engine "
+                                            "serves whole versions (started without trainer.lora.sync: adapter)")
+            dtype = next(iter(self._expected.values())).dtype
+            layout.validate(index, adapters.expected(index, self._expected, dtype))
+        else:
+            layout.validate(index, self._expected, self._optional)
+        mapped = layout.MappedVersion(path, index)
+        mapped.verify_checksums()
         t2 = time.perf_counter()
         self._check_alive()
-        self._set_phase(Phase.UPDATING)
-        try:
-            workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
-            self.llm.reset_prefix_cache()
-        except Exception as e:
-            self._set_phase(Phase.FAILED, error=f"reload of version {index.version} failed: {e}")
-            raise errors.CheckpointEngineError(f"reload failed; engine must be restarted: {e}") from e
+        if index.adapter is not None:
+            workers = [self._serve_adapter(mapped, index)]
+        else:
+            self._set_phase(Phase.UPDATING)
+            try:
+                workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
+                self.llm.reset_prefix_cache()
+            except Exception as e:
+                self._set_phase(Phase.FAILED, error=f"reload of version {index.version} failed: {e}")
+                raise errors.CheckpointEngineError(f"reload failed; engine must be restarted: {e}") from e
+            self._drop_adapter()  # the whole version is served as it is
+        del mapped
         t3 = time.perf_counter()
         previous, self.version, self.dummy = self.version, index.version, False
         report = UpdateReport(
@@ -326,6 +356,45 @@ class RolloutEngine:
         )
         self._set_phase(Phase.READY)
         return report
+
+    def _adapter_dir(self, version: int) -> Path:
+        return layout.job_dir(self.cfg.shm_root, self.cfg.job) / ".lora" / f"v{version:012d}"
+
+    def _serve_adapter(self, mapped: layout.MappedVersion, index: layout.VersionIndex) -> dict[str, Any]:
+        """Add a checked adapter version to vLLM as the LoRA adapter of every later generate. A failure
+        before vLLM took it leaves the previous adapter served (the engine stays READY)."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        assert index.adapter is not None
+        out = adapters.write_peft_dir(mapped.tensors(), index.adapter, self._adapter_dir(index.version),
+                                      base_dir=self.model_dir)
+        request = LoRARequest(f"v{index.version}", index.version, str(out), load_inplace=True)
+        try:
+            self.llm.llm_engine.add_lora(request)
+        except Exception as e:
+            shutil.rmtree(out, ignore_errors=True)
+            if self.procs.any_dead():
+                self._destroy()
+                self._set_phase(Phase.FAILED, error=f"adding the adapters of version {index.version} failed: {e}")
+            raise errors.InvalidVersion(f"vLLM refused the adapters of version {index.version}: {e}") from e
+        old, self.lora = self.lora, request
+        if old is not None and old.lora_int_id != request.lora_int_id:
+            self._remove_adapter(old)
+        self.llm.reset_prefix_cache()
+        return {"rank": 0, "load_s": time.perf_counter() - t0, "bytes": index.total_bytes, "adapter": str(out)}
+
+    def _drop_adapter(self) -> None:
+        old, self.lora = self.lora, None
+        if old is not None:
+            self._remove_adapter(old)
+
+    def _remove_adapter(self, request: Any) -> None:
+        try:
+            self.llm.llm_engine.remove_lora(request.lora_int_id)
+        except Exception as e:  # noqa: BLE001 - vLLM evicts it anyway (max_loras 1); the files go regardless
+            log.warning("removing LoRA adapter %s: %s", request.lora_name, e)
+        shutil.rmtree(request.lora_path, ignore_errors=True)
 
     def _release_stale_pins(self) -> None:
         for v in list(self._stale_pins):
@@ -383,7 +452,7 @@ class RolloutEngine:
             self._check_alive()
             self._check_lengths(prompts)
             try:
-                outs = self.llm.generate(inputs, per_request, use_tqdm=False)
+                outs = self.llm.generate(inputs, per_request, use_tqdm=False, lora_request=self.lora)
             except VLLMClientError as e:  # vLLM refused a request before running any: it keeps serving
                 raise errors.BadRequest(f"vLLM refused the request: {e}") from e
             except Exception as e:

@@ -59,9 +59,18 @@ class VllmSettings:
 def sleep_level(spec: JobSpec) -> int:
     """rollout.sleepLevel with auto resolved. Level 2 drops the weights instead of copying them to host
     memory; in RL every wake-up is followed by loading the new version (`TrainerContext.sync`), so the
-    copy level 1 keeps would be thrown away: auto is 2."""
+    copy level 1 keeps would be thrown away: auto is 2; with adapter sync 1, whose versions apply to the
+    base weights vLLM keeps."""
     level = spec.rollout.sleep_level
-    return 2 if level == "auto" else level
+    if level == "auto":
+        return 1 if adapter_sync(spec) else 2
+    return level
+
+
+def adapter_sync(spec: JobSpec) -> bool:
+    """Whether versions carry LoRA adapters alone (trainer.lora.sync adapter), which vLLM serves as a LoRA
+    adapter over the base model it loads from model.path."""
+    return spec.trainer.lora is not None and spec.trainer.lora.sync == "adapter"
 
 
 def vllm_settings(spec: JobSpec) -> VllmSettings:

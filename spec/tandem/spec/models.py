@@ -102,6 +102,15 @@ class Lora(Base):
         min_length=1, max_length=64, description="Module names to adapt (q_proj, v_proj, ...), or [all-linear]: "
         "every linear layer but the output layer.")] = Field(default_factory=lambda: ["all-linear"])
     dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout on the adapters' input.")] = 0.0
+    sync: Literal["adapter", "merged"] = Field(default="adapter", description=(
+        "What a version carries to the rollouts. adapter: the adapters alone (a few MB), which vLLM serves as "
+        "a LoRA adapter over the base model it loads from model.path (rank at most 512; rollout.sleepLevel 1). "
+        "merged: the whole model with the adapters merged in (W + alpha / rank x B A), for models vLLM serves "
+        "no LoRA for."))
+    rules = (
+        Rule("self.sync != 'adapter' || self.rank <= 512", "sync adapter: vLLM serves LoRA ranks up to 512; "
+             "use a smaller rank or sync merged", ".rank", lambda x: x.sync != "adapter" or x.rank <= 512),
+    )
 
 
 class Trainer(Base):
@@ -146,9 +155,9 @@ class Trainer(Base):
         "(memory linear in the row), it is what lets long sequences train: bench/long_sequences.py."))
     lora: Lora | None = Field(default=None, description=(
         "Train LoRA adapters instead of every weight (the hf engine, which auto then picks). Each version "
-        "carries the merged weights (W + alpha / rank x B A under the model's own names), so the rollouts load "
-        "it as any version; spec.export writes the adapters alone too, as a PEFT adapter directory (adapter/ "
-        "in each exported model directory)."))
+        "carries the adapters alone (lora.sync adapter: vLLM serves them as a LoRA adapter) or the merged "
+        "weights (merged); spec.export writes the adapters as a PEFT adapter directory (adapter/ in each "
+        "exported model directory) beside the merged model."))
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",
@@ -196,7 +205,8 @@ class Rollout(Base):
                                       "on CPU.")] = None
     sleep_level: Annotated[Literal["auto", 1, 2], Field(json_schema_extra={"x-kubernetes-int-or-string": True},
                            description="betweenRollouts: sleep: 1 keeps the weights in host memory, 2 drops them; "
-                           "auto is 2 because every wake-up is followed by loading the next version.")] = "auto"
+                           "auto is 2 because every wake-up is followed by loading the next version, and 1 with "
+                           "trainer.lora.sync adapter, whose versions need the base weights kept.")] = "auto"
     cuda_graphs: bool = Field(default=True, description="Capture CUDA graphs in vLLM (faster decoding, slower "
                               "start); false runs eagerly. CPU runs are always eager.")
     max_model_len: Annotated[int | None, Field(ge=2, le=1_048_576, description="vLLM's context length (prompt + "
@@ -547,6 +557,11 @@ class JobSpec(Base):
              "PPO's learned critic (a value head on the policy's transformer) runs on the megatron engine",
              ".trainer.engine", lambda s: s.trainer.engine != "hf" or s.algorithm.name != "ppo"
              or not s.algorithm.critic),
+        Rule("!has(self.trainer.lora) || self.trainer.lora.sync != 'adapter' || "
+             "string(self.rollout.sleepLevel) != '2'",
+             "sleep level 2 drops the base weights that trainer.lora.sync adapter serves its adapters on: use 1 "
+             "(or auto), or lora.sync merged", ".rollout.sleepLevel",
+             lambda s: s.trainer.lora is None or s.trainer.lora.sync != "adapter" or s.rollout.sleep_level != 2),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
     )

@@ -39,13 +39,14 @@ log = logging.getLogger("tandem.rollout")
 def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
     """vLLM's settings from the job: dtype (= the trainer's), memory share, CUDA graphs, sleep mode
     (`tandem.spec.devices`), context length (`model_dir.context_length`, which the trainer checks every
-    prompt against) and, on CPU, the cores it reserves."""
+    prompt against), on CPU the cores it reserves, and with trainer.lora.sync adapter the LoRA rank it serves."""
     vllm = devices.vllm_settings(spec)
     config = model_dir.read_config(spec.model.path, "spec.model.path")
     return EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
                         max_model_len=model_dir.context_length(spec.rollout, config), dtype=vllm.dtype,
                         gpu_memory_utilization=vllm.gpu_memory_utilization, enforce_eager=vllm.enforce_eager,
                         enable_sleep_mode=vllm.enable_sleep_mode,
+                        lora_rank=spec.trainer.lora.rank if devices.adapter_sync(spec) and spec.trainer.lora else None,
                         cpu_reserved_cores=cores.reserved_cores(spec, rollout_only=env.rollout_only,
                                                                 cores=len(os.sched_getaffinity(0))))
 

@@ -68,17 +68,42 @@ class HFWeights:
                 yield name, full.detach()
         self.last_export_seconds = time.perf_counter() - start
 
+    def export_adapters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """LoRA: the adapters alone, whole, under the names PEFT saves them with, on the export rank (every
+        rank must exhaust the iterator: the gathers are collective). Kept for `write_adapter` as well."""
+        if self.lora_scale is None:
+            raise EngineError("adapter-only versions need trainer.lora")
+        start = time.perf_counter()
+        self._resharded()
+        if self.is_export_rank:
+            self.last_adapters = {}
+        for name, tensor in self.model.state_dict().items():
+            if not lora_weights.is_adapter(name):
+                continue
+            full = whole_tensor(tensor)  # collective
+            if self.is_export_rank:
+                saved = lora_weights.saved_name(name)
+                assert self.last_adapters is not None
+                self.last_adapters[saved] = full.detach().clone()
+                yield saved, full.detach()
+        self.last_export_seconds = time.perf_counter() - start
+
+    def adapter_config(self) -> dict[str, Any]:
+        """LoRA: the PEFT adapter config (adapter_config.json's content, the base model's path in it)."""
+        return lora_weights.config_dict(self.model, self.model_dir)
+
     def save_hf(self, out_dir: str | Path, config_dir: str | Path) -> Path:
         """The weights as a HF directory (`interface.save_hf_dir`). Collective; the export rank writes."""
         from tandem.sidecars.trainer.engines.interface import save_hf_dir
 
         return save_hf_dir(self, out_dir, config_dir)
 
-    def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor]) -> int:
+    def load_hf_weights(self, source: Path | Callable[[str], torch.Tensor], adapters: bool = False) -> int:
         """Copy HF weights (a directory's safetensors, or a name -> tensor loader) into this rank's shards;
         returns how many tensors were loaded. A name the source lacks is an EngineError naming it. With LoRA
         the weights become the base model's and the adapters start again from zero (B = 0): the model then
-        computes exactly the loaded weights."""
+        computes exactly the loaded weights; with `adapters` the source also gives the adapters, under the
+        names PEFT saves them with (an adapter-only version over the base model's weights)."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         reader = megatron_build.SafetensorsDir(source) if isinstance(source, Path) else source
@@ -86,11 +111,14 @@ class HFWeights:
         loaded = 0
         with torch.no_grad():
             for peft_name, param in self.model.named_parameters():
-                if lora_weights.is_adapter(peft_name):
+                if lora_weights.is_adapter(peft_name) and not adapters:
                     if ".lora_B." in peft_name:
                         param.zero_()
                     continue
-                name = lora_weights.hf_name(peft_name) if self.lora_scale is not None else peft_name
+                if lora_weights.is_adapter(peft_name):
+                    name = lora_weights.saved_name(peft_name)
+                else:
+                    name = lora_weights.hf_name(peft_name) if self.lora_scale is not None else peft_name
                 try:
                     full = reader(name)
                 except KeyError as exc:
@@ -105,6 +133,18 @@ class HFWeights:
                 param.copy_(full)
                 loaded += 1
         return loaded
+
+    def load_adapter_version(self, tensors: Callable[[str], torch.Tensor]) -> int:
+        """An adapter-only version (`export_adapters`'s names) over the base model's own weights, from the
+        model directory: the model then computes exactly what the rollouts served. Collective."""
+        if self.model_dir is None or self.lora_scale is None:
+            raise EngineError("an adapter-only version loads only into a LoRA engine built from a model directory")
+        base = megatron_build.SafetensorsDir(self.model_dir)
+
+        def reader(name: str) -> torch.Tensor:
+            return tensors(name) if lora_weights.is_adapter(name) else base(name)
+
+        return self.load_hf_weights(reader, adapters=True)
 
     def write_adapter(self, out_dir: str | Path) -> Path | None:
         """LoRA, on the export rank: the adapters of the last `export_hf` as a PEFT adapter directory; None

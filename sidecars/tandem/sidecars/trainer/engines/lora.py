@@ -47,6 +47,25 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
+def saved_name(name: str) -> str:
+    """The name PEFT saves an adapter parameter under (its adapter's name dropped)."""
+    return name.replace(f".{ADAPTER}.", ".")
+
+
+def param_name(saved: str) -> str:
+    """The adapter parameter a saved name (`saved_name`) belongs to."""
+    return saved.replace(".lora_A.", f".lora_A.{ADAPTER}.").replace(".lora_B.", f".lora_B.{ADAPTER}.")
+
+
+def config_dict(model: Any, base_dir: Path | None) -> dict[str, Any]:
+    """The adapter's PEFT config as adapter_config.json holds it (sets as sorted lists, enums as text)."""
+    import json
+
+    data = model.peft_config[ADAPTER].to_dict()
+    data["base_model_name_or_path"] = str(base_dir) if base_dir is not None else None
+    return dict(json.loads(json.dumps(data, default=lambda v: sorted(v) if isinstance(v, set) else str(v))))
+
+
 def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float,
            adapters: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """PEFT state-dict entries (whole tensors, in the model's order) -> HF-named weights with each adapter
@@ -56,7 +75,7 @@ def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float,
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in items:
         if adapters is not None and is_adapter(name):
-            adapters[name.replace(f".{ADAPTER}.", ".")] = tensor.detach().clone()
+            adapters[saved_name(name)] = tensor.detach().clone()
         if is_adapter(name) or name.endswith(".base_layer.weight"):
             module = name.split(".lora_")[0] if is_adapter(name) else name.removesuffix(".base_layer.weight")
             part = "A" if ".lora_A." in name else "B" if ".lora_B." in name else "W"

@@ -203,15 +203,21 @@ class TrainerContext:
         return info
 
     def publish(self, version: int | None) -> int:
-        """Export HF weights from every rank; the driver writes them to shm and registers them."""
+        """Export HF weights from every rank (with trainer.lora.sync adapter the adapters alone); the driver
+        writes them to shm and registers them."""
         dtype = getattr(torch, devices.trainer_dtype(self.job.spec))  # the rollout's check wants exactly it
-        named = ((n, t if t.dtype == dtype else t.to(dtype)) for n, t in self.engine.export_hf(target_tp=1,
-                                                                                             target_rank=0))
+        adapter: dict[str, Any] | None = None
+        if devices.adapter_sync(self.job.spec):
+            exported = self.engine.export_adapters()  # type: ignore[attr-defined]
+            adapter = self.engine.adapter_config()  # type: ignore[attr-defined]
+        else:
+            exported = self.engine.export_hf(target_tp=1, target_rank=0)
+        named = ((n, t if t.dtype == dtype else t.to(dtype)) for n, t in exported)
         if self.publisher is None:
             for _ in named:  # collective: non-driver ranks take part in the gathers
                 pass
             return -1 if version is None else version
-        report = self.publisher.publish(version, named)
+        report = self.publisher.publish(version, named, adapter=adapter)
         self.last_publish_path = Path(report.path)
         return report.version
 
@@ -228,8 +234,10 @@ class TrainerContext:
         t = time.perf_counter()
         target = export_version(self.last_publish_path, Path(self.job.spec.model.path),
                                 Path(spec.path) / f"iteration-{done}", dtype=dtypes.get(spec.dtype))
-        write_adapter = getattr(self.engine, "write_adapter", None)  # trainer.lora: the adapters alone as well
-        adapter = write_adapter(target / "adapter") if write_adapter is not None else None
+        adapter: Path | None = target / "adapter"
+        if not (target / "adapter").is_dir():  # an adapter version exports its adapters itself
+            write_adapter = getattr(self.engine, "write_adapter", None)  # trainer.lora merged: the adapters too
+            adapter = write_adapter(target / "adapter") if write_adapter is not None else None
         log.info("exported version %d (after %d iterations) to %s%s", version, done, target,
                  f" (PEFT adapter in {adapter})" if adapter is not None else "")
         row = {"path": str(target), "version": version, "seconds": time.perf_counter() - t}

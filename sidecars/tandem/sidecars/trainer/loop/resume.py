@@ -117,7 +117,8 @@ def load_version(ctx: Resumable, version: int, path: Path) -> None:
 
     A rank in another pod than the driver's may not see `path` (another pod's shm, a volume
     mounted per node); it reads the same version from its own pod's shm, where that pod's
-    rollout sidecar pulled it, and says so clearly when neither is there.
+    rollout sidecar pulled it, and says so clearly when neither is there. An adapter-only version
+    (trainer.lora.sync adapter) sets the adapters over the base model's own weights.
     """
     if not (path / layout.INDEX).exists():
         path = layout.version_dir(ctx.env.shm_dir, ctx.env.job, version)
@@ -126,4 +127,11 @@ def load_version(ctx: Resumable, version: int, path: Path) -> None:
     mapped = layout.MappedVersion(path)
     mapped.verify_checksums()
     tensors = dict(mapped.tensors())
-    ctx.engine.load_hf_weights(tensors.__getitem__)
+    if mapped.index.adapter is None:
+        ctx.engine.load_hf_weights(tensors.__getitem__)
+        return
+    load_adapters = getattr(ctx.engine, "load_adapter_version", None)  # the hf engine with trainer.lora
+    if load_adapters is None:
+        raise ResumeError(f"version {version} at {path} holds LoRA adapters only; this trainer has no adapters "
+                          "(trainer.lora) to load them into")
+    load_adapters(tensors.__getitem__)
