@@ -46,21 +46,28 @@ def test_gemma_trains_on_the_hf_engine_across_two_pods(gemma_toy: Path, tmp_path
     assert not processes_of(tmp_path / "runs"), "processes left running"
 
 
-def test_lora_trains_the_toy_with_merged_versions(tmp_path: Path) -> None:
-    """trainer.lora on the demo's Qwen2 toy (a Megatron family: lora makes auto pick hf): the versions carry
-    the merged weights, which the live vLLM loads in place and samples with the trainer's exact log-probs."""
+@pytest.mark.parametrize("sync", ["adapter", "merged"])
+def test_lora_trains_the_toy(sync: str, tmp_path: Path) -> None:
+    """trainer.lora on the demo's Qwen2 toy (a Megatron family: lora makes auto pick hf). sync adapter: each
+    version carries the adapters alone, which the live vLLM serves as a LoRA adapter over the base model;
+    merged: the merged weights, loaded in place. Either way vLLM samples with the trainer's exact log-probs,
+    and an adapter version is a small fraction of a whole one."""
     from tandem.sidecars.toy.build import build_toy
 
     toy = build_toy(Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "test-toy-tied",
                     seed=0, warmup_steps=40, max_operand=10, tied=True).root
-    job = demo_job(toy, "e2e-lora")
+    job = demo_job(toy, f"e2e-lora-{sync}")
     job["spec"]["algorithm"].update(iterations=3, lr=5e-3)
-    job["spec"]["trainer"]["lora"] = {"rank": 8, "alpha": 16}
+    job["spec"]["trainer"]["lora"] = {"rank": 8, "alpha": 16, "sync": sync}
     job["spec"]["rollout"]["promptsPerIteration"] = 8
     run_ok(run_cmd(job, tmp_path))
-    rows = [json.loads(line) for line in (tmp_path / "runs" / "e2e-lora" / "metrics.jsonl").read_text().splitlines()]
+    path = tmp_path / "runs" / f"e2e-lora-{sync}" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     for r in rows:
         assert r["engine"] == "hf" and r["mismatch_mean"] < 1e-4, r
+    whole = sum(f.stat().st_size for f in (toy / "model").glob("*.safetensors"))
+    small = [r["version_bytes"] < whole / 5 for r in rows]
+    assert all(small) if sync == "adapter" else not any(small), ([r["version_bytes"] for r in rows], whole)
     assert len({r["probe"]["greedy"] for r in rows}) > 1 or rows[-1]["kl"] > 0  # the adapters moved the policy
     assert not processes_of(tmp_path / "runs"), "processes left running"

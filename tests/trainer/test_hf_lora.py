@@ -93,3 +93,31 @@ def test_loaded_weights_become_the_base_with_fresh_adapters(model_dir: Path, tmp
     _grpo_step(engine, samples)  # adapters away from zero
     assert engine.load_hf_weights(other) == sum(1 for n, _ in engine.named_parameters() if ".lora_" not in n)
     _close(_logprobs(engine, samples), _transformers_logprobs(other, samples))
+
+
+def test_adapter_versions_carry_the_adapters_alone_and_load_back_exactly(model_dir: Path) -> None:
+    """trainer.lora.sync adapter: `export_adapters` gives PEFT's saved adapter tensors (nothing of the base),
+    the rollout side's merge of them (checkpoint_engine.adapters, as vLLM and the export apply them) equals
+    the engine's own merged weights, and a fresh engine that loads them over the base computes exactly the
+    trained engine's log-probs."""
+    from peft import get_peft_model_state_dict
+
+    from tandem.checkpoint_engine import adapters
+
+    samples = grouped_samples(6)
+    engine = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)
+    for _ in range(2):
+        _grpo_step(engine, samples)
+    exported = dict(engine.export_adapters())
+    theirs = {k: t.full_tensor() if hasattr(t, "full_tensor") else t  # FSDP2's DTensors, whole
+              for k, t in get_peft_model_state_dict(engine.model).items()}
+    assert set(exported) == set(theirs) and all(torch.equal(exported[k], theirs[k]) for k in exported)
+    config = engine.adapter_config()
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["base_model_name_or_path"] == str(model_dir)
+    whole = dict(engine.export_hf())
+    applied = dict(adapters.merged(adapters.base_weights(model_dir), exported, config))
+    for name, tensor in whole.items():
+        assert (applied[name] - tensor).abs().max().item() < 1e-6, name
+    fresh = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)
+    assert fresh.load_adapter_version(exported.__getitem__) == sum(1 for _ in fresh.named_parameters())
+    _close(_logprobs(fresh, samples), _logprobs(engine, samples), tol=1e-6)

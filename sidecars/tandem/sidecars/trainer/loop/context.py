@@ -84,6 +84,7 @@ class TrainerContext:
     last_kl: float | None = None
     last_eval: EvalResult | None = None
     last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
+    last_publish_bytes: int = 0  # its size (driver rank; 0 on the others)
     tokenizer: Any = None  # decodes completions generated in several segments (partial rollouts)
     teacher: ReferenceWeights | None = None  # algorithm.distillation's teacher, scored as the reference is
 
@@ -218,7 +219,7 @@ class TrainerContext:
                 pass
             return -1 if version is None else version
         report = self.publisher.publish(version, named, adapter=adapter)
-        self.last_publish_path = Path(report.path)
+        self.last_publish_path, self.last_publish_bytes = Path(report.path), report.bytes
         return report.version
 
     def export(self, iteration: int, version: int) -> dict[str, Any]:

@@ -100,6 +100,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             ctx.report("publish", it, version, reward=info["reward_mean"])
             with timer("publish"):
                 version = ctx.publish(version + 1)
+            info["version_bytes"] = ctx.last_publish_bytes  # what each rollout pod receives (adapters: a few MB)
             if source is not None and ctx.registry is not None:  # a restart re-generates what is in flight
                 source.published(version)
                 inflight.save(ctx.registry, source.record(version))
