@@ -97,7 +97,7 @@ def socket_seconds(nbytes: int, rx_prefix: list[str], tx_prefix: list[str], host
     return float(out.strip())
 
 
-def broadcast(pods: Pods, n: int, mib: int, shard_mib: int, transport: str) -> dict[str, float]:
+def broadcast(pods: Pods, n: int, mib: int, shard_mib: int, transport: str, fan: int = 0) -> dict[str, float]:
     """One version to `n` receivers released at once: seconds to the last verified, and parts."""
     # a long lease: on a loaded 2-core machine a 5 s lease can lapse and take the version with it
     common = ("--mib", str(mib), "--shard-mib", str(shard_mib), "--transport", transport)
@@ -105,7 +105,8 @@ def broadcast(pods: Pods, n: int, mib: int, shard_mib: int, transport: str) -> d
     steady = ("--warmup-version", "1", "--version", "2")
     pub = pods.start("publish", "pub", *common, *steady)
     pub.event(300)
-    rs: list[Pod] = [pods.start("receive", f"r{i}", "--wait-go", *common, *steady) for i in range(n)]
+    rs: list[Pod] = [pods.start("receive", f"r{i}", "--wait-go", "--fan", str(fan), *common, *steady)
+                     for i in range(n)]
     for r in rs:
         r.event(300)  # ready: warm-up version received and released
     t0 = time.time()
@@ -130,7 +131,7 @@ def run_series(
     for n in ns:
         pods = Pods(etcd, base / f"n{n}-{'ns' if net else 'lo'}", netns=net.pods if net else None)
         try:
-            out[n] = r = broadcast(pods, n, args.mib, args.shard_mib, args.transport)
+            out[n] = r = broadcast(pods, n, args.mib, args.shard_mib, args.transport, args.fan)
         finally:
             for p in pods.pods:
                 p.stop()
@@ -174,6 +175,8 @@ def main() -> None:
     ap.add_argument("--ns", default="1,2,4,8")
     ap.add_argument("--rate", default="1gbit", help="tc rate of every pod link in the shaped network")
     ap.add_argument("--transport", default="tcp")
+    ap.add_argument("--fan", type=int, default=0, choices=[0, 1, 2],
+                    help="receivers' fan-out: 1 chain, 2 binary tree, 0 chosen by size (receiver.fanout)")
     ap.add_argument("--skip-loopback", action="store_true")
     ap.add_argument("--loopback-tries", type=int, default=3, help="best of: loopback is CPU-bound and noisy")
     args = ap.parse_args()

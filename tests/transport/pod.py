@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--stall", type=float, default=3.0)
     ap.add_argument("--transport", default="tcp", help="auto|rdma|tcp|mooncake-tcp")
     ap.add_argument("--ttl", type=int, default=5)
+    ap.add_argument("--fan", type=int, default=0, help="1: chain, 2: binary tree, 0: by size (receiver.fanout)")
     ap.add_argument("--wait-go", action="store_true", help="receive only after a line on stdin")
     ap.add_argument(
         "--warmup-version",
@@ -83,6 +84,7 @@ def main() -> None:
         max_rate=args.max_rate or None,
         deadline=120.0,
         token=args.token,
+        fan=args.fan or None,
     ).start()
     try:
         if args.role == "publish":

@@ -19,6 +19,7 @@ from broadcast_pods import Pods, same_bytes, wait_for
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import RdmaUnavailable, make_transport, plan
+from tandem.checkpoint_engine.transport.receiver import fanout
 from tandem.checkpoint_engine.transport.select import rdma_devices
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
 
@@ -39,6 +40,28 @@ def test_plan_is_a_chain_closing_over_gaps_then_spread_holders() -> None:
     firsts = {plan(f"late{i}", [], holders, set())[0] for i in range(32)}
     assert len(firsts) >= 4, firsts  # chain heads and late joiners spread over the holders
     assert plan("x", [], holders, set()) == plan("x", [], list(reversed(holders)), set())  # order-free
+
+
+def test_plan_as_a_binary_tree_falls_back_through_ancestors_then_holders() -> None:
+    chain = [f"r{i}" for i in range(8)]
+    parents = {me: plan(me, chain, ["pub"], set(), fan=2)[0] for me in chain}
+    assert parents == {"r0": "pub", "r1": "pub", "r2": "r0", "r3": "r0", "r4": "r1", "r5": "r1", "r6": "r2",
+                       "r7": "r2"}
+    served = [list(parents.values()).count(p) for p in ["pub", *chain]]
+    assert max(served) == 2  # no uplink feeds more than two receivers
+    assert plan("r7", chain, ["pub"], set(), fan=2) == ["r2", "r0", "pub", "r6", "r5", "r4", "r3", "r1"]
+    assert plan("r7", chain, ["pub"], {"r2"}, fan=2)[:2] == ["r0", "pub"]  # the parent failed: its parent
+    for me in chain:  # fan 1 is the chain
+        assert plan(me, chain, ["pub"], set(), fan=1) == plan(me, chain, ["pub"], set())
+
+
+def test_fanout_follows_the_link_model() -> None:
+    mib = 1 << 20
+    assert fanout(256 * mib, 8) == 1  # pipelined: a chain adds one hop per receiver (298 vs 536 MiB of time)
+    assert fanout(4 * mib, 8) == 2  # a small version is all latency: 32 vs 24 MiB
+    assert fanout(20 * mib, 16) == 2 and fanout(20 * mib, 8) == 1
+    assert fanout(256 * mib, 64) == 2  # many receivers: 63 hops against 5 levels
+    assert fanout(1 * mib, 1) == 1 and fanout(1 * mib, 2) == 1  # nothing to gain
 
 
 def test_discovery_without_sysfs_or_with_an_empty_one(tmp_path: Path) -> None:

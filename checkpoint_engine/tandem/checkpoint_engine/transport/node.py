@@ -36,13 +36,15 @@ class BroadcastNode:
         *,
         token: str,
         max_connections: int = MAX_CONNECTIONS,
+        fan: int | None = None,
     ) -> None:
-        """`registry`: this pod's SyncRegistry (its pod name names the node); `advertise`: the
-        address other pods reach this one on (the pod IP); `port`: where the holder server listens
-        (checkpointEngine.shardPort in a pod; 0: a free one); `stall_timeout`: seconds without a
-        byte before an upstream is given up; `max_rate`: optional per-stream cap in bytes/s;
-        `token`: the job's token (TANDEM_TOKEN): the node serves only readers that prove it and
-        proves it to the nodes it reads from (auth.py); `max_connections`: connections served at once."""
+        """`registry`: this pod's SyncRegistry (its pod name names the node); `advertise`: the address other
+        pods reach this one on (the pod IP); `port`: where the holder server listens
+        (checkpointEngine.shardPort in a pod; 0: a free one); `stall_timeout`: seconds without a byte before
+        an upstream is given up; `max_rate`: optional per-stream cap in bytes/s; `token`: the job's token
+        (TANDEM_TOKEN): the node serves only readers that prove it and proves it to the nodes it reads from
+        (auth.py); `max_connections`: connections served at once; `fan`: 1 (chain) or 2 (binary tree) always,
+        None: chosen per version by its size and the pods taking it (receiver.fanout)."""
         self.registry, self.shm_root = registry, Path(shm_root)
         self.pod, self.job = registry.pod, registry.job
         key = shard_key(token, self.job)
@@ -64,7 +66,7 @@ class BroadcastNode:
             max_connections=max_connections,
         )
         self.receiver = Receiver(registry, self.store, self.transport, stall_timeout=stall_timeout, deadline=deadline,
-                                 key=key)
+                                 key=key, fan=fan)
 
     @property
     def peer(self) -> Peer:

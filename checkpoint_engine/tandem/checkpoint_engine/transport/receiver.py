@@ -4,7 +4,9 @@ Caller: node.py (`BroadcastNode.receive`), i.e. a rollout pod's checkpoint engin
 `RolloutEngine.update(v)`. Steps: read v's shard records from etcd; announce `receiving/<v>/<me>`
 (lease-bound; its create revision gives my place in the chain); pick an upstream (`plan`): the
 nearest earlier receiver in the chain, else a complete holder (rendezvous-hashed, so pulls
-spread over holders); stream each shard into a layout temp dir (store.Incoming, which my own
+spread over holders) — or, where the link model says a binary tree finishes first (`fanout`: small
+versions such as LoRA adapters, or many receivers), my parent in the tree over the join order;
+stream each shard into a layout temp dir (store.Incoming, which my own
 holder server re-serves to the receiver after me while bytes arrive); check each shard's tensor
 checksums as soon as it is complete, while the next one arrives (verify.py; the index is
 checked against etcd's shard digests); on a dead or stalled upstream, re-plan from etcd and
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from tandem.checkpoint_engine.transport.tcp import TcpTransport
 from tandem.checkpoint_engine.transport.verify import ShardVerifier
 from tandem.checkpoint_engine.transport.wire import Connection
 
+HOP_BYTES = 6 << 20  # bytes a forwarding hop holds in flight (bench/broadcast.py: 50 ms at 1 Gbit/s = 6.0 MB)
 MAX_SHARD_ATTEMPTS = 3  # a shard still corrupt after this many pulls means the version itself is bad
 
 log = logging.getLogger(__name__)
@@ -56,8 +60,30 @@ def _rank(me: str, holder: str) -> bytes:
     return hashlib.blake2b(f"{me}/{holder}".encode(), digest_size=8).digest()
 
 
-def plan(me: str, chain: list[str], holders: list[str], bad: set[str]) -> list[str]:
+def fanout(nbytes: int, receivers: int, hop_bytes: int = HOP_BYTES) -> int:
+    """1 (a chain) or 2 (a binary tree): whichever a link model finishes first for `receivers` pods taking
+    a version of `nbytes`, counting times in bytes at one link's rate. Chain: the first receiver takes the
+    version at the full rate, each further one adds one hop (min(nbytes, hop_bytes) in flight): nbytes +
+    (receivers - 1) x hop. Tree: every sender feeds two children at half the rate each, each of its levels
+    after the first adds a hop at that rate: 2 x nbytes + 2 x (depth - 1) x hop. A 256 MiB version to 8 pods
+    is a chain (298 vs 536 MiB), a 4 MiB adapter to 8 pods a tree (32 vs 24), a 20 MiB one from 16 pods on,
+    anything from 64 pods on. bench/broadcast.py --fan 1|2 measures both on shaped links."""
+    if receivers < 2:
+        return 1
+    hop = min(nbytes, hop_bytes)
+    depth = max(1, math.ceil(math.log2(receivers + 2)) - 1)  # levels of 2, 4, 8, ... receivers
+    chain = nbytes + (receivers - 1) * hop
+    tree = 2 * nbytes + 2 * (depth - 1) * hop
+    return 2 if tree < chain else 1
+
+
+def plan(me: str, chain: list[str], holders: list[str], bad: set[str], fan: int = 1) -> list[str]:
     """Upstream candidates for `me`, best first.
+
+    `fan` 2 (`fanout`): a binary tree over the join order instead of the chain; receiver i (0-based) pulls
+    from receiver i // 2 - 1, the first two from the holders; if its parent fails, from the parent's parent
+    and so on up, then the holders, then any earlier receiver. What follows describes `fan` 1, the chain,
+    where the ancestors are exactly the earlier receivers, nearest first.
 
     `chain`: pods receiving the version, in join order; `holders`: pods holding it complete.
     First the earlier receivers from nearest to farthest: normally the one just before me (a
@@ -69,7 +95,12 @@ def plan(me: str, chain: list[str], holders: list[str], bad: set[str]) -> list[s
     of all loading the publisher.
     """
     before = chain[: chain.index(me)] if me in chain else list(chain)
-    out = list(reversed(before)) + sorted(holders, key=lambda h: _rank(me, h))
+    ancestors, at = [], len(before)
+    while at >= fan:  # my parent in the fan-ary tree over the join order, its parent, ...
+        at = at // fan - 1
+        ancestors.append(before[at])
+    rest = [p for p in reversed(before) if p not in ancestors]
+    out = ancestors + sorted(holders, key=lambda h: _rank(me, h)) + rest
     seen: set[str] = set()
     result = []
     for p in out:
@@ -90,9 +121,12 @@ class Receiver:
         delta: bool = True,
         *,
         key: bytes,
+        fan: int | None = None,
     ) -> None:
         """`delta`: first ask holders for shards as deltas against the newest older local version;
-        `key`: the job's shard key, proved to every holder server pulled from (auth.py)."""
+        `key`: the job's shard key, proved to every holder server pulled from (auth.py); `fan`: 1 (chain)
+        or 2 (binary tree) always, None: `fanout` of the version's size and the pods that take it."""
+        self.fan = fan
         self.reg, self.store, self.transport = registry, store, transport
         self.key = key
         self.delta = delta
@@ -105,11 +139,14 @@ class Receiver:
         prefix = keys.transport_endpoint(self.reg.namespace, self.reg.scope, "")
         return {p.pod: p for p in (Peer.from_record(r, self.key) for r in self.reg.list_json(prefix).values())}
 
-    def _candidates(self, v: int, bad: set[str]) -> list[Peer]:
+    def _candidates(self, v: int, bad: set[str], nbytes: int) -> list[Peer]:
         ns, job = self.reg.namespace, self.reg.scope
         chain = [k.rsplit("/", 1)[-1] for k, _, _ in self.reg.list_ordered(keys.receiving_prefix(ns, job, v))]
-        names = plan(self.pod, chain, self.reg.holders(v), bad)
+        holders = self.reg.holders(v)
         peers = self._peers()
+        # the pods that will take v: every pod serving shards but the holders (the same count in every receiver)
+        fan = self.fan if self.fan is not None else fanout(nbytes, max(len(chain), len(set(peers) - set(holders))))
+        names = plan(self.pod, chain, holders, bad, fan)
         return [peers[n] for n in names if n in peers]
 
     # ---- receive --------------------------------------------------------------------------------
@@ -181,7 +218,7 @@ class Receiver:
                     return
             if time.monotonic() > deadline:
                 raise NoSource(f"version {v}: not received within {self.deadline}s (tried {report.upstreams})")
-            cands = self._candidates(v, bad)
+            cands = self._candidates(v, bad, sum(int(str(r.get("bytes"))) for r in records))
             if not cands:
                 if bad:  # every source failed once: they may have recovered (or new ones joined)
                     bad.clear()
