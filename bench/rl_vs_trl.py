@@ -158,11 +158,13 @@ def fresh_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max_staleness: int = 0) -> Path:
+def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max_staleness: int = 0,
+             lora: int = 0) -> Path:
     """The bench's job. arith adds the example's chat fields, spec.eval at the start and the end only (eval
     time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check.
     `max_staleness` > 0 runs it asynchronously on the hybrid pod (its vLLM generates batch i+1 while the
-    trainer trains on batch i), with truncated importance sampling against the version that sampled."""
+    trainer trains on batch i), with truncated importance sampling against the version that sampled. `lora` > 0
+    trains LoRA adapters of that rank (alpha 2 x rank, every linear layer; versions carry the adapters alone)."""
     import yaml
 
     algorithm: dict[str, Any] = {"name": "grpo", "groupSize": s.group, "klCoef": s.kl, "clip": s.clip, "lr": s.lr,
@@ -184,7 +186,8 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
                      "replicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
                                  # a CPU pod has nothing to free (the state would move RAM to RAM); TRL keeps it too
-                                 "microBatchSize": s.micro_batch, "offload": False},
+                                 "microBatchSize": s.micro_batch, "offload": False,
+                                 **({"lora": {"rank": lora, "alpha": 2 * lora}} if lora else {})},
                      "rollout": {"tensorParallel": 1, "maxTokens": s.max_tokens, "temperature": 1.0,
                                  "promptsPerIteration": s.prompts, "betweenRollouts": "keep"},
                      "rewards": REWARDS[s.task],
@@ -221,14 +224,16 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
             "loop_seconds": sum(loop), "wall_seconds": wall - aside, "wall_seconds_all": wall,
             "eval_export_seconds": aside, "generate_seconds": sum(r["generate_seconds"] for r in rows),
             "completion_tokens": sum(r.get("completion_tokens", 0) for r in rows),
-            "switch_share": sum(switch) / len(rows), "phase_seconds_mean": phases, "eval": evals}
+            "switch_share": sum(switch) / len(rows), "phase_seconds_mean": phases, "eval": evals,
+            "rows": [{"version_bytes": r.get("version_bytes", 0)} for r in rows]}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None) -> dict[str, Any]:
+def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None,
+            lora: int = 0) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
     import torch
@@ -276,8 +281,15 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
         scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
         per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
         steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
+    peft: Any = None
+    if lora:  # the same adapters as Tandem's trainer.lora: rank, alpha 2 x rank, every linear layer
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0, target_modules="all-linear",
+                          task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=str(model), reward_funcs=[tandem_rewards], args=config, train_dataset=data,
-                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
+                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()],
+                          peft_config=peft)
     spent = {"_generate_single_turn": 0.0, "_generate_and_score_completions": 0.0}
     for name in spent:  # where TRL's loop goes: sampling, and sampling + rewards + log-probs + advantages
         if hasattr(trainer, name):
@@ -293,7 +305,10 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     if s.task == "arith":  # for the held-out eval afterwards (bench/rl_vs_trl_eval.py)
         saved = out / "model-smollm2-trl-trained"
         shutil.rmtree(saved, ignore_errors=True)
-        trainer.save_model(str(saved))
+        if lora:  # the merged model, as Tandem's export writes it beside the adapters
+            trainer.model.merge_and_unload().save_pretrained(str(saved))
+        else:
+            trainer.save_model(str(saved))
         for f in model.iterdir():  # tokenizer/template/generation files the trainer did not write
             if f.is_file() and not (saved / f.name).exists() and f.suffix != ".safetensors":
                 shutil.copy(f, saved / f.name)
@@ -392,6 +407,11 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
         console.print(f"target (Tandem >= 1.5x TRL's completions/s at equal or better pass@1): "
                       f"{'met' if result['target_met'] else 'missed'}; Tandem's eval/export time left out of its "
                       f"seconds: {tandem['eval_export_seconds']:.1f} s")
+    sizes = [r.get("version_bytes", 0) for r in tandem.get("rows", [])]
+    if sizes:
+        console.print(f"Tandem's versions: {sum(sizes) / len(sizes) / 1e6:.1f} MB each (publish "
+                      f"{tandem['phase_seconds_mean'].get('publish', 0.0):.2f} s, sync "
+                      f"{tandem['phase_seconds_mean'].get('sync', 0.0):.2f} s per iteration)")
     console.print(f"result: {path}")
     return result
 
@@ -406,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads for TRL (default: torch's; Tandem's local runner gives each sidecar 1)")
     ap.add_argument("--max-staleness", type=int, default=0,
                     help=f"Tandem asynchronous with this bound (algorithm.maxStaleness; tisCap {TIS_CAP})")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (alpha 2 x rank, every linear "
+                    "layer, lr --lora-lr); 0: full fine-tuning")
+    ap.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate with --lora (adapters take ~10x)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
     args = ap.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -416,15 +439,18 @@ def main(argv: list[str] | None = None) -> int:
         completions = args.prompts * s.group
         s = replace(s, prompts=args.prompts, global_batch=min(s.global_batch, completions),
                     micro_batch=min(s.micro_batch, completions))
+    if args.lora:
+        s = replace(s, lr=args.lora_lr)
     iterations = args.iterations or s.iterations
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     src, train, params = prepare(args.size, out)
     shutil.rmtree(out / "tandem-export", ignore_errors=True)
     job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml",
-                   args.max_staleness)
+                   args.max_staleness, args.lora)
     tandem = run_tandem(job, out / "tandem-runs")
-    trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads)
+    trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads,
+                  args.lora)
     if s.task == "arith":  # after both timed runs: TRL's before/after and Tandem's export, on Tandem's eval path
         scored = run_eval(job, {"base": src, "tandem": out / "tandem-export" / f"iteration-{iterations}",
                                 "trl": Path(trl["saved"])}, out)

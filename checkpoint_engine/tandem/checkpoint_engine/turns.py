@@ -1,0 +1,98 @@
+"""Continuous batching of multi-turn work on the rollout engine's vLLM: turns are added as they become ready.
+
+Role: a multi-turn rollout alternates model turns with work outside the model (tool calls, an environment's
+step). Run as rounds of `generate`, every trajectory would wait for the slowest one's tools and the batch
+would empty out turn by turn. Here every turn is a request in vLLM's own engine loop (`LLMEngine.add_request`
+/ `step`): when one finishes, `react` gets it and returns a future of the turns that follow (computed on the
+caller's worker threads); they join the running batch as soon as they are ready, while the other
+trajectories keep decoding. Token ids in, token ids out: prompts are ids, never text. The engine's lock is
+held throughout (`RolloutEngine.serving`), so no version changes in the middle; the served LoRA adapter (if
+any) samples every turn. A `react` that raises aborts every running request and the error propagates.
+Caller: the rollout's multi-turn driver (tandem.sidecars.envs.driver), tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.models import Completion, SamplingOptions
+
+
+@dataclass(frozen=True)
+class Turn:
+    key: Hashable  # the caller's: which trajectory, which turn
+    prompt_ids: list[int]  # everything so far (the first prompt, then every segment)
+    max_tokens: int
+
+
+React = Callable[[Turn, Completion], "Future[list[Turn]]"]
+_ids = itertools.count()
+
+
+def sampling_params(options: SamplingOptions) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(n=1, logprobs=0, temperature=options.temperature, top_p=options.top_p,
+                          top_k=options.top_k, max_tokens=options.max_tokens, min_tokens=options.min_tokens,
+                          stop=options.stop or None, stop_token_ids=options.stop_token_ids,
+                          ignore_eos=options.ignore_eos)
+
+
+def completion(out: Any) -> Completion:
+    c = out.outputs[0]
+    ids = list(c.token_ids)
+    logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
+    return Completion(prompt_index=0, sample_index=0, prompt_token_ids=list(out.prompt_token_ids or []),
+                      token_ids=ids, logprobs=logprobs, text=c.text, finish_reason=c.finish_reason)
+
+
+def run_turns(engine: Any, first: Sequence[Turn], options: SamplingOptions, react: React) -> int:
+    """Serve `first` and every turn `react` adds until none is running or pending; returns the turns served.
+    `engine` is a RolloutEngine; `options` apply to every turn but max_tokens (each turn's own)."""
+    from vllm.inputs import TokensPrompt
+
+    base = sampling_params(options)
+    served = 0
+    with engine.serving() as (llm, lora):
+        core = llm.llm_engine
+        limit = int(core.model_config.max_model_len)
+        live: dict[str, Turn] = {}
+        pending: set[Future[list[Turn]]] = set()
+
+        def add(turn: Turn) -> None:
+            if len(turn.prompt_ids) + 1 > limit or turn.max_tokens < 1:
+                raise errors.PromptTooLong(f"turn {turn.key!r}: {len(turn.prompt_ids)} prompt tokens and "
+                                           f"max_tokens {turn.max_tokens} do not fit max_model_len {limit}")
+            params = base.clone()
+            params.max_tokens = min(turn.max_tokens, limit - len(turn.prompt_ids))
+            rid = f"turn-{next(_ids)}"
+            core.add_request(rid, TokensPrompt(prompt_token_ids=list(turn.prompt_ids)), params, lora_request=lora)
+            live[rid] = turn
+
+        try:
+            for turn in first:
+                add(turn)
+            while live or pending:
+                for fut in [f for f in pending if f.done()]:
+                    pending.discard(fut)
+                    for turn in fut.result():
+                        add(turn)
+                if live:
+                    for out in core.step():
+                        if out.finished and out.request_id in live:
+                            served += 1
+                            pending.add(react(live.pop(out.request_id), completion(out)))
+                elif pending:
+                    wait(pending, return_when=FIRST_COMPLETED)
+        except BaseException:
+            if live:
+                core.abort_request(list(live))
+            for fut in pending:
+                fut.cancel()
+            raise
+    return served

@@ -1,0 +1,148 @@
+"""The multi-turn driver: trajectories of model turns and environment turns on the live vLLM, token in, token out.
+
+Role: for each (row, sample) an environment (`base.Environment`) gives the first messages, the chat template
+renders them with the environment's tools (`chat.ChatRenderer`), and the trajectory alternates: a model turn
+sampled by vLLM (its ids and log-probs kept as sampled, `trajectory.Trajectory.add_model`), then, unless the
+environment says the trajectory is done, its messages (tool results, observations) as tokens
+(`ChatRenderer.continuation_ids`: never re-tokenizing the model's text) and the next model turn. Every turn is a
+request in vLLM's running batch (`checkpoint_engine.turns.run_turns`); the environments step on a bounded
+worker pool, so a trajectory waiting on its tools never holds back the others (no lock-step turns).
+Limits (`Limits`): model turns, tokens per model turn, completion tokens of a whole trajectory (model and
+environment tokens together, within vLLM's context), and tokens of each tool message (a longer one is cut and
+says so). A trajectory ends with a final answer (the environment's done), at max turns, when a model turn is
+cut at its token limit (the template's end of turn is missing, so nothing can follow it), or when the next
+turn would not fit the budget. Caller: the rollout sidecar (rollout/server.py), tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.checkpoint_engine.turns import Turn, run_turns
+from tandem.sidecars.envs.base import Environment, Message, TurnStats
+from tandem.sidecars.envs.chat import ChatRenderer
+from tandem.sidecars.envs.trajectory import Trajectory
+
+TRUNCATED = " ...(cut: the tool's output was longer than the job allows)"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_turns: int = 4  # model turns per trajectory
+    max_turn_tokens: int = 256  # tokens of one model turn (rollout.maxTokens)
+    max_total_tokens: int = 1024  # completion tokens of a trajectory: model and environment turns together
+    max_tool_output_tokens: int = 256  # tokens of one tool message; a longer one is cut
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "max_tool_output_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Result:
+    """One finished trajectory and what the trainer needs of it."""
+
+    trajectory: Trajectory
+    stats: TurnStats
+    final_text: str = ""  # the last model turn's text: what the job's rewards judge
+    reward: float | None = None  # the environment's own reward, if it gave one
+    finish: str = ""  # answer | max_turns | length | budget
+    messages: list[Message] = field(default_factory=list)  # the conversation, for logs and the live table
+
+
+@dataclass
+class _State:
+    env: Environment
+    renderer: ChatRenderer
+    result: Result
+
+
+class MultiTurnDriver:
+    def __init__(self, engine: Any, tokenizer: Any, make_env: Callable[[], Environment], limits: Limits,
+                 workers: int = 8) -> None:
+        """`engine`: a RolloutEngine; `make_env`: a fresh environment per trajectory; `workers`: environment
+        steps (and the tool calls inside them) run at once."""
+        self.engine, self.tok, self.make_env, self.limits = engine, tokenizer, make_env, limits
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="env-step")
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def renderer(self, tools: list[dict[str, Any]]) -> ChatRenderer:
+        key = json.dumps(tools, sort_keys=True)
+        with self._lock:
+            if key not in self._renderers:
+                self._renderers[key] = ChatRenderer(self.tok, tools)
+            return self._renderers[key]
+
+    def run(self, rows: Sequence[Mapping[str, Any]], messages: Sequence[list[Message]], n: int,
+            options: SamplingOptions, version: int) -> list[list[Result]]:
+        """`n` trajectories per row (its rendered first messages in `messages`), sampled with `options` by the
+        engine's current weights (`version`, recorded on every model turn)."""
+        states: dict[tuple[int, int], _State] = {}
+        first: list[Turn] = []
+        budget = min(self.limits.max_turn_tokens, self.limits.max_total_tokens)
+        for i, (row, start) in enumerate(zip(rows, messages, strict=True)):
+            for j in range(n):
+                env = self.make_env()
+                opening = env.reset(row, list(start))
+                renderer = self.renderer(env.tools())
+                prompt = renderer.prompt_ids(opening)
+                states[(i, j)] = _State(env, renderer, Result(Trajectory(prompt), env.stats, messages=opening))
+                first.append(Turn((i, j), prompt, budget))
+
+        def react(turn: Turn, completion: Completion) -> Future[list[Turn]]:
+            return self.pool.submit(self._advance, states[turn.key], turn, completion, version)  # type: ignore[index]
+
+        run_turns(self.engine, first, options, react)
+        return [[states[(i, j)].result for j in range(n)] for i in range(len(rows))]
+
+    def _advance(self, state: _State, turn: Turn, completion: Completion, version: int) -> list[Turn]:
+        """After a model turn: the environment's step, and the next model turn if there is one."""
+        result, renderer = state.result, state.renderer
+        traj = result.trajectory
+        traj.add_model(completion.token_ids, completion.logprobs, version)
+        result.final_text = completion.text
+        result.messages.append({"role": "assistant", "content": completion.text})
+        ended = bool(completion.token_ids) and completion.token_ids[-1] == renderer.end_of_turn
+        if completion.finish_reason != "stop" or not ended:
+            result.finish = "length"  # cut mid-turn: the template's end of turn is missing
+            return []
+        step = state.env.step(completion.text)
+        result.stats = state.env.stats
+        if step.reward is not None:
+            result.reward = step.reward
+        if step.done:
+            result.finish = "answer"
+            return []
+        if traj.model_turns >= self.limits.max_turns:
+            result.finish = "max_turns"
+            return []
+        new = [self.capped(m) for m in step.messages]
+        ids = renderer.continuation_ids(new)
+        left = self.limits.max_total_tokens - len(traj.completion_ids) - len(ids)
+        if left < 1:
+            result.finish = "budget"
+            return []
+        traj.add_env(ids)
+        result.messages.extend(new)
+        return [Turn(turn.key, traj.prompt_ids + traj.completion_ids, min(self.limits.max_turn_tokens, left))]
+
+    def capped(self, message: Message) -> Message:
+        """A tool message of at most max_tool_output_tokens tokens (a longer one is cut and says so)."""
+        if message.get("role") != "tool":
+            return message
+        ids = self.tok(str(message.get("content", "")), add_special_tokens=False)["input_ids"]
+        if len(ids) <= self.limits.max_tool_output_tokens:
+            return message
+        cut = self.tok.decode(ids[: self.limits.max_tool_output_tokens])
+        return {**message, "content": cut + TRUNCATED}
