@@ -21,12 +21,17 @@ class Rollout:
 
     def __init__(self, name: str, status: int = 200):
         self.name, self.status, self.calls = name, status, []  # type: ignore[var-annotated]
+        self.hang_ups = 0  # requests answered by closing the connection (a keep-alive closed as one arrives)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.calls.append((self.path, body))
+                if outer.hang_ups:
+                    outer.hang_ups -= 1
+                    self.close_connection = True
+                    return
                 answer: dict[str, Any] = {"version": 7}
                 if self.path == "/v1/generate":
                     answer["completions"] = [
@@ -112,3 +117,18 @@ def test_a_rollout_that_joins_loads_the_current_version_before_it_generates(roll
     assert rollouts[1].calls == [("/update", {"version": 5})] and rollouts[0].calls == []
     groups, _ = client.generate(PROMPTS, OPTS, n=1)
     assert texts(groups) == PROMPTS and rollouts[1].calls[1][0] == "/v1/generate"
+
+
+def test_a_connection_closed_under_a_request_is_tried_again_not_taken_for_a_gone_rollout(
+        rollouts: list[Rollout]) -> None:
+    """A server that closes the connection without answering once (an idle keep-alive connection it closed as
+    the request went out) still gets the update: were it dropped, its pod would keep the old version while
+    the driver believes it loaded the new one."""
+    client = RolloutClient([r.address for r in rollouts[:2]], "t")
+    rollouts[1].hang_ups = 1
+    client.update(9)
+    assert client.addresses == [rollouts[0].address, rollouts[1].address]
+    assert rollouts[1].calls == [("/update", {"version": 9}), ("/update", {"version": 9})]
+    rollouts[1].hang_ups = 2  # twice in a row: gone
+    client.update(10)
+    assert client.addresses == [rollouts[0].address]

@@ -12,6 +12,7 @@ A dropped rollout that is still registered comes back through `join` (it first l
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from typing import Any
 import httpx
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
+
+log = logging.getLogger(__name__)
 
 
 class RolloutError(RuntimeError):
@@ -52,12 +55,22 @@ class RolloutClient:
 
     def _call(self, address: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         url = f"http://{address}{path}"
-        try:
-            r = self._http.post(url, json=body or {})
-        except httpx.TransportError as e:
-            raise RolloutGone(f"{url}: {e}") from e
-        except httpx.HTTPError as e:
-            raise RolloutError(f"{url}: {e}") from e
+        for attempt in range(2):
+            try:
+                r = self._http.post(url, json=body or {})
+                break
+            except httpx.TimeoutException as e:  # the rollout may still be working: not tried again
+                raise RolloutGone(f"{url}: {e!r}") from e
+            except httpx.TransportError as e:
+                # a pooled keep-alive connection the server closed as the request went out ("Server
+                # disconnected without sending a response"), or a reset: once more on a fresh connection
+                # before the rollout counts as gone (a gone one is dropped, and its pod misses the update)
+                if attempt:
+                    raise RolloutGone(f"{url}: {e!r}") from e
+                log.info("%s: %r; trying once more", url, e)
+                time.sleep(0.2)
+            except httpx.HTTPError as e:
+                raise RolloutError(f"{url}: {e}") from e
         if r.status_code >= 400:
             raise RolloutError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
         out: dict[str, Any] = r.json()
@@ -67,7 +80,8 @@ class RolloutClient:
         """The answer, or None when the rollout is gone."""
         try:
             return self._call(address, path, body)
-        except RolloutGone:
+        except RolloutGone as e:
+            log.warning("rollout %s is unreachable, dropped from this client: %s", address, e)
             return None
 
     def _drop(self, gone: Sequence[str]) -> None:
