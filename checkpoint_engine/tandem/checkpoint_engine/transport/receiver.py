@@ -61,20 +61,22 @@ def _rank(me: str, holder: str) -> bytes:
 
 
 def fanout(nbytes: int, receivers: int, hop_bytes: int = HOP_BYTES) -> int:
-    """1 (a chain) or 2 (a binary tree): whichever a link model finishes first for `receivers` pods taking
-    a version of `nbytes`, counting times in bytes at one link's rate. Chain: the first receiver takes the
-    version at the full rate, each further one adds one hop (min(nbytes, hop_bytes) in flight): nbytes +
-    (receivers - 1) x hop. Tree: every sender feeds two children at half the rate each, each of its levels
-    after the first adds a hop at that rate: 2 x nbytes + 2 x (depth - 1) x hop. A 256 MiB version to 8 pods
-    is a chain (298 vs 536 MiB), a 4 MiB adapter to 8 pods a tree (32 vs 24), a 20 MiB one from 16 pods on,
-    anything from 64 pods on. bench/broadcast.py --fan 1|2 measures both on shaped links."""
+    """1 (a chain) or 2 (a binary tree): the tree only where a link model says it finishes at least a quarter
+    sooner, counting times in bytes at one link's rate. Chain: the first receiver takes the version at the full
+    rate, each further one adds one hop (min(nbytes, hop_bytes) in flight): nbytes + (receivers - 1) x hop.
+    Tree: every sender feeds two children at half the rate each, each of its levels after the first adds a
+    hop at that rate: 2 x nbytes + 2 x (depth - 1) x hop. The quarter covers what the model leaves out
+    (a sender serving two streams, each level's set-up): on shaped 1 Gbit links with 8 receivers the chain
+    was as fast or faster for 4 and 20 MiB versions (bench/broadcast.py --fan 1|2, in the README), and the
+    rule keeps it there; it picks the tree from 16 receivers for versions of a few MiB (4 MiB: 64 vs 32) and
+    for large versions only from about 128 (256 MiB: 1018 vs 584)."""
     if receivers < 2:
         return 1
     hop = min(nbytes, hop_bytes)
     depth = max(1, math.ceil(math.log2(receivers + 2)) - 1)  # levels of 2, 4, 8, ... receivers
     chain = nbytes + (receivers - 1) * hop
     tree = 2 * nbytes + 2 * (depth - 1) * hop
-    return 2 if tree < chain else 1
+    return 2 if tree < 0.75 * chain else 1
 
 
 def plan(me: str, chain: list[str], holders: list[str], bad: set[str], fan: int = 1) -> list[str]:
