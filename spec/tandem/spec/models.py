@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
 from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE, QUANTITY, Base, Rule
+from tandem.spec.environment import Environment
 from tandem.spec.parallel import PARALLEL_RULES
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 
@@ -200,6 +201,9 @@ class Rollout(Base):
         "frees the accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
     partial: Partial | None = Field(default=None, description="Partial rollouts (Kimi k1.5): long "
                                     "completions are cut at a per-iteration token budget and continued later.")
+    environment: Environment | None = Field(default=None, description="Multi-turn rollouts: the model may "
+                                            "call tools before it answers (tandem.sidecars.envs); absent: one "
+                                            "reply per completion.")
     gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1, description="Share of each GPU's "
                                       "memory vLLM takes (weights, activations, KV cache); default 0.85. Ignored "
                                       "on CPU.")] = None
@@ -451,6 +455,13 @@ KTO_ONLY = ("applies to kto only (a labelled dataset); the other algorithms gene
             "them with spec.rewards")
 
 
+def _multi_turn_ok(s: JobSpec) -> bool:
+    env = s.rollout.environment
+    return env is None or env.type == "single" or (
+        s.rollout.partial is None and s.algorithm.max_staleness == 0 and s.algorithm.dynamic_sampling is None
+        and s.algorithm.name not in ("dpo", "kto"))
+
+
 class JobSpec(Base):
     model: ModelRef
     algorithm: Algorithm = Field(default_factory=Algorithm)
@@ -562,6 +573,12 @@ class JobSpec(Base):
              "sleep level 2 drops the base weights that trainer.lora.sync adapter serves its adapters on: use 1 "
              "(or auto), or lora.sync merged", ".rollout.sleepLevel",
              lambda s: s.trainer.lora is None or s.trainer.lora.sync != "adapter" or s.rollout.sleep_level != 2),
+        Rule("!has(self.rollout.environment) || self.rollout.environment.type == 'single' || "
+             "(!has(self.rollout.partial) && self.algorithm.maxStaleness == 0 && "
+             "!has(self.algorithm.dynamicSampling) && !(self.algorithm.name in ['dpo', 'kto']))",
+             "multi-turn rollouts (environment type tools) are generated synchronously and trained by the "
+             "policy-gradient algorithms: no rollout.partial, maxStaleness 0, no dynamicSampling, not dpo or kto",
+             ".rollout.environment", _multi_turn_ok),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
     )

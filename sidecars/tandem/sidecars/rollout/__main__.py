@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.endpoints import split_endpoints
@@ -51,6 +52,21 @@ def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
                                                                 cores=len(os.sched_getaffinity(0))))
 
 
+def multi_turn(engine: PodRolloutEngine, spec: JobSpec) -> Any:
+    """The job's multi-turn driver (rollout.environment with turns), or None for single replies."""
+    environment = spec.rollout.environment
+    if environment is None or environment.type == "single":
+        return None
+    from transformers import AutoTokenizer
+
+    from tandem.sidecars.envs.driver import MultiTurnDriver
+    from tandem.sidecars.envs.factory import limits, make_environments
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
+    return MultiTurnDriver(engine, tokenizer, make_environments(environment),
+                           limits(environment, spec.rollout.max_tokens))
+
+
 def main() -> int:
     started = start_sidecar(log)
     if started is None:
@@ -81,7 +97,7 @@ def main() -> int:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:
             engine.update(None)
-        server, thread = start_server(build_app(engine, env.token), env.port, "rollout-api")
+        server, thread = start_server(build_app(engine, env.token, multi_turn(engine, spec)), env.port, "rollout-api")
         endpoint = keys.endpoint(registry.namespace, registry.scope, env.pod, "rollout")
         record = {"address": env.address, "ready": True, "pod": env.pod, "rolloutOnly": env.rollout_only,
                   "generation": env.restart_generation}

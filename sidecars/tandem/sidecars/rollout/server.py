@@ -2,7 +2,8 @@
 
 Role: thin routes over `RolloutEngine` (checkpoint_engine): `create_app` supplies health, status,
 start, update, terminate, sleep, wake_up; this module adds generation for the driver, with the
-same bearer token. Caller: `python -m tandem.sidecars.rollout`.
+same bearer token: `/v1/generate` (one reply per prompt) and, where the job's rollout.environment has turns,
+`/v1/trajectories` (multi-turn, `envs.driver.MultiTurnDriver`). Caller: `python -m tandem.sidecars.rollout`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from pydantic import BaseModel, Field
 
-from tandem.checkpoint_engine import api
+from tandem.checkpoint_engine import api, errors
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+from tandem.sidecars.envs.driver import MultiTurnDriver, Result
+
+
+def _out(r: Result) -> TrajectoryOut:
+    t = r.trajectory
+    return TrajectoryOut(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, mask=t.loss_mask,
+                         logprobs=t.rollout_logprobs, text=r.final_text, reward=r.reward, finish=r.finish,
+                         turns=r.stats.turns or t.model_turns, tool_calls=r.stats.tool_calls,
+                         tool_errors=r.stats.tool_errors, tool_seconds=r.stats.tool_seconds)
 
 
 class GenerateRequest(BaseModel):
@@ -27,13 +37,40 @@ class GenerateRequest(BaseModel):
                                          "(the continuation of a partial rollout).")
 
 
+class TrajectoriesRequest(BaseModel):
+    rows: list[list[dict[str, Any]]] = Field(min_length=1, description="Each row's chat messages.")
+    options: SamplingOptions = Field(default_factory=SamplingOptions)
+    n: int = Field(1, ge=1, le=1024)
+
+
+class TrajectoryOut(BaseModel):
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    mask: list[int]  # 1 on the model's tokens
+    logprobs: list[float]  # the rollout's, 0 on the environment's tokens
+    text: str  # the last model turn: what the job's rewards judge
+    reward: float | None  # the environment's own
+    finish: str
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    tool_seconds: float
+
+
+class TrajectoriesResponse(BaseModel):
+    trajectories: list[list[TrajectoryOut]]
+    version: int | None
+    seconds: float
+
+
 class GenerateResponse(BaseModel):
     completions: list[list[Completion]]
     version: int | None
     seconds: float
 
 
-def build_app(engine: RolloutEngine, token: str) -> FastAPI:
+def build_app(engine: RolloutEngine, token: str, turns: MultiTurnDriver | None = None) -> FastAPI:
+    """The routes; `turns`: the job's multi-turn driver (None: /v1/trajectories answers 405)."""
     app = api.create_app(engine, token)
     router = APIRouter(dependencies=[Depends(app.state.auth)])
 
@@ -42,6 +79,17 @@ def build_app(engine: RolloutEngine, token: str) -> FastAPI:
         t = time.perf_counter()
         out: Any = await asyncio.to_thread(engine.generate, req.prompts, req.options, req.n, req.max_tokens)
         return GenerateResponse(completions=out, version=engine.version, seconds=time.perf_counter() - t)
+
+    @router.post("/v1/trajectories")
+    async def trajectories(req: TrajectoriesRequest) -> TrajectoriesResponse:
+        if turns is None:
+            raise errors.UnsupportedOperation("this job's rollouts are single-turn (rollout.environment)")
+        t = time.perf_counter()
+        version = engine.version
+        out = await asyncio.to_thread(turns.run, [{} for _ in req.rows], req.rows, req.n, req.options,
+                                      -1 if version is None else version)
+        return TrajectoriesResponse(trajectories=[[_out(r) for r in row] for row in out], version=version,
+                                    seconds=time.perf_counter() - t)
 
     app.include_router(router)
     return app

@@ -72,6 +72,7 @@ class Prompt:
     index: int  # row in file order, from 0
     token_ids: list[int] | None = None  # ids of `text` when a tokenizer was given
     question: str = ""  # the plain prompt or last user message; defaults to `text`
+    messages: list[dict[str, Any]] | None = None  # the chat messages `text` renders (multi-turn rollouts)
 
     def __post_init__(self) -> None:
         if not self.question:
@@ -118,16 +119,18 @@ class PromptDataset:
         render = _Renderer(spec, path, tokenizer)
         texts: list[str] = []
         questions: list[str] = []
+        chats: list[list[dict[str, Any]] | None] = []
         for n, row in enumerate(rows, 1):
             text, question = render(n, row[spec.prompt_field])
             texts.append(text)
             questions.append(question)
+            chats.append(render.messages(n, row[spec.prompt_field]) if render.templated else None)
         ids: list[list[int] | None] = [None] * len(texts)
         if tokenizer is not None:
             ids = list(_encode(tokenizer, texts, special=not render.templated))
-        table_rows = zip(texts, questions, ids, rows, strict=True)
-        return cls([Prompt(text, _answer(row.get(spec.answer_field)), i, token_ids, question)
-                    for i, (text, question, token_ids, row) in enumerate(table_rows)], seed,
+        table_rows = zip(texts, questions, ids, rows, chats, strict=True)
+        return cls([Prompt(text, _answer(row.get(spec.answer_field)), i, token_ids, question, chat)
+                    for i, (text, question, token_ids, row, chat) in enumerate(table_rows)], seed,
                    _labelled(spec, path, rows, texts, render) if kto else None)
 
     def batch(self, iteration: int, size: int) -> list[Prompt]:
@@ -245,6 +248,14 @@ class _Renderer:
         if spec.system_prompt is not None and not self.templated:
             raise DatasetError(f"dataset.systemPrompt: needs the tokenizer's chat template ({self.why_not})")
 
+    def messages(self, n: int, value: Any) -> list[dict[str, Any]]:
+        """The row's prompt as chat messages, the system prompt first where the job sets one."""
+        prompt = _prompt_value(value, f"{self.path}: row {n}: field {self.spec.prompt_field!r} (dataset.promptField)")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if self.spec.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.spec.system_prompt}, *messages]
+        return messages
+
     def __call__(self, n: int, value: Any, reply: str | None = None) -> tuple[str, str]:
         """(text, question); with `reply` (KTO) the text is the conversation ending with it as the
         assistant's turn (templated only)."""
@@ -254,10 +265,8 @@ class _Renderer:
             if isinstance(prompt, list):
                 raise DatasetError(f"{where}: a messages list needs the tokenizer's chat template ({self.why_not})")
             return prompt, prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        messages = self.messages(n, value)
         question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-        if self.spec.system_prompt is not None and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": self.spec.system_prompt}, *messages]
         turn = [] if reply is None else [{"role": "assistant", "content": reply}]
         try:
             text = self.tokenizer.apply_chat_template([*messages, *turn], add_generation_prompt=reply is None,

@@ -24,7 +24,14 @@ from tandem.sidecars.trainer.loop import dynamic_sampling, host_wait, inflight, 
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.dynamic_sampling import Scores
 from tandem.sidecars.trainer.loop.partial import Group, staleness_stats
-from tandem.sidecars.trainer.loop.sources import LabelledSource, RolloutSource, SyncSource, make_source, to_samples
+from tandem.sidecars.trainer.loop.sources import (
+    LabelledSource,
+    RolloutSource,
+    SyncSource,
+    make_source,
+    to_samples,
+    turn_stats,
+)
 from tandem.sidecars.trainer.observe.memory import PhaseMemory
 from tandem.sidecars.trainer.observe.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
@@ -180,6 +187,7 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     else:
         samples, inputs = samples_of(groups)
     info.update(stats)
+    info.update(turn_stats(groups))  # multi-turn: turns, tool calls and errors, tool seconds
     info.update(staleness_stats(groups, ctx.version))
     oldest = min((seg.version for g in groups for m in g.members for seg in m.segments), default=ctx.version)
     info.update(completions=len(samples), generate_seconds=seconds, rollout_version=oldest,

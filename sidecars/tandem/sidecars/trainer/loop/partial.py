@@ -49,6 +49,8 @@ class Pending:
     text: str = ""  # vLLM's text, while the completion has a single segment
     finish_reason: str | None = None
     done: bool = False
+    mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
+    turns: dict[str, float] | None = None  # multi-turn: turns, tool_calls, tool_errors, tool_seconds
 
     def versions(self) -> list[int]:
         """The version that sampled each token."""

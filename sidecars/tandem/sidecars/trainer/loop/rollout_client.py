@@ -133,6 +133,33 @@ class RolloutClient:
                 out += [[Completion.model_validate(c) for c in group] for group in part["completions"]]
         return out, versions
 
+    def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions,
+                     n: int) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
+        """n multi-turn trajectories per row of chat messages (the rollouts' `/v1/trajectories`), spread over
+        the rollouts as `generate` spreads prompts; also the weight versions that sampled them."""
+        addresses = list(self.addresses)
+        k = len(addresses)
+        cuts = [(i * len(rows) // k, (i + 1) * len(rows) // k) for i in range(k)]
+        body = {"options": options.model_dump(), "n": n}
+
+        def call(address: str, piece: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+            return self._reach(address, "/v1/trajectories", {**body, "rows": piece}) if piece else {}
+
+        with ThreadPoolExecutor(k) as pool:
+            parts = list(pool.map(call, addresses, [list(rows[a:b]) for a, b in cuts]))
+        self._drop([a for a, part in zip(addresses, parts, strict=True) if part is None])
+        out: list[list[dict[str, Any]]] = []
+        versions: set[int | None] = set()
+        for part, (a, b) in zip(parts, cuts, strict=True):
+            if part is None:  # that rollout is gone: the others take its rows
+                more, seen = self.trajectories(rows[a:b], options, n)
+                out += more
+                versions |= seen
+            elif b > a:
+                versions.add(part.get("version"))
+                out += part["trajectories"]
+        return out, versions
+
     def update(self, version: int) -> float:
         """Load `version` in every rollout; returns the slowest rollout's seconds."""
         t = time.perf_counter()

@@ -34,7 +34,7 @@ from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer.loop import inflight, resume
 from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
-from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, whole_groups
+from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment, whole_groups
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
 from tandem.spec.models import JobSpec
 
@@ -99,6 +99,43 @@ class SyncSource:
 
     def close(self) -> None:
         pass
+
+
+TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds")
+
+
+class MultiTurnSource(SyncSource):
+    """Multi-turn trajectories (rollout.environment with turns) from the rollouts' driver: each member's
+    completion is every token after the first prompt, the model's and the environment's, with its mask; the
+    text the rewards judge is the last model turn."""
+
+    def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
+        prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
+        rows = [p.messages or [{"role": "user", "content": p.text}] for p in prompts]
+        outs, versions = self.rollouts.trajectories(rows, options, n=self.spec.algorithm.group_size)
+        if len(versions) != 1:
+            raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
+        got = versions.pop()
+        v = version if got is None else got
+        groups = []
+        for prompt, trajectories in zip(prompts, outs, strict=True):
+            members = [Pending(t["prompt_ids"], t["completion_ids"], t["logprobs"],
+                               [Segment(v, len(t["completion_ids"]))], t["text"],
+                               "length" if t["finish"] == "length" else "stop", done=True, mask=t["mask"],
+                               turns={k: float(t[k]) for k in TURN_STATS}) for t in trajectories]
+            groups.append(Group(prompt, members, born=v))
+        return groups
+
+
+def turn_stats(groups: Sequence[Group]) -> dict[str, float]:
+    """Per iteration: model turns and tool calls per trajectory, tool errors per call, tool seconds in all."""
+    rows = [m.turns for g in groups for m in g.members if m.turns is not None]
+    if not rows:
+        return {}
+    calls = sum(r["tool_calls"] for r in rows)
+    return {"turns_mean": sum(r["turns"] for r in rows) / len(rows), "tool_calls_mean": calls / len(rows),
+            "tool_error_frac": sum(r["tool_errors"] for r in rows) / calls if calls else 0.0,
+            "tool_seconds": sum(r["tool_seconds"] for r in rows)}
 
 
 class PartialSource(SyncSource):
@@ -202,6 +239,9 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
     if spec.rollout.partial is not None:
         requeue = [dataset.prompts[i] for i in (resumed.prompts if resumed else []) if 0 <= i < len(dataset)]
         return PartialSource(spec, dataset, rollouts, requeue), rollouts
+    environment = spec.rollout.environment
+    if environment is not None and environment.type != "single":  # synchronous only (the spec's rule)
+        return MultiTurnSource(spec, dataset, rollouts), rollouts
     if spec.algorithm.max_staleness == 0 or registry is None:
         return SyncSource(spec, dataset, rollouts), rollouts
     shared = spec.rollout.between_rollouts == "keep"  # the hybrid pods' vLLM stays up while training
@@ -238,7 +278,8 @@ def to_samples(groups: Sequence[Group], eos_id: int,
             ok = len(m.logprobs) == len(ids) and not any(math.isnan(x) for x in m.logprobs)
             samples.append(Sample(prompt_ids=m.prompt_ids, completion_ids=list(ids), group=g,
                                   rollout_logprobs=list(m.logprobs) if ok else None,
-                                  truncated=m.finish_reason == "length" if m.finish_reason else None))
+                                  truncated=m.finish_reason == "length" if m.finish_reason else None,
+                                  completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
             inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
