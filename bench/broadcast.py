@@ -1,7 +1,7 @@
 """Benchmark (not a test): 1 publisher → N receivers of one weight version, against a plain socket.
 
 Run (root, for network namespaces): `nice -n 10 python bench/broadcast.py [--mib 256] [--ns 1,2,4,8]
-[--rate 1gbit] [--transport tcp|mooncake-tcp]`.
+[--rate 1gbit] [--transport tcp|mooncake-tcp] [--fan 0|1|2]`.
 
 Two networks in one run, one private etcd (on the emulated network's bridge address):
 - shaped: every pod (publisher, receivers, the socket baseline's two ends) in its own network
@@ -47,6 +47,15 @@ sender queued behind the shard's last bytes. The same code moves 1.3-3.9 GB/s fr
 within one run: the sender's and receiver's copies, the verify and populate threads and the etcd
 clients are scheduled on two cores, which a link-limited network does not see (shaped: 0.98x).
 A 64 MiB receive chunk instead of 4 MiB changed nothing (0.36-0.50x); not kept.
+Small versions (LoRA adapters), 2026-11-26, shaped 1gbit, 4 MiB shards, `--fan 1` (chain) against `--fan 2`
+(binary tree), three interleaved runs each, the machine loaded by other work (seconds to the last receiver):
+  N=8, 4 MiB: chain 0.145 / 0.333 / 0.197, tree 0.187 / 0.346 / 0.208 (N=1: 0.047-0.065);
+  N=8, 20 MiB: chain 0.432 / 0.522 / 0.342, tree 0.599 / 0.552 / 0.697 (N=1: 0.20-0.23);
+  N=16, 4 MiB: chain 0.875 / 0.754, tree 0.615 (its second run lost a pod to the machine running out of
+  memory under other work).
+At 8 receivers the chain was as fast or faster for both sizes; at 16 the tree took 0.70-0.82x the chain's time.
+receiver.fanout picks the tree only where its link model predicts a quarter saved: never at 8 receivers,
+from 16 for versions of a few MiB (the default, `--fan 0`).
 """
 
 from __future__ import annotations
