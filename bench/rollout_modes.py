@@ -33,6 +33,16 @@ learn clearly (sync's 0.14 -> 0.17-0.22 is ~1-2 standard errors), so use 8-10; a
 below SmolLM2's typical answer (~72 tokens), so partial carried most sums, not just the long tail, and had
 fewer finished completions to train on (128 vs 160): use a budget above the typical answer (96).
 
+First run of the full design, 2026-11-26 (8 iterations, `--repeats 3 --modes "sync,async k=1,partial"`, the
+machine shared with tests and other benches, so its seconds compare nothing): sync trained 256 completions,
+held-out pass@1 0.133 -> 0.253 -> 0.380 after 0, 4, 8 iterations (training reward 0.31 in the last quarter):
+the synchronous loop learns clearly here. The first async k=1 run stopped at its mid-run evaluation: "the
+rollouts served version 4" instead of 5. The rollout client had taken a connection closed under a request
+for a gone rollout and dropped that pod without a word, so it missed the update the evaluation relied on
+(now tried once more on a fresh connection, and logged when dropped). Its retries died of the machine running
+out of memory beside two other benches: run this bench alone. The runs so far are kept in
+~/.cache/tandem/bench/rollout_modes (--out there and --resume go on from them).
+
 Not a test. Run (about 10-12 minutes per mode and run on 2 idle cores with the defaults, evaluations and
 start-up included; 3 modes x 3 repeats ~1h45):
     /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...] [--resume]
