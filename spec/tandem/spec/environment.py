@@ -38,8 +38,8 @@ class Environment(Base):
     tool_timeout_seconds: Annotated[float, Field(gt=0, le=3600, description=(
         "Seconds one tool call may take; a slower one is answered with a timeout error."))] = 10.0
     rules = (
-        Rule("self.type != 'tools' || size(self.tools) > 0", "type tools needs at least one tool", ".tools",
-             lambda e: e.type != "tools" or bool(e.tools)),
-        Rule("self.type == 'tools' || size(self.tools) == 0", "tools apply to type tools only", ".tools",
-             lambda e: e.type == "tools" or not e.tools),
+        Rule("self.type != 'tools' || (has(self.tools) && size(self.tools) > 0)",
+             "type tools needs at least one tool", ".tools", lambda e: e.type != "tools" or bool(e.tools)),
+        Rule("self.type == 'tools' || !has(self.tools) || size(self.tools) == 0",
+             "tools apply to type tools only", ".tools", lambda e: e.type == "tools" or not e.tools),
     )
