@@ -14,7 +14,8 @@ Tandem's phase-switch share of an iteration (offload/onload/publish/sync/release
 Sizes: `tiny` is the demo's model (fixed per-iteration costs dominate; report only); `100m` is a
 ~100M-parameter random Qwen2 with the toy tokenizer and 64-token completions (reward meaningless,
 throughput only). Not a test; needs TRL in the venv (see `TRL_HINT`). Run:
-    /root/.cache/tandem/venv/bin/python bench/rl_vs_trl.py --size tiny|100m|smollm2 [--iterations N] [--out DIR]
+    /root/.cache/tandem/venv/bin/python bench/rl_vs_trl.py --size tiny|100m|smollm2 [--iterations N] [--lora RANK]
+        [--out DIR]
 It prints a table and writes DIR/rl_vs_trl-<size>.json (default DIR: /tmp/tandem-bench/rl_vs_trl).
 
 Measured here (2 cores shared with other work, TRL 1.16.0): tiny, 20 iterations x 256 completions:
@@ -22,6 +23,14 @@ Tandem 220 completions/s in the loop (83 with start-up) vs TRL 27.5 (26.7): 8.0x
 the last 5 iterations 0.350 (Tandem) vs 0.435 (TRL), switch share 6.0%. 100m (105M params), 3 x 32
 completions of ~60 tokens: Tandem 0.64 completions/s vs TRL 0.74 (2 threads): 0.87x, 0.84x against
 TRL on 1 thread; Tandem's train phase (26-34 s of ~50-60 s per iteration) dominates; switch share 3-4%.
+
+With LoRA on both sides (`--size smollm2 --lora 16`: rank 16, alpha 32, every linear layer, lr 1e-4; Tandem's
+versions carry the adapters alone, served by vLLM as a LoRA adapter), 2026-11-26, one run each, the machine
+loaded by a test suite throughout (so the seconds compare little: 1.05x completions/s in the loop): held-out
+pass@1 Tandem 0.135 -> 0.229 (its export scored 0.250), TRL 0.094 -> 0.323; pass@4 0.458 -> 0.708 on both
+sides; training reward over the last 2 iterations 0.219 vs 0.234. 96 answers give pass@1 a standard error of
+~0.045, so the 0.07-0.09 between them is within what one run each can tell. Tandem's versions: 19.5 MB each
+(a whole version: 538 MB), publish 0.66 s and sync 0.98 s per iteration.
 
 `smollm2` is the pretrained SmolLM2-135M-Instruct (134.5M params, float32) on examples/smollm2-grpo.yaml's
 task: chat-format single-digit sums (examples/arith, TRL gets the same messages and applies the same chat
