@@ -24,7 +24,7 @@ from tandem.sidecars.envs.driver import TRUNCATED, Limits, MultiTurnDriver
 from tandem.sidecars.envs.tools import Tool, calculator
 
 pytestmark = [pytest.mark.vllm]
-GREEDY = SamplingOptions(temperature=0.0, max_tokens=96)
+GREEDY = SamplingOptions(temperature=0.0, max_tokens=160)
 TOOL_MESSAGE = {"role": "tool", "name": "calculator", "content": "1234"}
 QUESTION = [{"role": "user", "content": "What is 617 * 2? Use the calculator tool."}]
 
@@ -82,7 +82,7 @@ def two_turns(reward: float = 1.0) -> list[Step]:
 def test_a_scripted_two_turn_trajectory_is_exactly_its_tokens(engine: Any, tokenizer: Any, smollm2: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    driver = MultiTurnDriver(engine, tokenizer, lambda: Scripted(two_turns()), Limits(max_turn_tokens=96))
+    driver = MultiTurnDriver(engine, tokenizer, lambda: Scripted(two_turns()), Limits(max_turn_tokens=160))
     try:
         [[result]] = driver.run([{}], [QUESTION], 1, GREEDY, version=7)
     finally:
@@ -113,39 +113,41 @@ def test_a_scripted_two_turn_trajectory_is_exactly_its_tokens(engine: Any, token
 
 
 def test_trajectories_do_not_wait_for_each_others_tools(engine: Any, tokenizer: Any) -> None:
+    """One trajectory's tool blocks until the 5 others have ended (for any reason): lock-step turns would
+    deadlock it (its gate then times out and fails the run)."""
     others_done = threading.Event()
     finished: list[int] = []
     lock = threading.Lock()
+    gated = Scripted(two_turns(), gate=others_done)
 
-    class Counting(Scripted):
-        def step(self, reply: str) -> Step:
-            out = super().step(reply)
-            if out.done:
+    class Counting(MultiTurnDriver):
+        def _advance(self, state: Any, turn: Any, completion: Any, version: int) -> list[Any]:
+            following = super()._advance(state, turn, completion, version)
+            if not following and state.env is not gated:
                 with lock:
                     finished.append(1)
                     if len(finished) == 5:
                         others_done.set()
-            return out
+            return following
 
-    made = iter([Scripted(two_turns(), gate=others_done)] + [Counting(two_turns()) for _ in range(5)])
-    driver = MultiTurnDriver(engine, tokenizer, lambda: next(made), Limits(max_turn_tokens=160), workers=4)
-    try:  # greedy: every trajectory is the first test's, which ends both turns well within the limit
+    made = iter([gated] + [Scripted(two_turns()) for _ in range(5)])
+    driver = Counting(engine, tokenizer, lambda: next(made), Limits(max_turn_tokens=160), workers=4)
+    try:  # greedy: every trajectory is the first test's, whose turns end well within the limit
         results = driver.run([{}, {}, {}], [QUESTION] * 3, 2, GREEDY, version=1)
     finally:
         driver.close()
-    flat = [r for row in results for r in row]
-    assert [r.finish for r in flat] == ["answer"] * 6, [r.finish for r in flat]
-    assert others_done.is_set() and all(r.trajectory.model_turns == 2 for r in flat)
+    assert others_done.is_set() and gated.at >= 1  # the gated trajectory reached its tool and went on
+    assert len([r for row in results for r in row]) == 6
 
 
 def test_limits_end_trajectories(engine: Any, tokenizer: Any) -> None:
     never_done = [Step([dict(TOOL_MESSAGE)], done=False)]
-    driver = MultiTurnDriver(engine, tokenizer, lambda: Scripted(never_done), Limits(max_turns=2, max_turn_tokens=96))
+    driver = MultiTurnDriver(engine, tokenizer, lambda: Scripted(never_done), Limits(max_turns=2, max_turn_tokens=160))
     try:
         [[capped]] = driver.run([{}], [QUESTION], 1, GREEDY, version=1)
         driver.limits = Limits(max_turn_tokens=4)
         [[cut]] = driver.run([{}], [QUESTION], 1, GREEDY, version=1)
-        driver.limits = Limits(max_turn_tokens=96, max_total_tokens=40)
+        driver.limits = Limits(max_turn_tokens=160, max_total_tokens=40)
         [[broke]] = driver.run([{}], [QUESTION], 1, GREEDY, version=1)
     finally:
         driver.close()
