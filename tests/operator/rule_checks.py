@@ -32,3 +32,36 @@ def refused_by_api_server(installed: ControlPlane, case: str, build: Callable[[]
     out = server_dry_run(installed, case, build)
     assert out.returncode != 0, f"{case} was accepted"
     assert field in out.stderr and words in out.stderr, out.stderr
+
+
+Rejected = list[tuple[str, Callable[[], JobWrapper], str, str]]
+Accepted = list[tuple[str, Callable[[], JobWrapper]]]
+
+
+def rule_tests(rejected: Rejected, accepted: Accepted) -> tuple[Callable[..., None], ...]:
+    """The four tests of a feature's rules, parametrized over its cases: offline refusals naming the field,
+    offline acceptances, and the same two against the real API server (k8s). A test module binds them to
+    test_* names."""
+    r_ids, a_ids = [c[0] for c in rejected], [c[0] for c in accepted]
+
+    @pytest.mark.parametrize(("case", "build", "field", "words"), rejected, ids=r_ids)
+    def offline_refuses(case: str, build: Callable[[], JobWrapper], field: str, words: str) -> None:
+        refused_offline(case, build, field, words)
+
+    @pytest.mark.parametrize(("case", "build"), accepted, ids=a_ids)
+    def offline_accepts(case: str, build: Callable[[], JobWrapper]) -> None:
+        parse_job(build().obj(), case)
+
+    @pytest.mark.k8s
+    @pytest.mark.parametrize(("case", "build", "field", "words"), rejected, ids=r_ids)
+    def server_refuses(installed: ControlPlane, case: str, build: Callable[[], JobWrapper], field: str,
+                       words: str) -> None:
+        refused_by_api_server(installed, case, build, field, words)
+
+    @pytest.mark.k8s
+    @pytest.mark.parametrize(("case", "build"), accepted, ids=a_ids)
+    def server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
+        out = server_dry_run(installed, case, build)
+        assert out.returncode == 0, out.stderr
+
+    return offline_refuses, offline_accepts, server_refuses, server_accepts

@@ -4,11 +4,8 @@ rollout sidecar builds from it (`tandem.sidecars.envs.factory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
-from controlplane import ControlPlane
-from rule_checks import refused_by_api_server, refused_offline, server_dry_run
+from rule_checks import Accepted, Rejected, rule_tests
 from wrappers import JobWrapper
 
 from tandem.sidecars.envs.base import SingleTurn, ToolEnvironment
@@ -18,7 +15,7 @@ from tandem.spec.load import SpecError, parse_job
 W = JobWrapper
 TOOLS = {"type": "tools", "tools": ["calculator"]}
 
-REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
+REJECTED: Rejected = [
     ("tools-without-tools", lambda: W().set("rollout.environment", {"type": "tools"}),
      "spec.rollout.environment.tools", "at least one tool"),
     ("tools-on-single", lambda: W().set("rollout.environment", {"tools": ["calculator"]}),
@@ -31,22 +28,15 @@ REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
     ("zero-turns", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 0}),
      "spec.rollout.environment.maxTurns", ""),
 ]
-ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
+ACCEPTED: Accepted = [
     ("tools", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 3, "maxTotalTokens": 384,
                                                       "maxToolOutputTokens": 32, "toolCallFormat": "llama3"})),
     ("single", lambda: W().set("rollout.environment", {"type": "single"})),
 ]
 
 
-@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
-def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str,
-                                            words: str) -> None:
-    refused_offline(case, build, field, words)
-
-
-@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
-def test_offline_validation_accepts(case: str, build: Callable[[], JobWrapper]) -> None:
-    parse_job(build().obj(), case)
+(test_offline_validation_names_the_field, test_offline_validation_accepts, test_api_server_rejects_naming_the_field,
+ test_api_server_accepts) = rule_tests(REJECTED, ACCEPTED)
 
 
 def test_an_unknown_tool_is_refused_naming_it() -> None:
@@ -65,17 +55,3 @@ def test_the_sidecar_builds_the_environment_and_limits_the_spec_asks_for() -> No
     got = limits(env, spec.rollout.max_tokens)
     assert (got.max_turns, got.max_turn_tokens, got.max_total_tokens, got.max_tool_output_tokens) == (3, 48, 384, 32)
     assert isinstance(make_environments(None)(), SingleTurn) and limits(None, 48).max_turns == 1
-
-
-@pytest.mark.k8s
-@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
-def test_api_server_rejects_naming_the_field(installed: ControlPlane, case: str, build: Callable[[], JobWrapper],
-                                             field: str, words: str) -> None:
-    refused_by_api_server(installed, case, build, field, words)
-
-
-@pytest.mark.k8s
-@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
-def test_api_server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
-    out = server_dry_run(installed, case, build)
-    assert out.returncode == 0, out.stderr
