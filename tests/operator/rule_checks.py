@@ -1,6 +1,7 @@
 """Shared checks of a cross-field rule's two enforcements, offline (`tandem.spec.load.parse_job`, what
 `tandem validate` prints) and by the real API server (the CRD's CEL, a server-side dry run). Used by the
-rule tests of one feature each (test_kto_rules.py, test_engine_rules.py)."""
+rule tests of one feature each (test_kto_rules.py, test_engine_rules.py; test_environment_rules.py binds
+the four tests `rule_tests` makes)."""
 
 from __future__ import annotations
 
