@@ -120,6 +120,11 @@ def scale(config: Mapping[str, Any]) -> float:
     return alpha / rank ** 0.5 if config.get("use_rslora") else alpha / rank
 
 
+def merge_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, factor: float) -> torch.Tensor:
+    """W + factor x B A, computed in fp32 and cast back to W's dtype (the trainer's merged versions too)."""
+    return (weight.float() + (b.float() @ a.float()) * factor).to(weight.dtype)
+
+
 def merged(base: Iterable[tuple[str, torch.Tensor]], adapters: Mapping[str, torch.Tensor],
            config: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
     """The base model's weights with every adapter merged in: W + scale * B A (in fp32, cast back to W's
@@ -136,8 +141,7 @@ def merged(base: Iterable[tuple[str, torch.Tensor]], adapters: Mapping[str, torc
             yield name, weight
             continue
         used.add(module)
-        delta = (pair["B"].float() @ pair["A"].float()) * factor
-        yield name, (weight.float() + delta).to(weight.dtype)
+        yield name, merge_weight(weight, pair["A"], pair["B"], factor)
     if set(pairs) - used:
         raise errors.InvalidVersion(f"adapters of modules the base model lacks: {sorted(set(pairs) - used)[:8]}")
 

@@ -54,6 +54,24 @@ __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION",
            "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env"]
 
 
+def sampling_params(opts: SamplingOptions, n: int, seed: int | None) -> Any:
+    """vLLM's SamplingParams for `opts`, with the sampled token's log-prob returned (generate, turns.py)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(n=n, logprobs=0, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
+                          max_tokens=opts.max_tokens, min_tokens=opts.min_tokens, seed=seed,
+                          stop=opts.stop or None, stop_token_ids=opts.stop_token_ids, ignore_eos=opts.ignore_eos)
+
+
+def completion(out: Any, c: Any, prompt_index: int = 0, sample_index: int = 0) -> Completion:
+    """One of vLLM's outputs `c` of request output `out` with the log-prob of every sampled token."""
+    ids = list(c.token_ids)
+    logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
+    return Completion(prompt_index=prompt_index, sample_index=sample_index,
+                      prompt_token_ids=list(out.prompt_token_ids or []), token_ids=ids, logprobs=logprobs,
+                      text=c.text, finish_reason=c.finish_reason)
+
+
 class RolloutEngine:
     def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout") -> None:
         self.cfg, self.registry, self.role = config, registry, role
@@ -342,7 +360,6 @@ class RolloutEngine:
         continue each cut completion with what is left of its budget)."""
         if max_tokens is not None and len(max_tokens) != len(prompts):
             raise errors.BadRequest(f"max_tokens has {len(max_tokens)} entries for {len(prompts)} prompts")
-        from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
@@ -354,19 +371,7 @@ class RolloutEngine:
                 # the step's token budget) rewinds its generator's offset, which CPU generators refuse,
                 # and the engine dies ("CPU Generator does not use offset"). The engine's seed still holds.
                 opts = opts.model_copy(update={"seed": None})
-            params = SamplingParams(
-                n=n,
-                logprobs=0,
-                temperature=opts.temperature,
-                top_p=opts.top_p,
-                top_k=opts.top_k,
-                max_tokens=opts.max_tokens,
-                min_tokens=opts.min_tokens,
-                seed=opts.seed,
-                stop=opts.stop or None,
-                stop_token_ids=opts.stop_token_ids,
-                ignore_eos=opts.ignore_eos,
-            )
+            params = sampling_params(opts, n, opts.seed)
             per_request: Any = params
             if max_tokens is not None:
                 per_request = [params.clone() for _ in prompts]
@@ -384,25 +389,7 @@ class RolloutEngine:
                     self._destroy()
                 self._set_phase(Phase.FAILED, error=f"generate failed: {e}")
                 raise errors.EngineNotRunning(f"vLLM failed while generating: {e}") from e
-        result = []
-        for i, out in enumerate(outs):
-            samples = []
-            for j, c in enumerate(out.outputs):
-                ids = list(c.token_ids)
-                lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
-                samples.append(
-                    Completion(
-                        prompt_index=i,
-                        sample_index=j,
-                        prompt_token_ids=list(out.prompt_token_ids),
-                        token_ids=ids,
-                        logprobs=lps,
-                        text=c.text,
-                        finish_reason=c.finish_reason,
-                    )
-                )
-            result.append(samples)
-        return result
+        return [[completion(out, c, i, j) for j, c in enumerate(out.outputs)] for i, out in enumerate(outs)]
 
     @contextmanager
     def serving(self) -> Iterator[tuple[Any, Any]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.checkpoint_engine.rollout_engine import completion, sampling_params
 
 
 @dataclass(frozen=True)
@@ -34,29 +35,12 @@ React = Callable[[Turn, Completion], "Future[list[Turn]]"]
 _ids = itertools.count()
 
 
-def sampling_params(options: SamplingOptions) -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(n=1, logprobs=0, temperature=options.temperature, top_p=options.top_p,
-                          top_k=options.top_k, max_tokens=options.max_tokens, min_tokens=options.min_tokens,
-                          stop=options.stop or None, stop_token_ids=options.stop_token_ids,
-                          ignore_eos=options.ignore_eos)
-
-
-def completion(out: Any) -> Completion:
-    c = out.outputs[0]
-    ids = list(c.token_ids)
-    logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
-    return Completion(prompt_index=0, sample_index=0, prompt_token_ids=list(out.prompt_token_ids or []),
-                      token_ids=ids, logprobs=logprobs, text=c.text, finish_reason=c.finish_reason)
-
-
 def run_turns(engine: Any, first: Sequence[Turn], options: SamplingOptions, react: React) -> int:
     """Serve `first` and every turn `react` adds until none is running or pending; returns the turns served.
     `engine` is a RolloutEngine; `options` apply to every turn but max_tokens (each turn's own)."""
     from vllm.inputs import TokensPrompt
 
-    base = sampling_params(options)
+    base = sampling_params(options, 1, None)  # no seed: one per turn would repeat samples of equal prompts
     served = 0
     with engine.serving() as (llm, lora):
         core = llm.llm_engine
@@ -86,7 +70,7 @@ def run_turns(engine: Any, first: Sequence[Turn], options: SamplingOptions, reac
                     for out in core.step():
                         if out.finished and out.request_id in live:
                             served += 1
-                            pending.add(react(live.pop(out.request_id), completion(out)))
+                            pending.add(react(live.pop(out.request_id), completion(out, out.outputs[0])))
                 elif pending:
                     wait(pending, return_when=FIRST_COMPLETED)
         except BaseException:

@@ -70,22 +70,18 @@ class HFWeights:
 
     def export_adapters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """LoRA: the adapters alone, whole, under the names PEFT saves them with, on the export rank (every
-        rank must exhaust the iterator: the gathers are collective). Kept for `write_adapter` as well."""
+        rank must exhaust the iterator: the gathers are collective). An export of such a version writes its
+        PEFT directory from the version itself (hf_export), so no copy is kept here."""
         if self.lora_scale is None:
             raise EngineError("adapter-only versions need trainer.lora")
         start = time.perf_counter()
         self._resharded()
-        if self.is_export_rank:
-            self.last_adapters = {}
         for name, tensor in self.model.state_dict().items():
             if not lora_weights.is_adapter(name):
                 continue
             full = whole_tensor(tensor)  # collective
             if self.is_export_rank:
-                saved = lora_weights.saved_name(name)
-                assert self.last_adapters is not None
-                self.last_adapters[saved] = full.detach().clone()
-                yield saved, full.detach()
+                yield lora_weights.saved_name(name), full.detach()
         self.last_export_seconds = time.perf_counter() - start
 
     def adapter_config(self) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""LoRA on the hf engine: the PEFT wrap, and the merged HF-named weights a version carries.
+"""LoRA on the hf engine: the PEFT wrap, the adapters' names and config, and the merged HF-named weights.
 
 Role: `trainer.lora` trains low-rank adapters (PEFT's `LoraConfig`: rank, alpha, target modules, dropout) on
-a frozen base model; Adam's state exists for the adapters only. A published version carries the merged
-weights, W + (alpha / rank) B A under the base model's own HF names, so the rollouts load it like any
-version and the conversion layer stays the identity. Names: PEFT's `base_model.model.<hf>` with each
+a frozen base model; Adam's state exists for the adapters only. A published version carries the adapters
+alone under the names PEFT saves them with (`lora.sync: adapter`, served by vLLM as a LoRA adapter), or the
+merged weights, W + (alpha / rank) B A under the base model's own HF names (`merged`), which the rollouts
+load like any version. Names: PEFT's `base_model.model.<hf>` with each
 adapted linear's weight under `<module>.base_layer.weight` and its adapter under `<module>.lora_A/B.default`.
 The adapters alone are also kept from each export, for a PEFT adapter directory beside each exported model.
 Caller: `hf_engine.HFEngine` (from_hf, export_hf, load_hf_weights, write_adapter).
@@ -11,12 +12,13 @@ Caller: `hf_engine.HFEngine` (from_hf, export_hf, load_hf_weights, write_adapter
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tandem.checkpoint_engine.adapters import merge_weight
 
 PREFIX = "base_model.model."
 ADAPTER = "default"
@@ -83,8 +85,7 @@ def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float,
             slot[part] = tensor
             if len(slot) == 3:
                 del pending[module]
-                delta = (slot["B"].float() @ slot["A"].float()) * factor
-                yield hf_name(module) + ".weight", (slot["W"].float() + delta).to(slot["W"].dtype)
+                yield hf_name(module) + ".weight", merge_weight(slot["W"], slot["A"], slot["B"], factor)
             continue
         yield hf_name(name), tensor
     if pending:
@@ -93,13 +94,8 @@ def merged(items: Iterable[tuple[str, torch.Tensor]], factor: float,
 
 def write_adapter_dir(out: Path, adapters: dict[str, torch.Tensor], model: Any, base_dir: Path | None) -> Path:
     """A PEFT adapter directory (`adapter_model.safetensors`, `adapter_config.json`) that `PeftModel.
-    from_pretrained(base, out)` loads onto the base model at `base_dir`."""
-    from safetensors.torch import save_file
+    from_pretrained(base, out)` loads onto the base model at `base_dir`: the checkpoint engine's writer
+    (`adapters.write_peft_dir`, atomic), which also writes adapter versions' exports."""
+    from tandem.checkpoint_engine.adapters import write_peft_dir
 
-    out.mkdir(parents=True, exist_ok=True)
-    config = copy.deepcopy(model.peft_config[ADAPTER])
-    config.base_model_name_or_path = str(base_dir) if base_dir is not None else None
-    config.save_pretrained(str(out))
-    save_file({k: v.contiguous() for k, v in adapters.items()}, str(out / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
-    return out
+    return write_peft_dir(adapters.items(), config_dict(model, base_dir), out, base_dir=base_dir)

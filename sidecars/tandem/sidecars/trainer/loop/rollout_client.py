@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RolloutError(RuntimeError):
@@ -106,58 +107,44 @@ class RolloutClient:
         `max_tokens` (one per prompt) overrides `options.max_tokens` per prompt. Also returns the
         weight versions the rollouts generated with (one, when all are in sync).
         """
-        addresses = list(self.addresses)
-        k = len(addresses)
-        cuts = [(i * len(prompts) // k, (i + 1) * len(prompts) // k) for i in range(k)]
-        slices = [list(prompts[a:b]) for a, b in cuts]
-        limits = [None if max_tokens is None else list(max_tokens[a:b]) for a, b in cuts]
         body = {"options": options.model_dump(), "n": n}
-
-        def call(address: str, piece: list[str | list[int]], limit: list[int] | None) -> dict[str, Any] | None:
-            if not piece:
-                return {}
-            return self._reach(address, "/v1/generate", {**body, "prompts": piece, "max_tokens": limit})
-
-        with ThreadPoolExecutor(k) as pool:
-            parts = list(pool.map(call, addresses, slices, limits))
-        self._drop([a for a, part in zip(addresses, parts, strict=True) if part is None])
-        out: list[list[Completion]] = []
-        versions: set[int | None] = set()
-        for part, piece, limit in zip(parts, slices, limits, strict=True):
-            if part is None:  # that rollout is gone: the others generate its prompts, in place
-                groups, seen = self.generate(piece, options, n, limit)
-                out += groups
-                versions |= seen
-            elif piece:
-                versions.add(part.get("version"))
-                out += [[Completion.model_validate(c) for c in group] for group in part["completions"]]
-        return out, versions
+        return self._spread("/v1/generate", 0, len(prompts), lambda a, b: {
+            **body, "prompts": list(prompts[a:b]), "max_tokens": None if max_tokens is None else list(max_tokens[a:b])},
+            lambda part: [[Completion.model_validate(c) for c in group] for group in part["completions"]])
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions,
                      n: int) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
         """n multi-turn trajectories per row of chat messages (the rollouts' `/v1/trajectories`), spread over
         the rollouts as `generate` spreads prompts; also the weight versions that sampled them."""
+        body = {"options": options.model_dump(), "n": n}
+        return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: {**body, "rows": list(rows[a:b])},
+                            lambda part: list(part["trajectories"]))
+
+    def _spread(self, path: str, lo: int, hi: int, body: Callable[[int, int], dict[str, Any]],
+                take: Callable[[dict[str, Any]], list[T]]) -> tuple[list[T], set[int | None]]:
+        """Items lo..hi-1 in contiguous slices, one request per rollout (`body(a, b)` of its slice); the
+        results in order, and the weight versions the rollouts report. A rollout that is gone is dropped
+        and its slice goes to the others, in place."""
         addresses = list(self.addresses)
         k = len(addresses)
-        cuts = [(i * len(rows) // k, (i + 1) * len(rows) // k) for i in range(k)]
-        body = {"options": options.model_dump(), "n": n}
+        cuts = [(lo + i * (hi - lo) // k, lo + (i + 1) * (hi - lo) // k) for i in range(k)]
 
-        def call(address: str, piece: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
-            return self._reach(address, "/v1/trajectories", {**body, "rows": piece}) if piece else {}
+        def call(address: str, cut: tuple[int, int]) -> dict[str, Any] | None:
+            return self._reach(address, path, body(*cut)) if cut[1] > cut[0] else {}
 
         with ThreadPoolExecutor(k) as pool:
-            parts = list(pool.map(call, addresses, [list(rows[a:b]) for a, b in cuts]))
+            parts = list(pool.map(call, addresses, cuts))
         self._drop([a for a, part in zip(addresses, parts, strict=True) if part is None])
-        out: list[list[dict[str, Any]]] = []
+        out: list[T] = []
         versions: set[int | None] = set()
         for part, (a, b) in zip(parts, cuts, strict=True):
-            if part is None:  # that rollout is gone: the others take its rows
-                more, seen = self.trajectories(rows[a:b], options, n)
+            if part is None:  # that rollout is gone: the others take its slice
+                more, seen = self._spread(path, a, b, body, take)
                 out += more
                 versions |= seen
             elif b > a:
                 versions.add(part.get("version"))
-                out += part["trajectories"]
+                out += take(part)
         return out, versions
 
     def update(self, version: int) -> float:
