@@ -7,12 +7,10 @@ read where the path is readable, as `tandem run` and the sidecars read it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from controlplane import ControlPlane
-from rule_checks import refused_by_api_server, refused_offline, server_dry_run
+from rule_checks import Accepted, Rejected, rule_tests
 from wrappers import JobWrapper
 
 from tandem.spec import devices
@@ -25,7 +23,7 @@ def hf() -> JobWrapper:
     return W().set("trainer.engine", "hf")
 
 
-REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
+REJECTED: Rejected = [
     ("hf-tensor-parallel", lambda: hf().set("trainer.tensorParallel", 2), "spec.trainer.engine",
      "data parallel only"),
     ("hf-pipeline-parallel", lambda: hf().set("trainer.pipelineParallel", 2), "spec.trainer.engine",
@@ -46,7 +44,7 @@ REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
      .set("rollout.sleepLevel", 2), "spec.rollout.sleepLevel", "drops the base weights"),
     ("lora-unknown-sync", lambda: W().set("trainer.lora", {"sync": "delta"}), "spec.trainer.lora.sync", ""),
 ]
-ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
+ACCEPTED: Accepted = [
     ("hf", hf),
     ("hf-ppo-without-critic", lambda: hf().set("algorithm.name", "ppo").set("algorithm.critic", False)),
     ("lora-defaults", lambda: W().set("trainer.lora", {})),
@@ -61,16 +59,8 @@ ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
      .set("gpusPerPod", 2)),
 ]
 
-
-@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
-def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str,
-                                            words: str) -> None:
-    refused_offline(case, build, field, words)
-
-
-@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
-def test_offline_validation_accepts(case: str, build: Callable[[], JobWrapper]) -> None:
-    parse_job(build().obj(), case)
+(test_offline_validation_names_the_field, test_offline_validation_accepts, test_api_server_rejects_naming_the_field,
+ test_api_server_accepts) = rule_tests(REJECTED, ACCEPTED)
 
 
 def _model(tmp_path: Path, model_type: str) -> str:
@@ -100,17 +90,3 @@ def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: P
     with pytest.raises(SpecError) as err:  # an explicit family must still match the file
         parse_job(W().set("model.path", gemma).set("model.family", "llama").obj(), "x")
     assert "does not match model_type 'gemma'" in str(err.value)
-
-
-@pytest.mark.k8s
-@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
-def test_api_server_rejects_naming_the_field(installed: ControlPlane, case: str, build: Callable[[], JobWrapper],
-                                             field: str, words: str) -> None:
-    refused_by_api_server(installed, case, build, field, words)
-
-
-@pytest.mark.k8s
-@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
-def test_api_server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
-    out = server_dry_run(installed, case, build)
-    assert out.returncode == 0, out.stderr

@@ -6,14 +6,8 @@ pass both: a kto job with its two fields, and kto beside an evaluation dataset w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import pytest
-from controlplane import ControlPlane
-from rule_checks import refused_by_api_server, refused_offline, server_dry_run
+from rule_checks import Accepted, Rejected, rule_tests
 from wrappers import JobWrapper
-
-from tandem.spec.load import parse_job
 
 W = JobWrapper
 
@@ -23,7 +17,7 @@ def kto() -> JobWrapper:
         .set("dataset.labelField", "label")
 
 
-REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
+REJECTED: Rejected = [
     ("kto-without-completion-field", lambda: kto().unset("dataset.completionField"), "spec.dataset.completionField",
      "kto trains on labelled completions"),
     ("kto-without-label-field", lambda: kto().unset("dataset.labelField"), "spec.dataset.labelField",
@@ -43,34 +37,11 @@ REJECTED: list[tuple[str, Callable[[], JobWrapper], str, str]] = [
     ("weights-for-dpo", lambda: W().set("algorithm.name", "dpo").set("algorithm.desirableWeight", 1.33),
      "spec.algorithm.desirableWeight", "apply to kto"),
 ]
-ACCEPTED: list[tuple[str, Callable[[], JobWrapper]]] = [
+ACCEPTED: Accepted = [
     ("kto", kto),
     ("kto-weights-and-eval", lambda: kto().set("algorithm.desirableWeight", 1.33).set("algorithm.beta", 0.2)
      .set("eval", {"dataset": {"path": "/data/t.jsonl"}})),
 ]
 
-
-@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
-def test_offline_validation_names_the_field(case: str, build: Callable[[], JobWrapper], field: str,
-                                            words: str) -> None:
-    refused_offline(case, build, field, words)
-
-
-@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
-def test_offline_validation_accepts(case: str, build: Callable[[], JobWrapper]) -> None:
-    job = parse_job(build().obj(), case)
-    assert job.spec.algorithm.summary().startswith("kto: beta")
-
-
-@pytest.mark.k8s
-@pytest.mark.parametrize(("case", "build", "field", "words"), REJECTED, ids=[c[0] for c in REJECTED])
-def test_api_server_rejects_naming_the_field(installed: ControlPlane, case: str, build: Callable[[], JobWrapper],
-                                             field: str, words: str) -> None:
-    refused_by_api_server(installed, case, build, field, words)
-
-
-@pytest.mark.k8s
-@pytest.mark.parametrize(("case", "build"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
-def test_api_server_accepts(installed: ControlPlane, case: str, build: Callable[[], JobWrapper]) -> None:
-    out = server_dry_run(installed, case, build)
-    assert out.returncode == 0, out.stderr
+(test_offline_validation_names_the_field, test_offline_validation_accepts, test_api_server_rejects_naming_the_field,
+ test_api_server_accepts) = rule_tests(REJECTED, ACCEPTED)
