@@ -106,7 +106,7 @@ def test_tool_environment_turns() -> None:
     assert not second.done and second.messages[0]["content"].startswith("error: the tool call is not valid JSON")
     final = env.step("123 * 456 = 56088")
     assert final.done and final.messages == [] and final.reward is None
-    assert (env.stats.turns, env.stats.tool_calls, env.stats.tool_errors, env.stats.per_turn) == (3, 1, 1, [1, 1, 0])
+    assert (env.stats.turns, env.stats.tool_calls, env.stats.tool_errors, env.stats.per_turn) == (3, 2, 1, [1, 1, 0])
     capped = ToolEnvironment(ToolBox([calculator]), max_turns=1)
     assert capped.step('<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>').done
     single = SingleTurn()

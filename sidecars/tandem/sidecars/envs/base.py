@@ -33,8 +33,8 @@ class Step:
 @dataclass
 class TurnStats:
     turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
+    tool_calls: int = 0  # every call the replies made, malformed ones included
+    tool_errors: int = 0  # calls that gave an error: malformed, unknown tool, raised, timed out
     tool_seconds: float = 0.0
     per_turn: list[int] = field(default_factory=list)  # calls made in each reply
 
@@ -96,7 +96,8 @@ class ToolEnvironment:
         if not parsed.any:
             return Step([], done=True)  # a final answer
         out: list[Message] = []
-        for error in parsed.errors:
+        for error in parsed.errors:  # a malformed call is a call that failed: errors never exceed calls
+            self.stats.tool_calls += 1
             self.stats.tool_errors += 1
             out.append({"role": "tool", "content": f"error: {error}"})
         for call in parsed.calls:
