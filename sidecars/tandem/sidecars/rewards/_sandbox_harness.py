@@ -20,7 +20,9 @@ stdin, then, in this order:
    per test to the parent on the original stdout: `<nonce> start|ok i|fail i|timeout i|error|done`:
    - "snippets": execs the program, then every top-level statement of each test source, one at a
      time, in the program's namespace; only the statements the plan counts report a result (setup
-     such as definitions and imports runs silently, so it can never pass);
+     such as definitions and imports runs silently, so it can never pass); with the job's `capture`
+     (a plan with no tests: `sandbox_run.run_program`), once the program ends (normally, by an
+     exception or SystemExit) one more line, `output <hex>`, carries what it printed (`_capturer`);
    - "stdio" / "call": compiles the program, then per I/O case forks a child (without the result
      channel) that runs it with the case's input as stdin, or calls `fn_name(*input)`, and leaves
      its stdout, or its return value as JSON, in a file the harness compares with the expected
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import io
 import json
 import os
 import resource
@@ -109,7 +112,8 @@ def main() -> None:
         work = job["workdir"]
     uid, gid = job.get("uid"), job.get("gid")
     out_path = os.path.join(work, "output.txt")
-    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    capture = int(job.get("capture") or 0)  # > 0: report the program's output, at most that many characters
+    out_fd = os.open(out_path, (os.O_RDWR if capture > 0 else os.O_WRONLY) | os.O_CREAT | os.O_TRUNC, 0o600)
     if uid is not None:
         os.chown(work, uid, gid)
         os.chown(out_path, uid, gid)
@@ -145,8 +149,9 @@ def main() -> None:
     tests = job["tests"]
     say("start")
     if tests["kind"] == "snippets":
+        finish = _capturer(job["code"], out_fd, lim["file_bytes"], capture, say) if capture > 0 else None
         lock_down()
-        _run_snippets(job["code"], tests["sources"], say)
+        _run_snippets(job["code"], tests["sources"], say, finish)
     else:
         try:
             program = compile(job["code"], "<solution>", "exec")
@@ -158,16 +163,26 @@ def main() -> None:
     os._exit(0)
 
 
-def _run_snippets(code: str, sources: list[dict[str, Any]], say: Callable[..., None]) -> None:
+def _run_snippets(code: str, sources: list[dict[str, Any]], say: Callable[..., None],
+                  finish: Callable[[BaseException | None], bool] | None = None) -> None:
+    """Exec the program, then each test statement; with `finish` (a capture run), that reports the program's
+    output once the program ends and says whether it ended normally."""
     me = os.getpid()
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    failure: BaseException | None = None
     try:
         exec(compile(code, "<solution>", "exec"), namespace)  # noqa: S102 — the sandboxed program
-    except BaseException:  # the program may raise anything, SystemExit included
-        if os.getpid() == me:
-            say("error")
-            os._exit(0)
-        os._exit(1)
+    except BaseException as e:  # the program may raise anything, SystemExit included
+        if os.getpid() != me:  # a child the program forked
+            os._exit(1)
+        failure = e
+    if finish is not None:
+        if os.getpid() != me:
+            os._exit(1)
+        failure = None if finish(failure) else failure
+    if failure is not None:
+        say("error")
+        os._exit(0)
     index = 0
     for source in sources:
         counted = set(source["counted"])
@@ -183,6 +198,54 @@ def _run_snippets(code: str, sources: list[dict[str, Any]], say: Callable[..., N
             if i in counted:
                 say("ok" if ok else "fail", index)
                 index += 1
+
+
+def _capturer(code: str, out_fd: int, file_bytes: int, max_chars: int,
+              say: Callable[..., None]) -> Callable[[BaseException | None], bool]:
+    """What reports a capture run's output: `finish(failure)` reads the program's output file (stdout and
+    stderr; under RLIMIT_FSIZE), adds what the interpreter would print for `failure` (the traceback; a
+    SystemExit's message), keeps the first and last characters of longer output with a note of the cut
+    in between (at most `max_chars` in all), and says it as `output <hex of its UTF-8>`: one line whatever
+    it holds. Returns whether the program ended normally (SystemExit 0 or None included). Set up before
+    the lockdown: the traceback module imported, the program's source registered for its lines, stdout
+    line-buffered so that it interleaves with stderr as written."""
+    import linecache
+    import traceback
+
+    linecache.cache["<solution>"] = (len(code), None, code.splitlines(keepends=True), "<solution>")
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+
+    def finish(failure: BaseException | None) -> bool:
+        exit_code = failure.code if isinstance(failure, SystemExit) else 1
+        normal = failure is None or exit_code is None or (isinstance(exit_code, int) and exit_code == 0)
+        ending = ""
+        try:
+            if isinstance(failure, SystemExit):
+                ending = "" if normal or isinstance(exit_code, int) else f"{exit_code}\n"
+            elif failure is not None:  # without the harness's own frame
+                tb = failure.__traceback__.tb_next if failure.__traceback__ else None
+                ending = "".join(traceback.format_exception(type(failure), failure, tb))
+        except BaseException:  # out of memory, a broken exception: its name at least
+            ending = f"{type(failure).__name__}\n"
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()  # type: ignore[union-attr]
+            except BaseException:  # the program's replacement, or a closed or full file
+                pass
+        try:
+            written = os.pread(out_fd, file_bytes, 0)
+        except OSError:  # the program closed or replaced the descriptor
+            written = b""
+        text = written.decode("utf-8", "replace") + ending
+        if len(text) > max_chars:
+            keep = max(max_chars - 40, 0)  # room for the note
+            note = f"\n[... {len(text) - keep} characters cut ...]\n"
+            text = text[:keep // 2] + note + text[len(text) - (keep - keep // 2):]
+        say("output", text.encode("utf-8").hex())
+        return normal
+
+    return finish
 
 
 def _run_cases(program: Any, tests: dict[str, Any], work: str, cap: int, report: TextIO,

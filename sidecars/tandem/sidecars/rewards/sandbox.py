@@ -44,14 +44,14 @@ in no format `code_tests` reads raise its `TestFormatError`, naming what is wron
 scoring every program alike. The result protocol resists naive forgery (a per-run nonce; I/O
 cases run without the result channel; each test counts once) but a program that introspects the
 harness could forge lines: the sandbox protects the host, not the score's honesty against
-adversarial code.
+adversarial code. With `capture` and no tests (`sandbox_run.run_program`, the rollout's `python`
+tool), the result also carries what the program printed (stdout and stderr, capped).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import pwd
 import re
@@ -67,11 +67,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
 from tandem.sidecars.rewards.code_tests import TestPlan, parse_tests
+from tandem.sidecars.rewards.sandbox_types import ExecResult as ExecResult
+from tandem.sidecars.rewards.sandbox_types import Isolation as Isolation
+from tandem.sidecars.rewards.sandbox_types import SandboxError as SandboxError
+from tandem.sidecars.rewards.sandbox_types import SandboxLimits as SandboxLimits
 from tandem.spec.podenv import PodEnv
 
 HARNESS = Path(__file__).with_name("_sandbox_harness.py")
@@ -84,46 +88,10 @@ UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--
 STARTUP_ALLOWANCE = 5.0  # seconds the interpreter may take to reach the program, on top of the timeout
 CASE_ALLOWANCE = 0.5  # seconds per I/O case for the harness's fork, files and comparison
 EXIT_GRACE = 1.0  # seconds a sandbox that reported its results gets to exit before it is killed
-Isolation = Literal["server", "namespaces", "basic"]
 # Harnesses started and not yet reaped, and the lock held while one is started and registered: a
 # process that reaps orphans (the sandbox server, PID 1 of its container) must leave these to Popen.
 SPAWN_LOCK = threading.Lock()
 HARNESSES: set[int] = set()
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    timeout_seconds: float = 5.0  # wall clock for the program and its tests
-    memory_bytes: int = 1 << 30  # RLIMIT_AS
-    file_bytes: int = 1 << 20  # RLIMIT_FSIZE: program output and any file it writes
-    processes: int = 32  # RLIMIT_NPROC of the sandbox uid
-    open_files: int = 64
-    read_bytes: int = 1 << 20  # the most the parent reads back from the result channel
-    tmpfs_bytes: int = 16 << 20  # size of each private tmpfs (namespaces mode)
-
-    @property
-    def cpu_seconds(self) -> int:
-        return math.ceil(self.timeout_seconds) + 1
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    passed: int
-    total: int
-    status: Literal["ok", "error", "timeout", "killed", "output_limit"]
-    seconds: float
-    isolation: Isolation
-    detail: str = ""
-
-    @property
-    def score(self) -> float:
-        if self.total == 0:
-            return 1.0 if self.status == "ok" else 0.0
-        return self.passed / self.total
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself could not start (not a failure of the program)."""
 
 
 def _world_readable_stdlib() -> bool:
@@ -203,6 +171,7 @@ def isolation_mode() -> Isolation:
 
 _FENCED = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n", re.IGNORECASE)
+_HEX = re.compile(r"(?:[0-9a-f]{2})+")
 
 
 def extract_code(completion: str) -> str:
@@ -217,11 +186,13 @@ def extract_code(completion: str) -> str:
 
 def run_tests(
     code: str, tests: object, limits: SandboxLimits | None = None, isolation: Isolation | None = None,
-    *, command: Sequence[str] | None = None,
+    *, command: Sequence[str] | None = None, capture: int = 0,
 ) -> ExecResult:
     """Run `code` against `tests` (an answer field or a `TestPlan`) in the sandbox; see the module docstring.
 
     `command` replaces `harness_command()` (the server resolves it before it drops its privileges).
+    `capture` > 0 (a plan with no tests; `sandbox_run.run_program`): the result's `output` holds what the
+    program printed, at most that many characters.
     Raises `code_tests.TestFormatError` (a ValueError) when the tests are in no format it reads."""
     lim = limits or SandboxLimits()
     mode = isolation or isolation_mode()
@@ -234,13 +205,13 @@ def run_tests(
         path = sandbox_socket()
         if path is None:
             raise SandboxError(f"server isolation needs the sandbox server's socket in {SOCKET_ENV}")
-        return run_remote(path, code, plan, lim, run_seconds)
+        return run_remote(path, code, plan, lim, run_seconds, capture)
     nonce = secrets.token_hex(16)
     ids = _nobody()
     workdir = None if mode == "namespaces" else tempfile.mkdtemp(prefix="tandem-sbx-")
     job = {
         "nonce": nonce, "code": code, "tests": plan.job(lim.timeout_seconds), "private_fs": mode == "namespaces",
-        "confine": confine_source(),
+        "confine": confine_source(), "capture": capture,
         "workdir": workdir, "uid": ids[0] if ids else None, "gid": ids[1] if ids else None,
         "limits": {"cpu_seconds": lim.cpu_seconds, "memory_bytes": lim.memory_bytes,
                    "file_bytes": lim.file_bytes, "processes": lim.processes,
@@ -282,7 +253,9 @@ def run_tests(
     slow = [w[1] for w in lines if w[0] == "timeout" and len(w) > 1]
     detail = "" if status == "ok" else \
         f"I/O case {slow[0]} over {lim.timeout_seconds:g}s" if slow else f"exit code {proc.returncode}"
-    return ExecResult(passed, plan.total, status, time.monotonic() - t0, mode, detail)
+    out = [w[1] for w in lines if w[0] == "output" and len(w) > 1 and _HEX.fullmatch(w[1])]  # hex: see the harness
+    output = bytes.fromhex(out[-1]).decode("utf-8", "replace") if out else ""
+    return ExecResult(passed, plan.total, status, time.monotonic() - t0, mode, detail, output)
 
 
 def _collect(
@@ -366,10 +339,13 @@ def _connect(path: str) -> socket.socket:
             raise
 
 
-def run_remote(path: str, code: str, plan: TestPlan, lim: SandboxLimits, run_seconds: float) -> ExecResult:
-    """Run `code` in the sandbox server listening on `path` (Unix socket): only the program, its tests
-    and the limits cross; nothing of this process's environment does."""
-    request = json.dumps({"code": code, "plan": plan.to_json(), "limits": asdict(lim)}).encode()
+def run_remote(
+    path: str, code: str, plan: TestPlan, lim: SandboxLimits, run_seconds: float, capture: int = 0,
+) -> ExecResult:
+    """Run `code` in the sandbox server listening on `path` (Unix socket): only the program, its tests,
+    the limits (and `capture`, see `run_tests`) cross; nothing of this process's environment does."""
+    request = json.dumps({"code": code, "plan": plan.to_json(), "limits": asdict(lim)}
+                         | ({"capture": capture} if capture else {})).encode()
     t0 = time.monotonic()
     with _connect(path) as sock:
         sock.settimeout(run_seconds + STARTUP_ALLOWANCE + EXIT_GRACE + REPLY_MARGIN)
@@ -390,7 +366,7 @@ def run_remote(path: str, code: str, plan: TestPlan, lim: SandboxLimits, run_sec
         if "error" in data:
             raise SandboxError(f"sandbox server at {path}: {data['error']}")
         return ExecResult(int(data["passed"]), int(data["total"]), data["status"], time.monotonic() - t0,
-                          "server", str(data.get("detail", "")))
+                          "server", str(data.get("detail", "")), str(data.get("output", "")))
     except (ValueError, KeyError, TypeError) as e:
         raise SandboxError(f"sandbox server at {path}: unreadable reply {reply[:200]!r}") from e
 

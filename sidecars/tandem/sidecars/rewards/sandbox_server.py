@@ -23,9 +23,11 @@ harness in a new session with its own work dir, hard rlimits (CPU, address space
 processes: effective because the uid is the sandbox's alone; open files; no core), the process group
 SIGKILLed at the deadline, output caps, and `_sandbox_confine` (no_new_privs, seccomp denying sockets,
 exec, ptrace, setsid and signals outside the program's group, Landlock where the kernel has it) —
-and answers one JSON document (passed, total, status, detail). Programs share the server's uid: the
-seccomp filter keeps them from signalling it or each other, non-dumpable processes keep /proc
-closed, and the server re-creates its socket if a program without Landlock removes it.
+and answers one JSON document (passed, total, status, detail; and output, what the program printed,
+when the request asks for it with `capture`: `sandbox_run.run_program`, the rollout's python tool).
+Programs share the server's uid: the seccomp filter keeps them from signalling it or each other,
+non-dumpable processes keep /proc closed, and the server re-creates its socket if a program without
+Landlock removes it.
 
 Started as root (`tandem run` as root, the tests) it resolves the interpreter and harness the sandbox
 user can read and binds its socket, then drops to `--user` (default 10002). Before it serves, a
@@ -183,9 +185,11 @@ class SandboxServer:
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         lim = _limits(request.get("limits", {}))
         plan = TestPlan.from_json(request["plan"])
+        capture = max(int(request.get("capture") or 0), 0)  # run_program: what the program printed comes back
         with self.slots:
-            r = run_tests(str(request["code"]), plan, lim, isolation="basic", command=self.command)
-        return {"passed": r.passed, "total": r.total, "status": r.status, "seconds": r.seconds, "detail": r.detail}
+            r = run_tests(str(request["code"]), plan, lim, isolation="basic", command=self.command, capture=capture)
+        return {"passed": r.passed, "total": r.total, "status": r.status, "seconds": r.seconds, "detail": r.detail,
+                **({"output": r.output} if capture else {})}
 
 
 def reap_orphans() -> int:
