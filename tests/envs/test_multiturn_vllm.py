@@ -11,7 +11,7 @@ finished still completes (lock-step turns would deadlock it). Limits end traject
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,30 +49,6 @@ class Scripted:
         step = self.script[min(self.at, len(self.script) - 1)]
         self.at += 1
         return step
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    from tandem.cli import models
-
-    return Path(models.fetch("smollm2-135m"))
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
-
-    eng = RolloutEngine(EngineConfig(shm_root=tmp_path_factory.mktemp("shm"), job="turns", max_model_len=1024))
-    eng.start(str(smollm2), dummy=False)
-    yield eng
-    eng.terminate()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2)
 
 
 def two_turns(reward: float = 1.0) -> list[Step]:

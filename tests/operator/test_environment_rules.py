@@ -1,4 +1,4 @@
-"""`rollout.environment` (multi-turn rollouts with tools): its rules, enforced offline by `parse_job` and by
+"""`rollout.environment` (multi-turn rollouts: tools, custom environments, agents): its rules, enforced offline by `parse_job` and by
 the real API server from the CRD's CEL rules, each naming the field; and the environments and limits the
 rollout sidecar builds from it (`tandem.sidecars.envs.factory`)."""
 
@@ -14,6 +14,7 @@ from tandem.spec.load import SpecError, parse_job
 
 W = JobWrapper
 TOOLS = {"type": "tools", "tools": ["calculator"]}
+CUSTOM = {"type": "custom", "entryPoint": "envs.mine:Guess", "pythonPath": ["/data/envs"]}
 
 REJECTED: Rejected = [
     ("tools-without-tools", lambda: W().set("rollout.environment", {"type": "tools"}),
@@ -27,11 +28,27 @@ REJECTED: Rejected = [
      .set("algorithm.tisCap", 2.0), "spec.rollout.environment", "maxStaleness 0"),
     ("zero-turns", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 0}),
      "spec.rollout.environment.maxTurns", ""),
+    ("custom-without-entry-point", lambda: W().set("rollout.environment", {"type": "custom"}),
+     "spec.rollout.environment.entryPoint", "need an entryPoint"),
+    ("entry-point-on-tools", lambda: W().set("rollout.environment", {**TOOLS, "entryPoint": "envs.mine:Env"}),
+     "spec.rollout.environment.entryPoint", "custom and agent only"),
+    ("entry-point-not-a-path", lambda: W().set("rollout.environment", {"type": "agent", "entryPoint": "agent.py"}),
+     "spec.rollout.environment.entryPoint", ""),
+    ("environment-reward-with-tools", lambda: W().set("rollout.environment", TOOLS)
+     .set("rewards", [{"type": "environment"}]), "spec.rewards", "custom or agent"),
 ]
 ACCEPTED: Accepted = [
     ("tools", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 3, "maxTotalTokens": 384,
                                                       "maxToolOutputTokens": 32, "toolCallFormat": "llama3"})),
     ("single", lambda: W().set("rollout.environment", {"type": "single"})),
+    ("custom-with-its-reward", lambda: W().set("rollout.environment", {**CUSTOM, "kwargs": {
+        "target": 3, "nested": {"words": ["a", "b"], "on": True}}}).set("rewards", [
+        {"type": "environment"}, {"type": "answerMatch", "weight": 0.5}])),
+    ("agent", lambda: W().set("rollout.environment", {"type": "agent", "entryPoint": "agents.math:run",
+                                                      "pythonPath": ["/data/agents"], "maxTurns": 8,
+                                                      "trajectoryTimeoutSeconds": 120})),
+    ("own-tools", lambda: W().set("rollout.environment", {"type": "tools", "tools": [
+        "calculator", "python", "mytools.search:lookup"]})),
 ]
 
 
@@ -40,8 +57,10 @@ ACCEPTED: Accepted = [
 
 
 def test_an_unknown_tool_is_refused_naming_it() -> None:
-    with pytest.raises(SpecError, match=r"spec.rollout.environment.tools.0: Input should be 'calculator'"):
+    with pytest.raises(SpecError, match=r"spec.rollout.environment.tools.0: String should match pattern"):
         parse_job(W().set("rollout.environment", {"type": "tools", "tools": ["shell"]}).obj(), "x")
+    with pytest.raises(SpecError, match=r"spec.rollout.environment.pythonPath.0: String should match pattern '\^/'"):
+        parse_job(W().set("rollout.environment", {**CUSTOM, "pythonPath": ["envs"]}).obj(), "x")
 
 
 def test_the_sidecar_builds_the_environment_and_limits_the_spec_asks_for() -> None:

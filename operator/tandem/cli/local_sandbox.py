@@ -1,4 +1,4 @@
-"""`tandem run`'s codeExec sandbox servers: the pods' `sandbox` containers as local processes.
+"""`tandem run`'s sandbox servers (codeExec, the python tool): the pods' `sandbox` containers as local processes.
 
 Role: `tandem.cli.local.processes_for` hands it the containers of the built pods; for each pod with a
 `sandbox` container (`tandem.operator.sandbox_pod`) it gives the server and that pod's trainer one
@@ -39,11 +39,12 @@ def socket_path(run_dir: Path, pod: str) -> Path:
 
 
 def rewire(containers: list[LocalContainer], run_dir: Path) -> list[LocalContainer]:
-    """`containers` with each sandbox server and its pod's trainer sharing a local socket (in place)."""
+    """`containers` with each sandbox server and its pod's trainer and rollout sharing a local socket (in place);
+    only the containers the pod builder gave the socket (`sandbox_pod.attach`) get it here."""
     var = PodEnv.var("sandbox_socket")
     sockets = {c.pod: socket_path(run_dir, c.pod) for c in containers if c.name == sandbox_pod.CONTAINER}
     for c in containers:
-        if c.pod not in sockets or c.name not in (sandbox_pod.CONTAINER, "trainer"):
+        if c.pod not in sockets or (c.name != sandbox_pod.CONTAINER and var not in c.env):
             continue
         if c.name == sandbox_pod.CONTAINER:
             c.env = {k: v for k, v in c.env.items() if k in KEPT_ENV}

@@ -1,4 +1,8 @@
-"""The `sandbox` container of a hybrid pod whose job has a codeExec reward: pure, pod spec in, pod spec out.
+"""The `sandbox` container of a pod whose job runs model-written programs: pure, pod spec in, pod spec out.
+
+Which pods: every hybrid pod of a job with a codeExec reward (its trainer scores programs), and every pod of
+a job whose rollout.environment offers the `python` tool (its rollout runs the model's programs as tool
+calls); the containers that send programs (`trainer`, `rollout`) mount the socket.
 
 Caller: `tandem.operator.builders.build_pod`, after `pod_security.restrict` (this container carries
 its own, stricter context) and before spec.podTemplate is merged (which names only `trainer` and
@@ -38,8 +42,19 @@ CPU, MEMORY = "2", "4Gi"  # per pod: a few programs at a time, 1 GiB address spa
 SCRATCH = "256Mi"
 
 
-def wanted(job: RLHFJob) -> bool:
+def scores_code(job: RLHFJob) -> bool:
+    """The trainer runs programs: a codeExec reward."""
     return any(r.type == "codeExec" for r in job.spec.rewards)
+
+
+def runs_tool_code(job: RLHFJob) -> bool:
+    """The rollout runs programs: the python tool of rollout.environment."""
+    env = job.spec.rollout.environment
+    return env is not None and env.type == "tools" and "python" in env.tools
+
+
+def wanted(job: RLHFJob) -> bool:
+    return scores_code(job) or runs_tool_code(job)
 
 
 def security_context() -> Manifest:
@@ -65,9 +80,13 @@ def container(job: RLHFJob) -> Manifest:
 
 
 def attach(pod_spec: Manifest, job: RLHFJob, *, trainer: bool) -> Manifest:
-    """`pod_spec` (in place; returned) with the sandbox container, its volumes, and the trainer's mount
-    and TANDEM_SANDBOX_SOCKET, when the pod holds a trainer and the job has a codeExec reward."""
-    if not trainer or not wanted(job):
+    """`pod_spec` (in place; returned) with the sandbox container, its volumes, and the mount and
+    TANDEM_SANDBOX_SOCKET of the containers that send it programs: the trainer (a hybrid pod's, with a
+    codeExec reward) and the rollout (with the python tool)."""
+    senders = {"trainer"} if trainer and scores_code(job) else set()
+    if runs_tool_code(job):
+        senders.add("rollout")
+    if not senders:
         return pod_spec
     pod_spec.setdefault("initContainers", []).append(container(job))
     pod_spec.setdefault("volumes", []).extend([
@@ -75,7 +94,7 @@ def attach(pod_spec: Manifest, job: RLHFJob, *, trainer: bool) -> Manifest:
         {"name": SCRATCH_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SCRATCH}},
     ])
     for c in pod_spec.get("containers", []):
-        if c["name"] == "trainer":
+        if c["name"] in senders:
             c.setdefault("volumeMounts", []).append({"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR})
             c.setdefault("env", []).extend({"name": k, "value": v}
                                            for k, v in PodEnv.environ(sandbox_socket=SOCKET).items())

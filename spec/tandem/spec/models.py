@@ -83,7 +83,9 @@ class Rollout(Base):
 
 
 class Reward(Base):
-    type: Literal["answerMatch", "format", "codeExec", "model"]
+    type: Literal["answerMatch", "format", "codeExec", "model", "environment"] = Field(description=(
+        "answerMatch, format, codeExec: rules on the final answer; model: a reward model; environment: the "
+        "reward that rollout.environment (custom or agent) gave the trajectory, 0 where it gave none."))
     weight: Annotated[float, Field(ge=-1000, le=1000)] = 1.0
     pattern: Annotated[str | None, Field(min_length=1, description="Regex a completion must match (format).")] = None
     timeout_seconds: Annotated[float, Field(gt=0, le=600, description="Time limit (codeExec) of a sample's "
@@ -430,11 +432,17 @@ class JobSpec(Base):
              "sleep level 2 drops the base weights that trainer.lora.sync adapter serves its adapters on: use 1 "
              "(or auto), or lora.sync merged", ".rollout.sleepLevel",
              lambda s: s.trainer.lora is None or s.trainer.lora.sync != "adapter" or s.rollout.sleep_level != 2),
+        Rule("!self.rewards.exists(r, r.type == 'environment') || (has(self.rollout.environment) && "
+             "self.rollout.environment.type in ['custom', 'agent'])",
+             "an environment reward needs rollout.environment of type custom or agent (the ones that give rewards)",
+             ".rewards", lambda s: not any(r.type == "environment" for r in s.rewards) or (
+                 s.rollout.environment is not None and s.rollout.environment.type in ("custom", "agent"))),
         Rule("!has(self.rollout.environment) || self.rollout.environment.type == 'single' || "
              "(!has(self.rollout.partial) && self.algorithm.maxStaleness == 0 && "
              "!has(self.algorithm.dynamicSampling) && !(self.algorithm.name in ['dpo', 'kto']))",
-             "multi-turn rollouts (environment type tools) are generated synchronously and trained by the "
-             "policy-gradient algorithms: no rollout.partial, maxStaleness 0, no dynamicSampling, not dpo or kto",
+             "multi-turn rollouts (environment types tools, custom, agent) are generated synchronously and "
+             "trained by the policy-gradient algorithms: no rollout.partial, maxStaleness 0, no dynamicSampling, "
+             "not dpo or kto",
              ".rollout.environment", _multi_turn_ok),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model

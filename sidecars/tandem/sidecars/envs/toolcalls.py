@@ -90,6 +90,13 @@ def parse(reply: str, style: Style = "hermes") -> Parsed:
     return out
 
 
+def without_calls(reply: str, style: Style = "hermes") -> str:
+    """The reply's text besides its tool calls (an OpenAI message's content next to its tool_calls)."""
+    if style == "hermes":
+        return _BLOCK.sub("", reply).strip()
+    return ""  # llama3: a reply with calls is nothing but calls
+
+
 def _split_objects(text: str) -> list[str]:
     """`{...}; {...}` -> its objects (a `;` inside a string or an object does not split)."""
     parts, depth, start, quoted, escaped = [], 0, 0, False, False

@@ -2,7 +2,8 @@
 
 Role: `RewardSet(spec.rewards)` maps each spec `Reward` to its function in one place
 (`answerMatch` -> `answer.answer_match` in the spec's `match` mode, `format` -> `format.format_match`,
-`codeExec` -> `sandbox.code_exec_reward`, `model` -> a `RewardModelScorer`); the total reward of a sample is
+`codeExec` -> `sandbox.code_exec_reward`, `model` -> a `RewardModelScorer`, `environment` -> the reward the
+multi-turn environment gave the trajectory, 0 where none); the total reward of a sample is
 sum(weight_i x score_i). `overlapped(...)` runs the rule-based rewards in a thread pool WHILE the
 calling thread runs the model-based inference work (the driver's reference log-probs callable,
 then the reward models), and returns both with measured timings. Callers: the driver (Inference
@@ -34,6 +35,7 @@ class RewardInput:
     prompt: str
     completion: str
     answer: Any = None  # the dataset's answer field: reference answer, or tests for codeExec
+    env_reward: float | None = None  # the environment's own reward for the trajectory (rollout.environment)
 
 
 class Scorer(Protocol):
@@ -54,6 +56,8 @@ def rule_function(spec: Reward) -> RuleFn | None:
     if spec.type == "codeExec":
         timeout = spec.timeout_seconds
         return lambda x: code_exec_reward(x.completion, x.answer, timeout)
+    if spec.type == "environment":
+        return lambda x: 0.0 if x.env_reward is None else float(x.env_reward)
     return None
 
 

@@ -25,6 +25,7 @@ from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars import gpu, gpu_share
+from tandem.sidecars.envs import factory
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
@@ -52,19 +53,35 @@ def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
                                                                 cores=len(os.sched_getaffinity(0))))
 
 
-def multi_turn(engine: PodRolloutEngine, spec: JobSpec) -> Any:
-    """The job's multi-turn driver (rollout.environment with turns), or None for single replies."""
-    environment = spec.rollout.environment
-    if environment is None or environment.type == "single":
-        return None
+def chat_and_turns(engine: PodRolloutEngine, spec: JobSpec, env: PodEnv, loaded: Any) -> tuple[Any, Any]:
+    """The OpenAI-compatible endpoint (always) and the job's multi-turn driver (rollout.environment with
+    turns; None for single replies): a MultiTurnDriver, or for type agent an AgentDriver whose agents call
+    the endpoint on this pod. `loaded`: `factory.load_environment`'s."""
     from transformers import AutoTokenizer
 
-    from tandem.sidecars.envs.driver import MultiTurnDriver
-    from tandem.sidecars.envs.factory import limits, make_environments
+    from tandem.checkpoint_engine.turns import TurnLoop
+    from tandem.sidecars.envs.chat import ChatRenderer
+    from tandem.sidecars.envs.recorder import Recorder
+    from tandem.sidecars.rollout.openai_api import Chat
 
+    environment = spec.rollout.environment
     tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
-    return MultiTurnDriver(engine, tokenizer, make_environments(environment),
-                           limits(environment, spec.rollout.max_tokens))
+    lim = factory.limits(environment, spec.rollout.max_tokens)
+    recorder = Recorder(max_calls=lim.max_turns, max_turn_tokens=lim.max_turn_tokens,
+                        max_total_tokens=lim.max_total_tokens)
+    chat = Chat(TurnLoop(engine), tokenizer, recorder, model=spec.model.path, max_tokens=spec.rollout.max_tokens,
+                style=environment.tool_call_format if environment else "hermes")
+    if environment is None or environment.type == "single":
+        return chat, None
+    if environment.type == "agent":
+        from tandem.sidecars.envs.agent import AgentDriver
+
+        return chat, AgentDriver(loaded, environment.kwargs, recorder,
+                                 ChatRenderer(tokenizer), f"http://127.0.0.1:{env.port}", env.token,
+                                 seconds=environment.trajectory_timeout_seconds)
+    from tandem.sidecars.envs.driver import MultiTurnDriver
+
+    return chat, MultiTurnDriver(engine, tokenizer, loaded, lim)
 
 
 def main() -> int:
@@ -82,6 +99,10 @@ def main() -> int:
         model_dir.check(job.spec.model.path, "spec.model.path", tokenizer=True)
     except model_dir.ModelDirError as e:
         return refuse(log, str(e))
+    try:  # the environment's modules and tools, before vLLM starts: a bad entryPoint fails fast, named
+        loaded = factory.load_environment(job.spec.rollout.environment)
+    except factory.EnvironmentLoadError as e:
+        return refuse(log, str(e))
     from tandem.sidecars.rollout.server import build_app
 
     spec = job.spec
@@ -97,7 +118,9 @@ def main() -> int:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:
             engine.update(None)
-        server, thread = start_server(build_app(engine, env.token, multi_turn(engine, spec)), env.port, "rollout-api")
+        chat, turns = chat_and_turns(engine, spec, env, loaded)
+        app = build_app(engine, env.token, turns, chat)
+        server, thread = start_server(app, env.port, "rollout-api")
         endpoint = keys.endpoint(registry.namespace, registry.scope, env.pod, "rollout")
         record = {"address": env.address, "ready": True, "pod": env.pod, "rolloutOnly": env.rollout_only,
                   "generation": env.restart_generation}

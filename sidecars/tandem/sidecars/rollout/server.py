@@ -2,8 +2,9 @@
 
 Role: thin routes over `RolloutEngine` (checkpoint_engine): `create_app` supplies health, status,
 start, update, terminate, sleep, wake_up; this module adds generation for the driver, with the
-same bearer token: `/v1/generate` (one reply per prompt) and, where the job's rollout.environment has turns,
-`/v1/trajectories` (multi-turn, `envs.driver.MultiTurnDriver`). Caller: `python -m tandem.sidecars.rollout`.
+same bearer token: `/v1/generate` (one reply per prompt); where the job's rollout.environment has turns,
+`/v1/trajectories` (multi-turn: `envs.driver.MultiTurnDriver`, or `envs.agent.AgentDriver` for agents); and
+the OpenAI-compatible chat endpoint (`openai_api`). Caller: `python -m tandem.sidecars.rollout`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pydantic import BaseModel, Field
 from tandem.checkpoint_engine import api, errors
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
-from tandem.sidecars.envs.driver import MultiTurnDriver, Result
+from tandem.sidecars.envs.driver import Result
+from tandem.sidecars.rollout.openai_api import Chat, routes
 
 
 def _out(r: Result) -> TrajectoryOut:
@@ -39,6 +41,8 @@ class GenerateRequest(BaseModel):
 
 class TrajectoriesRequest(BaseModel):
     rows: list[list[dict[str, Any]]] = Field(min_length=1, description="Each row's chat messages.")
+    data: list[dict[str, Any]] | None = Field(default=None, description="Each row's dataset fields (question, "
+                                              "answer, index), for the environment's reset (and reward).")
     options: SamplingOptions = Field(default_factory=SamplingOptions)
     n: int = Field(1, ge=1, le=1024)
 
@@ -69,10 +73,13 @@ class GenerateResponse(BaseModel):
     seconds: float
 
 
-def build_app(engine: RolloutEngine, token: str, turns: MultiTurnDriver | None = None) -> FastAPI:
-    """The routes; `turns`: the job's multi-turn driver (None: /v1/trajectories answers 405)."""
+def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat | None = None) -> FastAPI:
+    """The routes; `turns`: the job's multi-turn driver, MultiTurnDriver or AgentDriver (None:
+    /v1/trajectories answers 405); `chat`: the OpenAI-compatible endpoint (None: not served)."""
     app = api.create_app(engine, token)
     router = APIRouter(dependencies=[Depends(app.state.auth)])
+    if chat is not None:
+        router.include_router(routes(chat))
 
     @router.post("/v1/generate")
     async def generate(req: GenerateRequest) -> GenerateResponse:
@@ -86,7 +93,10 @@ def build_app(engine: RolloutEngine, token: str, turns: MultiTurnDriver | None =
             raise errors.UnsupportedOperation("this job's rollouts are single-turn (rollout.environment)")
         t = time.perf_counter()
         version = engine.version
-        out = await asyncio.to_thread(turns.run, [{} for _ in req.rows], req.rows, req.n, req.options,
+        data = req.data or [{} for _ in req.rows]
+        if len(data) != len(req.rows):
+            raise errors.BadRequest(f"data has {len(data)} entries for {len(req.rows)} rows")
+        out = await asyncio.to_thread(turns.run, data, req.rows, req.n, req.options,
                                       -1 if version is None else version)
         return TrajectoriesResponse(trajectories=[[_out(r) for r in row] for row in out], version=version,
                                     seconds=time.perf_counter() - t)

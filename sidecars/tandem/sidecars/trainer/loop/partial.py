@@ -51,6 +51,7 @@ class Pending:
     done: bool = False
     mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
     turns: dict[str, float] | None = None  # multi-turn: turns, tool_calls, tool_errors, tool_seconds
+    env_reward: float | None = None  # multi-turn: the environment's own reward (the `environment` reward)
 
     def versions(self) -> list[int]:
         """The version that sampled each token."""

@@ -112,13 +112,16 @@ class RolloutClient:
             **body, "prompts": list(prompts[a:b]), "max_tokens": None if max_tokens is None else list(max_tokens[a:b])},
             lambda part: [[Completion.model_validate(c) for c in group] for group in part["completions"]])
 
-    def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions,
-                     n: int) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
+    def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
+                     data: Sequence[dict[str, Any]] | None = None
+                     ) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
         """n multi-turn trajectories per row of chat messages (the rollouts' `/v1/trajectories`), spread over
-        the rollouts as `generate` spreads prompts; also the weight versions that sampled them."""
+        the rollouts as `generate` spreads prompts; `data`: each row's dataset fields, for the environment.
+        Also the weight versions that sampled them."""
         body = {"options": options.model_dump(), "n": n}
-        return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: {**body, "rows": list(rows[a:b])},
-                            lambda part: list(part["trajectories"]))
+        return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: {
+            **body, "rows": list(rows[a:b]), "data": None if data is None else list(data[a:b])},
+            lambda part: list(part["trajectories"]))
 
     def _spread(self, path: str, lo: int, hi: int, body: Callable[[int, int], dict[str, Any]],
                 take: Callable[[dict[str, Any]], list[T]]) -> tuple[list[T], set[int | None]]:

@@ -112,7 +112,8 @@ class MultiTurnSource(SyncSource):
     def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
         prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
         rows = [p.messages or [{"role": "user", "content": p.text}] for p in prompts]
-        outs, versions = self.rollouts.trajectories(rows, options, n=self.spec.algorithm.group_size)
+        data = [{"question": p.question, "answer": p.answer, "index": p.index} for p in prompts]
+        outs, versions = self.rollouts.trajectories(rows, options, n=self.spec.algorithm.group_size, data=data)
         if len(versions) != 1:
             raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
         got = versions.pop()
@@ -122,7 +123,8 @@ class MultiTurnSource(SyncSource):
             members = [Pending(t["prompt_ids"], t["completion_ids"], t["logprobs"],
                                [Segment(v, len(t["completion_ids"]))], t["text"],
                                "length" if t["finish"] == "length" else "stop", done=True, mask=t["mask"],
-                               turns={k: float(t[k]) for k in TURN_STATS}) for t in trajectories]
+                               turns={k: float(t[k]) for k in TURN_STATS}, env_reward=t.get("reward"))
+                       for t in trajectories]
             groups.append(Group(prompt, members, born=v))
         return groups
 
@@ -281,7 +283,7 @@ def to_samples(groups: Sequence[Group], eos_id: int,
                                   truncated=m.finish_reason == "length" if m.finish_reason else None,
                                   completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
-            inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer))
+            inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer, m.env_reward))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
         for s in samples:
             s.rollout_logprobs = None
