@@ -1,6 +1,6 @@
-"""The codeExec sandbox container (`tandem.operator.sandbox_pod`) in the built pods and in `tandem run`.
+"""The sandbox container (`tandem.operator.sandbox_pod`) in the built pods and in `tandem run`.
 
-Only hybrid pods of jobs with a codeExec reward get it; it runs as its own uid under a restricted,
+Hybrid pods of jobs with a codeExec reward get it, and every pod of a job with the python tool; it runs as its own uid under a restricted,
 read-only context, with no GPU, no token and no job volume; the trainer reaches it through the socket
 emptyDir named in the pod env contract. `tandem run` gives it an environment of its own.
 """
@@ -73,6 +73,29 @@ def test_jobs_without_code_rewards_get_no_sandbox() -> None:
         assert "sandbox" not in _by_name(pod)
         assert all(v["name"] != "sandbox-socket" for v in pod["spec"]["volumes"])
         assert all(SOCKET_VAR not in {e["name"] for e in c["env"]} for c in _by_name(pod).values())
+
+
+def test_the_python_tool_gives_every_pods_rollout_the_sandbox(tmp_path: Path) -> None:
+    """The rollout runs the model's programs (the python tool): every pod, rollout-only ones included, gets
+    the sandbox, and the rollout its socket; the trainer only where it also scores code."""
+    tools = {"type": "tools", "tools": ["calculator", "python"]}
+    job = JobWrapper("demo").replicas(2).rollout_only(1).gpus(2).set("rollout.environment", tools).job()
+    for pod in builders.build_pods(job, owner_uid="uid-1"):
+        by_name = _by_name(pod)
+        assert by_name["sandbox"]["securityContext"]["runAsUser"] == 10002
+        env = {e["name"]: e.get("value") for e in by_name["rollout"]["env"]}
+        assert env[SOCKET_VAR] == sandbox_pod.SOCKET
+        assert {"name": "sandbox-socket", "mountPath": sandbox_pod.SOCKET_DIR} in by_name["rollout"]["volumeMounts"]
+        if "trainer" in by_name:
+            assert SOCKET_VAR not in {e["name"] for e in by_name["trainer"]["env"]}
+    both = JobWrapper("demo").replicas(1).set("rollout.environment", tools).set("rewards", [{"type": "codeExec"}]).job()
+    [pod] = builders.build_pods(both, owner_uid="uid-1")
+    assert all(SOCKET_VAR in {e["name"] for e in _by_name(pod)[c]["env"]} for c in ("rollout", "trainer"))
+    assert [c["name"] for c in pod["spec"]["initContainers"]].count("sandbox") == 1
+    procs = processes_for([pod], both, tmp_path, "http://127.0.0.1:2379", token="t0k", shm_root=tmp_path / "shm",
+                          extra=PodEnv.environ(resume=False, job_uid="u"))
+    sockets = {p.name: p.env.get(SOCKET_VAR) for p in procs}
+    assert sockets["rollout"] == sockets["trainer"] == sockets["sandbox"] == str(tmp_path / "sandbox" / "demo-0.sock")
 
 
 def test_tandem_run_gives_the_server_its_own_env_and_the_trainer_its_socket(

@@ -93,7 +93,7 @@ def attach(pod_spec: Manifest, job: RLHFJob, *, trainer: bool) -> Manifest:
         {"name": SOCKET_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": SCRATCH_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SCRATCH}},
     ])
-    for c in pod_spec.get("containers", []):
+    for c in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]:  # the rollout: a native sidecar
         if c["name"] in senders:
             c.setdefault("volumeMounts", []).append({"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR})
             c.setdefault("env", []).extend({"name": k, "value": v}
