@@ -87,7 +87,7 @@ def test_a_custom_environment_class_is_built_with_its_kwargs(envs_dir: str, tmp_
     make = make_environments(spec(type="custom", entryPoint=f"{envs_dir}:Guess", kwargs={"target": 7},
                                   pythonPath=[str(tmp_path)]))
     first, second = make(), make()
-    assert first is not second and getattr(first, "target") == 7
+    assert first is not second and first.target == 7  # type: ignore[attr-defined]
     with pytest.raises(EnvironmentLoadError, match=r"spec.rollout.environment.kwargs: .*Guess.*TypeError"):
         make_environments(spec(type="custom", entryPoint=f"{envs_dir}:Guess", kwargs={"aim": 7},
                                pythonPath=[str(tmp_path)]))

@@ -1,6 +1,6 @@
-"""`rollout.environment` (multi-turn rollouts: tools, custom environments, agents): its rules, enforced offline by `parse_job` and by
-the real API server from the CRD's CEL rules, each naming the field; and the environments and limits the
-rollout sidecar builds from it (`tandem.sidecars.envs.factory`)."""
+"""`rollout.environment` (multi-turn rollouts: tools, custom environments, agents): its rules, enforced
+offline by `parse_job` and by the real API server from the CRD's CEL rules, each naming the field; and the
+environments and limits the rollout sidecar builds from it (`tandem.sidecars.envs.factory`)."""
 
 from __future__ import annotations
 
