@@ -2,7 +2,8 @@
 
 Hybrid pods of jobs with a codeExec reward get it, and every pod of a job with the python tool; it runs as
 its own uid under a restricted, read-only context, with no GPU, no token and no job volume; the trainer
-(codeExec) and the rollout (python tool) reach it through the socket emptyDir named in the pod env contract. `tandem run` gives it an environment of its own.
+(codeExec) and the rollout (python tool) reach it through the socket emptyDir named in the pod env
+contract. `tandem run` gives it an environment of its own.
 """
 
 from __future__ import annotations
