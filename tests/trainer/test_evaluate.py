@@ -126,6 +126,40 @@ def test_the_generator_gets_the_specs_sampling_and_the_first_prompts() -> None:
     assert gen2.calls[0][0] == ["question 0?"] and gen2.calls[0][1].max_tokens == 7
 
 
+@dataclass
+class Trajectories(Scripted):
+    """Multi-turn rollouts: prompt i's samples end with `texts[i]`, the environment rewarding `rewards[i]`."""
+
+    rewards: list[list[float | None]] = field(default_factory=list)
+    asked: list[tuple[list[Any], list[Any] | None, int]] = field(default_factory=list)
+
+    def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
+                     data: Sequence[dict[str, Any]] | None = None
+                     ) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
+        self.asked.append((list(rows), None if data is None else list(data), n))
+        return [[{"text": t, "reward": r, "tool_calls": 2 if r else 0} for t, r in zip(texts, rewards, strict=True)]
+                for texts, rewards in zip(self.texts, self.rewards, strict=True)], {self.served}
+
+
+def test_multi_turn_jobs_are_evaluated_on_trajectories_judged_by_their_rewards() -> None:
+    """A multi-turn job's eval runs its environment (trajectories, not single replies): the last reply is
+    judged by answerMatch, and an `environment` reward counts as a verifiable one."""
+    gen = Trajectories([["4", "4"], ["7", "8"]], rewards=[[1.0, 0.0], [1.0, None]])
+    both = [ANSWER, Reward(type="environment", weight=3.0)]
+    ev = Evaluator(spec(samples=2, temperature=1.0), prompts(["4", "7"]), both, max_tokens=8, iterations=2,
+                   multi_turn=True)
+    result = ev.run(gen, 2, 2)
+    [(rows, data, n)] = gen.asked
+    assert not gen.calls and n == 2 and rows == [[{"role": "user", "content": "question 0?"}],
+                                                  [{"role": "user", "content": "question 1?"}]]
+    assert data == [{"question": "question 0?", "answer": "4", "index": 0},
+                    {"question": "question 1?", "answer": "7", "index": 1}]
+    assert result.pass_at_1 == pytest.approx(0.5)  # "4" rewarded 0 by the environment fails; "7" passes both
+    assert result.row()["tool_calls_mean"] == pytest.approx(1.0)  # 2 calls in 2 of the 4 samples
+    assert "tool_calls_mean" not in Evaluator(spec(samples=1), prompts(["4"]), [ANSWER], max_tokens=8,
+                                              iterations=1).run(Scripted([["4"]]), 0, 0).row()
+
+
 def test_one_sample_gives_pass_at_k_equal_to_pass_at_1() -> None:
     gen = Scripted([["4"], ["Lyon"], ["7"]])
     result = Evaluator(spec(samples=1), prompts(["4", "Paris", "7"]), [ANSWER], max_tokens=8,
@@ -205,7 +239,7 @@ def test_due_at_start_every_n_and_at_the_end(every: int, iterations: int, due: s
 
 def test_a_job_without_a_verifiable_reward_is_refused() -> None:
     model = Reward(type="model", path="/models/rm")
-    with pytest.raises(ValueError, match="answerMatch or codeExec"):
+    with pytest.raises(ValueError, match="answerMatch, codeExec or environment"):
         Evaluator(spec(), prompts(["1"]), [FORMAT, model], max_tokens=8, iterations=1)
 
 
@@ -214,7 +248,7 @@ def test_the_spec_refuses_eval_without_a_verifiable_reward() -> None:
                             "eval": {"dataset": {"path": "/data/eval.jsonl"}, "every": 2}}
     with pytest.raises(ValidationError) as err:
         JobSpec.model_validate({**base, "rewards": [{"type": "format", "pattern": "x"}]})
-    assert "eval" in str(err.value) and "answerMatch or codeExec" in str(err.value)
+    assert "eval" in str(err.value) and "answerMatch, codeExec or environment" in str(err.value)
     for kind in ("answerMatch", "codeExec"):
         job = JobSpec.model_validate({**base, "rewards": [{"type": "format", "pattern": "x"}, {"type": kind}]})
         assert job.eval is not None and job.eval.every == 2 and job.eval.samples == 1

@@ -79,7 +79,8 @@ def load_job(path: str | Path) -> RLHFJob:
 
 
 # Fields naming files of the job (dotted paths under `spec`) that a job file may give relative to itself.
-RELATIVE_PATHS = ("model.path", "dataset.path", "reference.path", "eval.dataset.path", "algorithm.distillation.teacher")
+RELATIVE_PATHS = ("model.path", "dataset.path", "reference.path", "eval.dataset.path", "algorithm.distillation.teacher",
+                  "rollout.environment.pythonPath")  # a list of directories
 
 
 def resolve_paths(doc: Any, base: Path) -> Any:
@@ -94,4 +95,6 @@ def resolve_paths(doc: Any, base: Path) -> Any:
         value = node.get(leaf) if isinstance(node, dict) else None
         if isinstance(node, dict) and isinstance(value, str) and value and not value.startswith("/"):
             node[leaf] = str(base / value)
+        elif isinstance(node, dict) and isinstance(value, list):
+            node[leaf] = [str(base / v) if isinstance(v, str) and v and not v.startswith("/") else v for v in value]
     return doc

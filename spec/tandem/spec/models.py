@@ -375,9 +375,9 @@ class JobSpec(Base):
              lambda s: s.algorithm.name != "dpo" or s.algorithm.group_size >= 2),
         Rule("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
              "names must be unique", ".volumes", lambda s: _unique([v.name for v in s.volumes])),
-        Rule("!has(self.eval) || self.rewards.exists(r, r.type == 'answerMatch' || r.type == 'codeExec')",
-             "needs an answerMatch or codeExec reward to judge answers", ".eval",
-             lambda s: s.eval is None or any(r.type in ("answerMatch", "codeExec") for r in s.rewards)),
+        Rule("!has(self.eval) || self.rewards.exists(r, r.type in ['answerMatch', 'codeExec', 'environment'])",
+             "needs an answerMatch, codeExec or environment reward to judge answers", ".eval",
+             lambda s: s.eval is None or any(r.type in ("answerMatch", "codeExec", "environment") for r in s.rewards)),
         Rule("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
              "mountPaths must be unique", ".volumes", lambda s: _unique([v.mount_path for v in s.volumes])),
         Rule("!has(self.checkpointEngine.persist) || has(self.volumes) && self.volumes.exists(v, !v.readOnly && "

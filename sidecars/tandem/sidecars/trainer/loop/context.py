@@ -112,7 +112,9 @@ class TrainerContext:
         if ctx.is_driver:
             if spec.eval is not None:
                 ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).prompts, spec.rewards,
-                                          max_tokens=spec.rollout.max_tokens, iterations=spec.algorithm.iterations)
+                                          max_tokens=spec.rollout.max_tokens, iterations=spec.algorithm.iterations,
+                                          multi_turn=spec.rollout.environment is not None
+                                          and spec.rollout.environment.type != "single")
             ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
                                          job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
             etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them
