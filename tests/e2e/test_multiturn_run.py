@@ -1,4 +1,4 @@
-"""End to end: `tandem run examples/smollm2-tools.yaml`, shortened: multi-turn GRPO with the calculator tool.
+"""End to end: `tandem run examples/smollm2-tools.yaml` and `smollm2-agent.yaml`, shortened: multi-turn GRPO.
 
 SmolLM2-135M-Instruct on multi-digit arithmetic with `rollout.environment: {type: tools, tools: [calculator]}`:
 the rollout sidecar's driver runs every trajectory on the live vLLM (the tool's schema in a Hermes system
@@ -6,6 +6,9 @@ prompt, each call answered with a tool message), and the trainer trains on the m
 the job finishes; every iteration reports its turns and tool calls; the trainer's log-probs of the model's
 tokens, computed over whole trajectories with the tool messages in the context, equal what vLLM sampled
 them with (token in, token out: a re-tokenized turn or a shifted mask would separate them).
+The agent job's trajectories are made by examples/arith-agent/arith_agent.py, an `openai` client loop loaded
+from the job's pythonPath, through the rollout's OpenAI-compatible endpoint: the same log-prob check holds for
+the calls it recorded, its rewards are the `environment` reward, and its eval runs the agent too.
 """
 
 from __future__ import annotations
@@ -49,4 +52,35 @@ def test_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
         assert r["completions"] == 16 and 1.0 <= r["turns_mean"] <= 2.0, r
         assert r["tool_calls_mean"] >= 0.0 and 0.0 <= r["tool_error_frac"] <= 1.0, r
         assert r["mismatch_mean"] < MISMATCH, r
+    assert not processes_of(tmp_path / "runs"), "processes left running"
+
+
+def agent_job(model: Path) -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load((EXAMPLES / "smollm2-agent.yaml").read_text())
+    spec = job["spec"]
+    job["metadata"]["name"] = "e2e-agent"
+    spec["model"]["path"] = str(model)
+    for key, rel in (("dataset", "arith-tools/train.jsonl"),):
+        spec[key]["path"] = str(EXAMPLES / rel)
+    spec["eval"] = {"dataset": {"path": str(EXAMPLES / "arith-tools" / "test.jsonl"), "promptField": "messages"},
+                    "every": 1, "prompts": 4, "samples": 1, "temperature": 0.0}
+    spec["algorithm"].update(iterations=1)
+    spec["rollout"].update(promptsPerIteration=4, maxTokens=48)
+    environment = spec["rollout"]["environment"]
+    environment.update(pythonPath=[str(EXAMPLES / "arith-agent")], kwargs={"max_calls": 2}, maxTurns=2,
+                       maxTotalTokens=160)
+    return job
+
+
+def test_multi_turn_grpo_with_an_openai_agent(tmp_path: Path) -> None:
+    from tandem.cli import models
+
+    run_ok(run_cmd(agent_job(models.fetch("smollm2-135m")), tmp_path))
+    out = tmp_path / "runs" / "e2e-agent"
+    [row] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["completions"] == 16 and 1.0 <= row["turns_mean"] <= 2.0, row
+    assert row["mismatch_mean"] < MISMATCH, row
+    assert set(row["reward_components"]) == {"environment"}, row  # the agent's own reward
+    evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+    assert [e["iteration"] for e in evals] == [0, 1] and all("tool_calls_mean" in e for e in evals), evals
     assert not processes_of(tmp_path / "runs"), "processes left running"
