@@ -10,12 +10,6 @@ to uid 10002 itself, as `tandem run` does).
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +17,7 @@ from typing import cast
 
 import pytest
 
+from sandbox_servers import sandbox_server_process, tcp_listener
 from tandem.sidecars.envs.python_tool import NO_OUTPUT, make_python_tool
 from tandem.sidecars.envs.toolcalls import ToolCall
 from tandem.sidecars.envs.tools import Tool, ToolBox
@@ -31,36 +26,15 @@ from tandem.sidecars.rewards.sandbox import SOCKET_ENV, Isolation, SandboxLimits
 from tandem.sidecars.rewards.sandbox_run import run_program
 
 MODES = ["basic", "server"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
-SANDBOX_UID = 10002
+
 REFUSED = ("PermissionError: ", "OSError: ")  # a traceback's last line: seccomp's EPERM, the audit hooks
 
 
 @pytest.fixture(scope="module")
 def sandbox_server() -> Iterator[Path]:
     """A real `sandbox_server` process; its socket's directory is traversable by every user."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="tandem-sandbox-sock-"))
-    sock_dir.chmod(0o755)
-    path = sock_dir / "sandbox.sock"
-    log = open(sock_dir / "server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.rewards.sandbox_server", "--socket", str(path),
-                             "--user", str(SANDBOX_UID)], stdout=log, stderr=subprocess.STDOUT,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                 "PYTHONPATH": os.pathsep.join(sys.path)})
-    try:
-        deadline = time.monotonic() + 60
-        while not path.is_socket() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None and path.is_socket(), (sock_dir / "server.log").read_text()
+    with sandbox_server_process() as (path, _):
         yield path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 @pytest.fixture(params=MODES)
@@ -106,28 +80,8 @@ def test_infinite_loop_times_out(mode: Isolation) -> None:
 
 @pytest.fixture()
 def listener() -> Iterator[tuple[int, list[bool]]]:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.2)
-    accepted: list[bool] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            accepted.append(True)
-            conn.close()
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], accepted
-    stop.set()
-    t.join()
-    srv.close()
+    with tcp_listener() as got:
+        yield got
 
 
 def test_network_refused(mode: Isolation, listener: tuple[int, list[bool]]) -> None:

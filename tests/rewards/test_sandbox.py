@@ -9,9 +9,7 @@ runs the trainer side as a non-root user too.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import cast
 
 import pytest
 
+from sandbox_servers import tcp_listener
 from tandem.sidecars.rewards._sandbox_confine import landlock_abi
 from tandem.sidecars.rewards.sandbox import (
     HARNESS,
@@ -99,28 +98,8 @@ def test_reward_extracts_fenced_code_and_test_forms() -> None:
 
 @pytest.fixture()
 def listener() -> Iterator[tuple[int, list[bool]]]:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.2)
-    accepted: list[bool] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            accepted.append(True)
-            conn.close()
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], accepted
-    stop.set()
-    t.join()
-    srv.close()
+    with tcp_listener() as got:
+        yield got
 
 
 def test_network_refused(mode: Isolation, listener: tuple[int, list[bool]]) -> None:
