@@ -78,19 +78,14 @@ def test_infinite_loop_times_out(mode: Isolation) -> None:
     assert out.endswith("error: timed out after 1 s") and time.monotonic() - t0 < 6
 
 
-@pytest.fixture()
-def listener() -> Iterator[tuple[int, list[bool]]]:
-    with tcp_listener() as got:
-        yield got
-
-
-def test_network_refused(mode: Isolation, listener: tuple[int, list[bool]]) -> None:
-    port, accepted = listener
-    python = make_python_tool(timeout_seconds=2.0, isolation=mode)
-    out = python(f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')\n")
-    assert "connected" not in out.splitlines() and out.splitlines()[-1].startswith(REFUSED)
-    time.sleep(0.3)
-    assert accepted == []
+def test_network_refused(mode: Isolation) -> None:
+    with tcp_listener() as (port, accepted):
+        python = make_python_tool(timeout_seconds=2.0, isolation=mode)
+        out = python(f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                     "print('connected')\n")
+        assert "connected" not in out.splitlines() and out.splitlines()[-1].startswith(REFUSED)
+        time.sleep(0.3)
+        assert accepted == []
 
 
 def test_writes_outside_refused(mode: Isolation, tmp_path: Path) -> None:

@@ -96,19 +96,13 @@ def test_reward_extracts_fenced_code_and_test_forms() -> None:
     assert code_exec_reward(completion, "for i in range(3):\n    assert sq(i) == i * i\nassert sq(1) == 2", 3.0) == 0.5
 
 
-@pytest.fixture()
-def listener() -> Iterator[tuple[int, list[bool]]]:
-    with tcp_listener() as got:
-        yield got
-
-
-def test_network_refused(mode: Isolation, listener: tuple[int, list[bool]]) -> None:
-    port, accepted = listener
-    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nconnected = 1\n"
-    r = run_tests(code, ["assert connected"], FAST, isolation=mode)
-    assert r.score == 0.0 and r.seconds < 5
-    time.sleep(0.3)
-    assert accepted == []
+def test_network_refused(mode: Isolation) -> None:
+    with tcp_listener() as (port, accepted):
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nconnected = 1\n"
+        r = run_tests(code, ["assert connected"], FAST, isolation=mode)
+        assert r.score == 0.0 and r.seconds < 5
+        time.sleep(0.3)
+        assert accepted == []
 
 
 def test_writes_outside_refused(mode: Isolation, tmp_path: Path) -> None:
