@@ -51,20 +51,22 @@ class Scripted:
         return step
 
 
-def two_turns(reward: float = 1.0) -> list[Step]:
-    return [Step([dict(TOOL_MESSAGE)], done=False), Step([], done=True, reward=reward)]
+def two_turns(reward: float = 1.0, first: float | None = None) -> list[Step]:
+    return [Step([dict(TOOL_MESSAGE)], done=False, reward=first), Step([], done=True, reward=reward)]
 
 
 def test_a_scripted_two_turn_trajectory_is_exactly_its_tokens(engine: Any, tokenizer: Any, smollm2: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    driver = MultiTurnDriver(engine, tokenizer, lambda: Scripted(two_turns()), Limits(max_turn_tokens=160))
+    driver = MultiTurnDriver(engine, tokenizer, lambda: Scripted(two_turns(1.0, first=0.25)),
+                             Limits(max_turn_tokens=160))
     try:
         [[result]] = driver.run([{}], [QUESTION], 1, GREEDY, version=7)
     finally:
         driver.close()
     traj, renderer = result.trajectory, driver.renderer([Tool.of(calculator).schema])
-    assert result.finish == "answer" and result.reward == 1.0 and result.stats.turns == 2
+    assert result.finish == "answer" and result.stats.turns == 2
+    assert result.turn_rewards == [0.25, 1.0] and result.reward == 1.25  # per-turn rewards add up
     assert [s.model for s in traj.segments] == [True, False, True]
     assert traj.prompt_ids == renderer.prompt_ids(QUESTION)
     first, env, second = traj.segments

@@ -2,7 +2,8 @@
 
 Role: an environment turns a dataset row into the conversation's first messages (`reset`) and each model
 reply into what comes next (`step`): messages to append (tool results, an environment's observation), a
-reward of its own if it has one (None: the job's rewards judge the final answer), and whether the
+reward of its own for that turn if it has one (the trajectory's `environment` reward is the sum over its
+turns; None throughout: the job's other rewards judge the final answer alone), and whether the
 trajectory is over. `SingleTurn` is today's task: one reply, done. `ToolEnvironment` runs the tool calls
 of each reply (`toolcalls.parse` in the template family's style, `tools.ToolBox`) and answers each with
 a `tool` message; a reply without calls is the final answer; a malformed call is answered with its error
@@ -27,7 +28,7 @@ Message = dict[str, Any]
 class Step:
     messages: list[Message]  # appended to the conversation before the model's next turn
     done: bool
-    reward: float | None = None  # the environment's own reward (None: the job's rewards judge)
+    reward: float | None = None  # the environment's own reward for this turn (None: none); a trajectory's is the sum
 
 
 @dataclass

@@ -52,7 +52,8 @@ class Result:
     trajectory: Trajectory
     stats: TurnStats
     final_text: str = ""  # the last model turn's text: what the job's rewards judge
-    reward: float | None = None  # the environment's own reward, if it gave one
+    reward: float | None = None  # the environment's own: the sum of the rewards its steps gave (None: none did)
+    turn_rewards: list[float | None] = field(default_factory=list)  # what each model turn's step gave
     finish: str = ""  # answer | max_turns | length | budget
     messages: list[Message] = field(default_factory=list)  # the conversation, for logs and the live table
 
@@ -119,8 +120,9 @@ class MultiTurnDriver:
             return []
         step = state.env.step(completion.text)
         result.stats = state.env.stats
-        if step.reward is not None:
-            result.reward = step.reward
+        result.turn_rewards.append(step.reward)
+        if step.reward is not None:  # per-turn rewards add up to the trajectory's (its undiscounted return)
+            result.reward = (result.reward or 0.0) + step.reward
         if step.done:
             result.finish = "answer"
             return []
