@@ -130,16 +130,20 @@ def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pod
 def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[LocalContainer]) -> Table:
     t = Table(title=f"RLHFJob {job.metadata.name} ({job.spec.algorithm.name}) — {time.monotonic() - started:.0f}s",
               show_header=True, header_style="bold")
-    for col in ("phase", "iteration", "version", "reward", "eval pass@1", "kl", "sync s"):
+    env = job.spec.rollout.environment
+    turns = env is not None and env.type != "single"  # multi-turn: turns and tool calls per trajectory
+    for col in ("phase", "iteration", "version", "reward", "eval pass@1", "kl", "sync s") + (
+            ("turns", "tool calls") if turns else ()):
         t.add_column(col)
     if p is None:
-        t.add_row("starting", "-", "-", "-", "-", "-", "-")
+        t.add_row("starting", *["-"] * (8 if turns else 6))
     else:
         def f(x: float | None, fmt: str = ".3f") -> str:
             return "-" if x is None else format(x, fmt)
         ev = "-" if p.eval is None else f"{p.eval.pass_at_1:.3f} @{p.eval.iteration}"
         t.add_row(p.phase, f"{p.iteration}/{p.iterations}", str(p.weight_version), f(p.reward_mean), ev,
-                  f(p.kl, ".4f"), f(p.last_sync_seconds, ".2f"))
+                  f(p.kl, ".4f"), f(p.last_sync_seconds, ".2f"),
+                  *((f(p.turns_mean, ".2f"), f(p.tool_calls_mean, ".2f")) if turns else ()))
     t.caption = "  ".join(f"{c.label}: {'up' if c.exit_code() is None else 'exit ' + str(c.exit_code())}"
                           for c in containers)
     return t

@@ -27,10 +27,14 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "",
 
     its = [r["iteration"] for r in rows]
     stale = any(r.get("staleness_max", 0) or r.get("carried_share", 0) or r.get("wasted_tokens", 0) for r in rows)
-    fig, axes = plt.subplots(1, 3 if stale else 2, figsize=(18 if stale else 12, 4.5))
+    turns = any("turns_mean" in r for r in rows)
+    panels = 2 + stale + turns
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
     ax1, ax2 = axes[0], axes[1]
     if stale:
         plot_staleness(rows, axes[2])
+    if turns:
+        plot_turns(rows, axes[-1], evals)
     ax1.plot(its, [r.get("reward_mean") for r in rows], marker="o", ms=3, label="reward mean")
     if any(r.get("reward_std") is not None for r in rows):
         lo = [r["reward_mean"] - r["reward_std"] for r in rows]
@@ -63,6 +67,23 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str = "",
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_turns(rows: list[dict[str, Any]], ax: Any, evals: list[dict[str, Any]] | None) -> None:
+    """Multi-turn rollouts, per iteration: model turns and tool calls per trajectory (and per held-out
+    sample), the share of calls that failed, and the share of generation time spent in tools."""
+    its = [r["iteration"] for r in rows]
+    ax.plot(its, [r.get("turns_mean") for r in rows], marker=".", label="turns / trajectory")
+    ax.plot(its, [r.get("tool_calls_mean") for r in rows], marker=".", label="tool calls / trajectory")
+    if evals and any("tool_calls_mean" in e for e in evals):
+        ax.plot([e["iteration"] for e in evals], [e.get("tool_calls_mean") for e in evals], "s", color="C1",
+                label="tool calls / held-out sample")
+    ax.plot(its, [r.get("tool_error_frac") for r in rows], marker=".", label="failed share of calls")
+    ax.plot(its, [r.get("tool_share") for r in rows], lw=1, label="tool time / generation time")
+    ax.set_xlabel("iteration")
+    ax.set_title("turns and tools")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
 
 
 def plot_staleness(rows: list[dict[str, Any]], ax: Any) -> None:
@@ -110,6 +131,11 @@ def print_summary(rows: list[dict[str, Any]], console: Console, evals: list[dict
                   f"({max(r.get('staleness_max', 0) for r in rows)})")
         t.add_row("carried over / tokens dropped", f"{sum(r.get('carried_share', 0.0) for r in rows) / len(rows):.2f}"
                   f" / {sum(r.get('wasted_tokens', 0) for r in rows)}")
+    if any("turns_mean" in r for r in rows):
+        def avg(key: str) -> float:
+            return sum(float(r.get(key, 0.0)) for r in rows) / len(rows)
+        t.add_row("turns / tool calls per trajectory", f"{avg('turns_mean'):.2f} / {avg('tool_calls_mean'):.2f}")
+        t.add_row("failed share of calls / tool time share", f"{avg('tool_error_frac'):.2f} / {avg('tool_share'):.2f}")
     phases: dict[str, float] = {}
     for r in rows:
         for p, s in r.get("seconds", {}).items():

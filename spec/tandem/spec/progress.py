@@ -35,6 +35,8 @@ class Progress(BaseModel):
     last_sync_seconds: float | None = None
     reward_mean: float | None = None
     kl: float | None = None
+    turns_mean: float | None = None  # multi-turn rollouts: model turns per trajectory, last iteration
+    tool_calls_mean: float | None = None  # multi-turn rollouts: tool calls per trajectory, last iteration
     eval: EvalSummary | None = None  # the latest held-out evaluation (spec.eval)
     message: str = ""
     updated_at: float = Field(default=0.0, description="Unix time of this record.")

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,7 @@ class TrainerContext:
     tracker: Tracker | None = None  # TensorBoard / MLflow (driver rank)
     last_sync: float | None = None
     last_kl: float | None = None
+    last_turns: dict[str, float] = field(default_factory=dict)  # multi-turn: turns and tool calls, last iteration
     last_eval: EvalResult | None = None
     last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
     last_publish_bytes: int = 0  # its size (driver rank; 0 on the others)
@@ -404,7 +405,9 @@ class TrainerContext:
             return
         p = Progress(phase=phase, iteration=iteration, iterations=self.job.spec.algorithm.iterations,
                      weight_version=version, last_sync_seconds=self.last_sync, reward_mean=reward,
-                     kl=self.last_kl, message=message, updated_at=time.time(), eval=self._eval_summary())
+                     kl=self.last_kl, message=message, updated_at=time.time(), eval=self._eval_summary(),
+                     turns_mean=self.last_turns.get("turns_mean"),
+                     tool_calls_mean=self.last_turns.get("tool_calls_mean"))
         if reward is None:
             old = self.registry.get_json(keys.progress(self.registry.namespace, self.registry.scope))
             p.reward_mean = None if old is None else old.get("rewardMean")
@@ -420,6 +423,7 @@ class TrainerContext:
     def record(self, iteration: int, version: int, info: dict[str, Any], timer: PhaseTimer) -> None:
         if not self.is_driver:
             return
+        self.last_turns = {k: info[k] for k in ("turns_mean", "tool_calls_mean") if k in info}
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release")),

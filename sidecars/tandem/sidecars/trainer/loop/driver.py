@@ -188,6 +188,8 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
         samples, inputs = samples_of(groups)
     info.update(stats)
     info.update(turn_stats(groups))  # multi-turn: turns, tool calls and errors, tool seconds
+    if "tool_seconds" in info:  # tool time per second of generation: its share when calls do not overlap
+        info["tool_share"] = info["tool_seconds"] / max(seconds, 1e-9)
     info.update(staleness_stats(groups, ctx.version))
     oldest = min((seg.version for g in groups for m in g.members for seg in m.segments), default=ctx.version)
     info.update(completions=len(samples), generate_seconds=seconds, rollout_version=oldest,
