@@ -16,7 +16,7 @@ and the tool-call rate.
 Not a test. Run it alone on the machine (each run holds a vLLM and a trainer; two at once, or beside the
 test suite, can run out of memory):
     /root/.cache/tandem/venv/bin/python bench/multiturn_tools.py [--arms tools,plain] [--repeats N]
-        [--iterations N] [--eval-every N] [--eval-samples N] [--lr X] [--out DIR] [--resume]
+        [--iterations N] [--eval-every N] [--eval-samples N] [--lr X] [--out DIR] [--resume] [--parallel]
 It prints a table and writes DIR/multiturn_tools.json (default DIR: /tmp/tandem-bench/multiturn_tools).
 """
 
@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -55,7 +56,7 @@ def plain_rows(src: Path, dst: Path) -> Path:
 def job_yaml(arm: str, model: Path, out: Path, args: argparse.Namespace) -> Path:
     spec: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "smollm2-tools.yaml").read_text())
     s = spec["spec"]
-    spec["metadata"]["name"] = JOB
+    spec["metadata"]["name"] = f"{JOB}-{arm}"  # its own shm and run directory when the arms run at once
     s["model"]["path"] = str(model)
     train, test = TASK / "train.jsonl", TASK / "test.jsonl"
     if arm == "plain":
@@ -77,11 +78,12 @@ def run(arm: str, job: Path, workdir: Path) -> dict[str, Any]:
     with open(workdir / "tandem-run.log", "w") as f:
         rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    rows = [json.loads(x) for x in (workdir / JOB / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-        if (workdir / JOB / "metrics.jsonl").exists() else []
+    out = workdir / f"{JOB}-{arm}"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()] \
+        if (out / "metrics.jsonl").exists() else []
     if rc != 0 or not rows:
         raise SystemExit(f"{arm}: tandem run failed (rc={rc}); see {workdir / 'tandem-run.log'}")
-    evals = [json.loads(x) for x in (workdir / JOB / "eval.jsonl").read_text().splitlines() if x.strip()]
+    evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines() if x.strip()]
     q = max(1, len(rows) // 4)
     return {"wall_seconds": time.perf_counter() - t0,
             "reward": [r["reward_mean"] for r in rows],
@@ -125,6 +127,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/multiturn_tools"))
     p.add_argument("--resume", action="store_true", help="keep the finished runs in --out, run the missing ones")
+    p.add_argument("--parallel", action="store_true",
+                   help="run the arms of a repeat at the same time (each job is one pod: they share the cores)")
     args = p.parse_args()
     from tandem.cli import models
 
@@ -134,13 +138,14 @@ def main() -> None:
     arms = [a.strip() for a in args.arms.split(",")]
     results: dict[str, list[dict[str, Any]]] = json.loads(store.read_text()) if args.resume and store.exists() else {}
     for k in range(args.repeats):
-        for arm in arms:  # interleaved: load drifts hit both arms
-            runs = results.setdefault(arm, [])
-            if len(runs) > k:
-                continue
-            print(f"running {arm} ({k + 1}/{args.repeats})", flush=True)
-            runs.append(run(arm, job_yaml(arm, model, args.out, args), args.out / f"{arm}-{k}"))
-            store.write_text(json.dumps(results, indent=2))
+        todo = [arm for arm in arms if len(results.setdefault(arm, [])) <= k]
+        print(f"running {', '.join(todo)} ({k + 1}/{args.repeats})", flush=True)
+        jobs = {arm: job_yaml(arm, model, args.out, args) for arm in todo}
+        with ThreadPoolExecutor(len(todo) if args.parallel and todo else 1) as pool:  # else interleaved, in turn
+            done = {arm: pool.submit(run, arm, jobs[arm], args.out / f"{arm}-{k}") for arm in todo}
+            for arm in todo:
+                results[arm].append(done[arm].result())
+                store.write_text(json.dumps(results, indent=2))
     print(f"{'arm':<6} {'held-out pass@1 by iteration (pass@k)':<60} {'reward first->last 1/4':>22} "
           f"{'tool calls train (eval)':>24} {'failed calls':>12}")
     for arm, runs in results.items():
