@@ -43,6 +43,7 @@ LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, Any]]]
 """``loss_fn(logprobs, micro_batch) -> (scalar loss, metrics)``; ``Algorithm.loss`` fits."""
 
 __all__ = ["MegatronEngine", "EngineError", "LossFn"]
+NO_LORA = "the megatron engine trains no LoRA adapters (trainer.lora runs on trainer.engine hf)"
 
 
 class MegatronEngine:
@@ -453,6 +454,15 @@ class MegatronEngine:
     @property
     def is_export_rank(self) -> bool:
         return self.par.dp_rank == 0 and self.par.tp_rank == 0 and self.par.pp_rank == 0
+
+    def export_adapters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        raise EngineError(NO_LORA)
+
+    def adapter_config(self) -> dict[str, Any]:
+        raise EngineError(NO_LORA)
+
+    def load_adapter_version(self, tensors: Callable[[str], torch.Tensor]) -> int:
+        raise EngineError(f"this version holds LoRA adapters only: {NO_LORA}")
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's Megatron parameters (shards), unwrapped names."""

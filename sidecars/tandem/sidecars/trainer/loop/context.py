@@ -212,8 +212,8 @@ class TrainerContext:
         dtype = getattr(torch, devices.trainer_dtype(self.job.spec))  # the rollout's check wants exactly it
         adapter: dict[str, Any] | None = None
         if devices.adapter_sync(self.job.spec):
-            exported = self.engine.export_adapters()  # type: ignore[attr-defined]
-            adapter = self.engine.adapter_config()  # type: ignore[attr-defined]
+            exported = self.engine.export_adapters()
+            adapter = self.engine.adapter_config()
         else:
             exported = self.engine.export_hf(target_tp=1, target_rank=0)
         named = ((n, t if t.dtype == dtype else t.to(dtype)) for n, t in exported)

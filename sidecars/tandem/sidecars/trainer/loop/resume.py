@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.trainer.engines.megatron_build import EngineError
 from tandem.sidecars.trainer.loop import train_state
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress
@@ -130,8 +131,8 @@ def load_version(ctx: Resumable, version: int, path: Path) -> None:
     if mapped.index.adapter is None:
         ctx.engine.load_hf_weights(tensors.__getitem__)
         return
-    load_adapters = getattr(ctx.engine, "load_adapter_version", None)  # the hf engine with trainer.lora
-    if load_adapters is None:
+    try:
+        ctx.engine.load_adapter_version(tensors.__getitem__)  # the hf engine with trainer.lora
+    except EngineError as e:
         raise ResumeError(f"version {version} at {path} holds LoRA adapters only; this trainer has no adapters "
-                          "(trainer.lora) to load them into")
-    load_adapters(tensors.__getitem__)
+                          f"(trainer.lora) to load them into: {e}") from e
