@@ -137,9 +137,10 @@ class Recorder:
             record = self._records.get(tid)
             if record is None:
                 return  # closed meanwhile (deadline): that call's tokens do not train
-            if extends and record.chains and record.last is not None:
-                chain = record.chains[-1]
-                chain.add_env(call.prompt_ids[len(record.last.prompt_ids) + len(record.last.completion.token_ids):])
+            chain = record.chains[-1] if record.chains else None
+            so_far = chain.prompt_ids + chain.completion_ids if chain is not None else []
+            if extends and chain is not None and call.prompt_ids[:len(so_far)] == so_far:
+                chain.add_env(call.prompt_ids[len(so_far):])  # (calls made at once: only one extends)
                 record.chain_calls[-1] += 1
             else:
                 chain = Trajectory(list(call.prompt_ids))
