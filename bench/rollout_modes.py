@@ -43,6 +43,15 @@ for a gone rollout and dropped that pod without a word, so it missed the update 
 out of memory beside two other benches: run this bench alone. The runs so far are kept in
 ~/.cache/tandem/bench/rollout_modes (--out there and --resume go on from them).
 
+Second session of that run, 2026-11-26 (the machine loaded by tests during part of it, so its seconds compare
+nothing): async k=1's first run finished, its mid-run evaluation on the version the rollouts had loaded (the
+client's retry held). Held-out pass@1 0.148 -> 0.141 -> 0.237 after 0, 4, 8 iterations against sync's 0.133
+-> 0.253 -> 0.380; training reward in the last quarter 0.156 against 0.312; token entropy stayed at 2.1-3.1
+where sync's fell from 2.7 to 1.6-1.8. Per token, the trainer's log-probs of the stale completions differed
+from the rollout's by 0.009-0.025 nats (mismatch_max <= 0.2) and tisCap 2 clipped none: staleness 1 at lr
+1e-5 changed the behaviour policy little, so one run cannot tell a defect from noise (the spread of one
+mode's runs is not known yet). The partial run was stopped to give the machine to another measurement.
+
 Not a test. Run (about 10-12 minutes per mode and run on 2 idle cores with the defaults, evaluations and
 start-up included; 3 modes x 3 repeats ~1h45):
     /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...] [--resume]
