@@ -7,7 +7,9 @@ in this pod's shm are pulled from other pods first), starts this pod's broadcast
 versions it holds), loads the newest published version if there is one (a late joiner or a
 restarted pod), advertises its address and gang generation
 under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes when the lease expires), and
-serves the control + generation API on TANDEM_CE_PORT. Caller: the pod built by
+serves the control + generation API on TANDEM_CE_PORT, with the OpenAI-compatible chat endpoint and, for
+a job with turns (rollout.environment), its multi-turn driver or agent driver (the environment's modules are
+imported before vLLM starts: a bad entryPoint or tool is refused at once, naming the field). Caller: the pod built by
 `tandem.operator.builders`, or `tandem run`.
 """
 
