@@ -24,7 +24,11 @@ held-out pass@1 0.005 -> 0.000 -> 0.000 after 0, 10, 20 iterations, training rew
 iterations: without the tool the model does not learn this task. `tools` started at 0.010 with 0.13 tool
 calls per held-out sample; in training 6% of trajectories called the calculator and every call failed,
 and its trainer was killed for memory at iteration 2 (a probe ran beside the two jobs). Hence the three
-worked examples the task now opens with (examples/arith-tools/make.py); the run with them is still to do.
+worked examples the task now opens with (examples/arith-tools/make.py). With them (`--arms tools
+--iterations 10 --eval-every 5`, one run, alone on the machine): held-out pass@1 0.065 -> 0.276 after 5
+iterations (pass@4 0.229 -> 0.740), tool calls per held-out sample 0.62 -> 0.95; in training the reward went
+0, 0, 0.06, 0.13, 0.28, 0.31, 0.44 over iterations 0-6, calls per trajectory 0.5 -> 0.94 and the failed share
+of calls 0.44 -> 0.10 (iteration 9: reward 0.66, failed share 0.10; after 10 iterations held-out pass@1 0.862, pass@4 1.000, 0.99 calls per sample).
 """
 
 from __future__ import annotations
