@@ -28,7 +28,8 @@ worked examples the task now opens with (examples/arith-tools/make.py). With the
 --iterations 10 --eval-every 5`, one run, alone on the machine): held-out pass@1 0.065 -> 0.276 after 5
 iterations (pass@4 0.229 -> 0.740), tool calls per held-out sample 0.62 -> 0.95; in training the reward went
 0, 0, 0.06, 0.13, 0.28, 0.31, 0.44 over iterations 0-6, calls per trajectory 0.5 -> 0.94 and the failed share
-of calls 0.44 -> 0.10 (iteration 9: reward 0.66, failed share 0.10; after 10 iterations held-out pass@1 0.862, pass@4 1.000, 0.99 calls per sample).
+of calls 0.44 -> 0.10 (iteration 9: reward 0.66, failed share 0.10); after 10 iterations held-out pass@1
+0.862, pass@4 1.000, 0.99 calls per sample.
 """
 
 from __future__ import annotations
