@@ -9,16 +9,36 @@ decoded and encoded again, so what trains is exactly what was sampled. A templat
 turns when later ones are added (some strip reasoning from past turns) cannot be extended this way and is
 refused naming why. Templates that ignore `tools` (SmolLM2's, many small models') get the schemas in a
 system message in the Hermes format, the one `toolcalls` parses by default.
-Caller: the rollout's multi-turn driver, one `ChatRenderer` per job (it holds no conversation).
+Caller: the rollout's multi-turn driver and its OpenAI endpoint, one `ChatRenderer` per set of tools
+(`Renderers`; it holds no conversation).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 Message = dict[str, Any]
 STAND_IN: list[Message] = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text: OpenAI content parts joined, None as empty."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def call_arguments(function: dict[str, Any]) -> Any:
+    """A tool call's arguments: OpenAI sends them as a JSON string; an unreadable one stays as it came."""
+    args = function.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            return json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return args
+    return args or {}
 
 
 class TemplateError(ValueError):
@@ -80,3 +100,19 @@ class ChatRenderer:
             raise TemplateError("the chat template renders earlier turns differently once later ones follow; "
                                 "its conversations cannot be extended token by token")
         return self._after_turn + after[len(before):]
+
+
+class Renderers:
+    """One `ChatRenderer` per set of tools, made on first use (thread-safe)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self._made: dict[str, ChatRenderer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        key = json.dumps(tools or [], sort_keys=True)
+        with self._lock:
+            if key not in self._made:
+                self._made[key] = ChatRenderer(self.tok, tools or [])
+            return self._made[key]

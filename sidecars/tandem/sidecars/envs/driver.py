@@ -16,8 +16,6 @@ turn would not fit the budget. Caller: the rollout sidecar (rollout/server.py), 
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ from typing import Any
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.turns import Turn, run_turns
 from tandem.sidecars.envs.base import Environment, Message, TurnStats
-from tandem.sidecars.envs.chat import ChatRenderer
+from tandem.sidecars.envs.chat import ChatRenderer, Renderers
 from tandem.sidecars.envs.trajectory import Trajectory
 
 TRUNCATED = " ...(cut: the tool's output was longer than the job allows)"
@@ -72,18 +70,13 @@ class MultiTurnDriver:
         steps (and the tool calls inside them) run at once."""
         self.engine, self.tok, self.make_env, self.limits = engine, tokenizer, make_env, limits
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="env-step")
-        self._renderers: dict[str, ChatRenderer] = {}
-        self._lock = threading.Lock()
+        self._renderers = Renderers(tokenizer)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def renderer(self, tools: list[dict[str, Any]]) -> ChatRenderer:
-        key = json.dumps(tools, sort_keys=True)
-        with self._lock:
-            if key not in self._renderers:
-                self._renderers[key] = ChatRenderer(self.tok, tools)
-            return self._renderers[key]
+        return self._renderers.get(tools)
 
     def run(self, rows: Sequence[Mapping[str, Any]], messages: Sequence[list[Message]], n: int,
             options: SamplingOptions, version: int) -> list[list[Result]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.sidecars.envs.chat import ChatRenderer, Message
+from tandem.sidecars.envs.chat import ChatRenderer, Message, call_arguments, text_of
 from tandem.sidecars.envs.trajectory import Trajectory
 
 
@@ -38,20 +38,11 @@ class TrajectoryClosed(errors.BadRequest):
 
 def normalise(message: Message) -> tuple[Any, ...]:
     """What identifies a message when an agent sends it back: role, text, tool calls (name, arguments)."""
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     calls = []
     for c in message.get("tool_calls") or []:
         fn = c.get("function", c) if isinstance(c, dict) else {}
-        args = fn.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                pass
-        calls.append((fn.get("name"), json.dumps(args, sort_keys=True)))
-    return message.get("role"), (content or "").strip(), tuple(calls)
+        calls.append((fn.get("name"), json.dumps(call_arguments(fn), sort_keys=True)))
+    return message.get("role"), text_of(message.get("content")).strip(), tuple(calls)
 
 
 @dataclass
@@ -75,7 +66,6 @@ class Record:
     last: Call | None = None
     calls: int = 0
     tool_calls: int = 0
-    closed: bool = False
 
     @property
     def unused_calls(self) -> int:
@@ -94,9 +84,7 @@ class Recorder:
 
     def close(self, tid: str) -> Record:
         with self._lock:
-            record = self._records.pop(tid)
-            record.closed = True
-            return record
+            return self._records.pop(tid)
 
     def prepare(self, tid: str, messages: list[Message], renderer: ChatRenderer, max_tokens: int | None,
                 adapt: Callable[[Message], Message] = dict) -> tuple[list[int], bool, int, SamplingOptions]:
@@ -113,6 +101,7 @@ class Recorder:
                 raise TrajectoryClosed(f"trajectory {tid!r} is past its deadline "
                                        "(rollout.environment.trajectoryTimeoutSeconds)")
             last = record.last
+            chain_start = len(record.chains[-1].prompt_ids) if record.chains else 0
         prompt, extends = None, False
         if last is not None and last.completion.token_ids and \
                 last.completion.token_ids[-1] == renderer.end_of_turn and len(messages) > len(last.messages) and \
@@ -125,7 +114,7 @@ class Recorder:
                 extends = True
         if prompt is None:
             prompt = renderer.prompt_ids([adapt(m) for m in messages])
-        used = len(prompt) - len(record.chains[-1].prompt_ids) if extends and record.chains else 0
+        used = len(prompt) - chain_start if extends else 0  # completion tokens of the chain so far
         left = min(self.max_turn_tokens, self.max_total_tokens - used, max_tokens or self.max_turn_tokens)
         if left < 1:
             raise TrajectoryClosed(f"trajectory {tid!r} spent its {self.max_total_tokens} tokens "

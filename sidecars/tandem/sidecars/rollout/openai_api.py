@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 from typing import Any, Literal
@@ -30,7 +29,7 @@ from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.checkpoint_engine.turns import Turn, TurnLoop
 from tandem.sidecars.envs import toolcalls
-from tandem.sidecars.envs.chat import ChatRenderer, Message
+from tandem.sidecars.envs.chat import ChatRenderer, Message, Renderers, call_arguments, text_of
 from tandem.sidecars.envs.recorder import Call, Recorder
 
 
@@ -59,18 +58,10 @@ class Chat:
                  style: toolcalls.Style = "hermes", max_tokens: int = 1024) -> None:
         self.loop, self.tok, self.recorder, self.model = loop, tokenizer, recorder, model
         self.style, self.max_tokens = style, max_tokens
-        self._renderers: dict[str, ChatRenderer] = {}
-        self._lock = threading.Lock()
-
-    def renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
-        key = json.dumps(tools or [], sort_keys=True)
-        with self._lock:
-            if key not in self._renderers:
-                self._renderers[key] = ChatRenderer(self.tok, tools or [])
-            return self._renderers[key]
+        self.renderers = Renderers(tokenizer)
 
     def complete(self, req: ChatRequest, tid: str | None) -> dict[str, Any]:
-        renderer = self.renderer(req.tools if req.tool_choice != "none" else None)
+        renderer = self.renderers.get(req.tools if req.tool_choice != "none" else None)
 
         def adapt(message: Message) -> Message:
             return _for_template(message, renderer)
@@ -107,18 +98,12 @@ class Chat:
 def _for_template(message: dict[str, Any], renderer: ChatRenderer) -> Message:
     """An OpenAI message as chat templates read it: text content; an assistant's tool calls written in the
     Hermes format where the template does not render `tool_calls` itself."""
-    out = dict(message)
-    content = out.get("content")
-    if isinstance(content, list):
-        out["content"] = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    elif content is None:
-        out["content"] = ""
+    out = {**message, "content": text_of(message.get("content"))}
     if out.get("tool_calls") and not renderer.native_tools:
         blocks = []
         for c in out.pop("tool_calls"):
             fn = c.get("function", {})
-            args = fn.get("arguments", "{}")
-            args = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
+            args = call_arguments(fn)
             blocks.append(f'{toolcalls.OPEN}\n{json.dumps({"name": fn.get("name"), "arguments": args})}\n'
                           f"{toolcalls.CLOSE}")
         out["content"] = "\n".join([out["content"], *blocks]).strip()
