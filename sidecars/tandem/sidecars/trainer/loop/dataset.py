@@ -84,6 +84,16 @@ class Prompt:
         once), or the text when no tokenizer rendered it."""
         return self.token_ids if self.token_ids is not None else self.text
 
+    @property
+    def chat(self) -> list[dict[str, Any]]:
+        """The conversation a multi-turn rollout opens with: the row's messages, or the prompt as one."""
+        return self.messages or [{"role": "user", "content": self.text}]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """What a multi-turn environment gets of the row (its reset and reward)."""
+        return {"question": self.question, "answer": self.answer, "index": self.index}
+
 
 class PromptDataset:
     def __init__(self, prompts: list[Prompt], seed: int = 0, labelled: list[Labelled] | None = None):

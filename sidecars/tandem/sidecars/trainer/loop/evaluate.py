@@ -94,8 +94,8 @@ class Evaluator:
         drawn = 1 if self.spec.temperature == 0 else k  # greedy: one sample stands for all k
         tool_calls = None
         if self.multi_turn:
-            rows = [p.messages or [{"role": "user", "content": p.text}] for p in self.prompts]
-            data = [{"question": p.question, "answer": p.answer, "index": p.index} for p in self.prompts]
+            rows = [p.chat for p in self.prompts]
+            data = [p.fields for p in self.prompts]
             trajectories, versions = generator.trajectories(rows, opts, n=drawn, data=data)
             groups = [[(str(t["text"]), t.get("reward")) for t in row] for row in trajectories]
             flat = [t for row in trajectories for t in row]

@@ -111,8 +111,8 @@ class MultiTurnSource(SyncSource):
 
     def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
         prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
-        rows = [p.messages or [{"role": "user", "content": p.text}] for p in prompts]
-        data = [{"question": p.question, "answer": p.answer, "index": p.index} for p in prompts]
+        rows = [p.chat for p in prompts]
+        data = [p.fields for p in prompts]
         outs, versions = self.rollouts.trajectories(rows, options, n=self.spec.algorithm.group_size, data=data)
         if len(versions) != 1:
             raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
