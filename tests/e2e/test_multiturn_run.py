@@ -1,11 +1,14 @@
 """End to end: `tandem run examples/smollm2-tools.yaml` and `smollm2-agent.yaml`, shortened: multi-turn GRPO.
 
-SmolLM2-135M-Instruct on multi-digit arithmetic with `rollout.environment: {type: tools, tools: [calculator]}`:
-the rollout sidecar's driver runs every trajectory on the live vLLM (the tool's schema in a Hermes system
-prompt, each call answered with a tool message), and the trainer trains on the model's tokens only. Checked:
-the job finishes; every iteration reports its turns and tool calls; the trainer's log-probs of the model's
-tokens, computed over whole trajectories with the tool messages in the context, equal what vLLM sampled
-them with (token in, token out: a re-tokenized turn or a shifted mask would separate them).
+SmolLM2-135M-Instruct on multi-digit arithmetic with `rollout.environment: {type: tools, tools: [calculator]}`,
+asynchronously (`maxStaleness: 1` on the pod's own rollout, kept up while the trainer trains): the rollout
+sidecar's driver runs every trajectory on the live vLLM (the tool's schema in a Hermes system prompt, each
+call answered with a tool message) while the trainer trains on the previous batch, on the model's tokens
+only. Checked: the job finishes; every iteration reports its turns and tool calls; the first batch, sampled
+by the weights it trains, has the trainer's log-probs of the model's tokens (computed over whole trajectories
+with the tool messages in the context) equal to what vLLM sampled them with (token in, token out: a
+re-tokenized turn or a shifted mask would separate them); the later ones are one version stale, as the bound
+allows, and their log-probs differ by one step's change only.
 The agent job's trajectories are made by examples/arith-agent/arith_agent.py, an `openai` client loop loaded
 from the job's pythonPath, through the rollout's OpenAI-compatible endpoint: the same log-prob check holds for
 the calls it recorded, its rewards are the `environment` reward, and its eval runs the agent too.
@@ -25,8 +28,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.ma
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 NAME = "e2e-tools"
-ITERATIONS = 2
+ITERATIONS = 3
 MISMATCH = 1e-3  # mean |log p_trainer - log p_rollout| of the model's tokens; ~1e-5 when the weights agree
+STALE_MISMATCH = 0.3  # the same one version apart (one step at lr 1e-5: ~0.01-0.03)
 
 
 def tools_job(model: Path) -> dict[str, Any]:
@@ -36,13 +40,13 @@ def tools_job(model: Path) -> dict[str, Any]:
     spec["model"]["path"] = str(model)
     spec["dataset"]["path"] = str(EXAMPLES / "arith-tools" / "train.jsonl")
     del spec["eval"]
-    spec["algorithm"].update(iterations=ITERATIONS)
+    spec["algorithm"].update(iterations=ITERATIONS, maxStaleness=1, tisCap=2.0)
     spec["rollout"].update(promptsPerIteration=4, maxTokens=48)
     spec["rollout"]["environment"].update(maxTurns=2, maxTotalTokens=160)
     return job
 
 
-def test_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
+def test_asynchronous_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
     from tandem.cli import models
 
     run_ok(run_cmd(tools_job(models.fetch("smollm2-135m")), tmp_path))
@@ -51,7 +55,11 @@ def test_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
     for r in rows:
         assert r["completions"] == 16 and 1.0 <= r["turns_mean"] <= 2.0, r
         assert r["tool_calls_mean"] >= 0.0 and 0.0 <= r["tool_error_frac"] <= 1.0, r
-        assert r["mismatch_mean"] < MISMATCH, r
+        assert r["staleness_max"] <= 1 and "batch_version" in r, r
+        assert r["mismatch_mean"] < (MISMATCH if r["staleness_max"] == 0 else STALE_MISMATCH), r
+    assert rows[0]["staleness_max"] == 0, rows[0]  # the first batch is sampled by the weights it trains
+    # the producer generates the next batch while the trainer trains this one: stale by one version
+    assert any(r["staleness_max"] == 1 for r in rows[1:]), [r["staleness_hist"] for r in rows]
     assert not processes_of(tmp_path / "runs"), "processes left running"
 
 

@@ -23,9 +23,9 @@ REJECTED: Rejected = [
      "spec.rollout.environment.tools", "type tools only"),
     ("tools-with-partial", lambda: W().set("rollout.environment", TOOLS)
      .set("rollout.partial", {"tokenBudget": 64}).set("algorithm.tisCap", 2.0),
-     "spec.rollout.environment", "synchronously"),
-    ("tools-async", lambda: W().set("rollout.environment", TOOLS).set("algorithm.maxStaleness", 1)
-     .set("algorithm.tisCap", 2.0), "spec.rollout.environment", "maxStaleness 0"),
+     "spec.rollout.environment", "no rollout.partial"),
+    ("tools-dynamic-sampling", lambda: W().set("rollout.environment", TOOLS)
+     .set("algorithm.dynamicSampling", {"maxRounds": 2}), "spec.rollout.environment", "no dynamicSampling"),
     ("zero-turns", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 0}),
      "spec.rollout.environment.maxTurns", ""),
     ("custom-without-entry-point", lambda: W().set("rollout.environment", {"type": "custom"}),
@@ -41,6 +41,8 @@ ACCEPTED: Accepted = [
     ("tools", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 3, "maxTotalTokens": 384,
                                                       "maxToolOutputTokens": 32, "toolCallFormat": "llama3"})),
     ("single", lambda: W().set("rollout.environment", {"type": "single"})),
+    ("tools-async", lambda: W().set("rollout.environment", TOOLS).set("algorithm.maxStaleness", 1)
+     .set("algorithm.tisCap", 2.0)),
     ("custom-with-its-reward", lambda: W().set("rollout.environment", {**CUSTOM, "kwargs": {
         "target": 3, "nested": {"words": ["a", "b"], "on": True}}}).set("rewards", [
         {"type": "environment"}, {"type": "answerMatch", "weight": 0.5}])),

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts
+from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import Group, Pending, Segment
-from tandem.sidecars.trainer.loop.sources import to_samples
+from tandem.sidecars.trainer.loop.sources import to_samples, trajectory_groups, turn_stats
 
 WAIT = 10.0  # seconds a condition may take before the test fails
 
@@ -73,6 +73,21 @@ class GatedClient:
                   for i in range(len(prompts))]
         return groups, {self.loaded if self.report_version is None else self.report_version}
 
+    def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
+                     data: Sequence[dict[str, Any]] | None = None
+                     ) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
+        """Two-turn trajectories as the rollouts' /v1/trajectories returns them: a model turn (3 tokens), a tool
+        message (2, masked out), a model turn (1)."""
+        assert self.producer is not None
+        self._log("generate", options.seed, self.loaded)
+        assert self.permits.acquire(timeout=WAIT), "the test released no permit"
+        out = [[{"prompt_ids": [1], "completion_ids": [7, 7, 7, 5, 5, 8],
+                 "logprobs": [-1.0, -1.0, -1.0, 0.0, 0.0, -2.0], "mask": [1, 1, 1, 0, 0, 1],
+                 "text": f"{row[-1]['content']} {(data or [{}])[i].get('answer')}",
+                 "finish": "stop", "turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_seconds": 0.5, "reward": None}
+                for _ in range(n)] for i, row in enumerate(rows)]
+        return out, {self.loaded}
+
 
 def queued(producer: AsyncRollouts, n: int) -> bool:
     """Wait until `n` batches wait in the producer's queue (it notifies its condition on each)."""
@@ -81,17 +96,20 @@ def queued(producer: AsyncRollouts, n: int) -> bool:
 
 
 def prompts_of(batch: int) -> list[Prompt]:
-    return [Prompt(text=f"b{batch}p{i}", answer=None, index=2 * batch + i) for i in range(2)]
+    return [Prompt(text=f"b{batch}p{i}", answer=str(batch), index=2 * batch + i,
+                   messages=[{"role": "user", "content": f"b{batch}p{i}"}]) for i in range(2)]
 
 
 @pytest.fixture
 def make() -> Iterator[Callable[..., tuple[AsyncRollouts, GatedClient]]]:
     made: list[tuple[AsyncRollouts, GatedClient]] = []
 
-    def build(k: int, version: int = 0, first_batch: int = 0) -> tuple[AsyncRollouts, GatedClient]:
+    def build(k: int, version: int = 0, first_batch: int = 0,
+              generate: Generate | None = None) -> tuple[AsyncRollouts, GatedClient]:
         client = GatedClient()
         producer = AsyncRollouts(client, prompts_of, SamplingOptions(max_tokens=8),  # type: ignore[arg-type]
-                                 group_size=2, max_staleness=k, first_batch=first_batch, version=version)
+                                 group_size=2, max_staleness=k, first_batch=first_batch, version=version,
+                                 generate=generate)
         client.producer = producer
         made.append((producer, client))
         return producer.start(), client
@@ -138,6 +156,23 @@ def test_the_newest_published_version_is_loaded_before_a_batch(make: Any) -> Non
     assert client.calls[:4] == [("update", 3), ("generate", 0, 3), ("update", 4), ("generate", 1, 4)]
     first, second = producer.take(4), producer.take(4)
     assert (first.batch.version, second.batch.version) == (3, 4)
+
+
+def test_a_multi_turn_producer_batches_whole_trajectories_of_one_version(make: Any) -> None:
+    """maxStaleness with rollout.environment: each batch is trajectories of the version loaded before it, the
+    environment's tokens masked out, the turn counts kept for the iteration's metrics."""
+    producer, client = make(1, version=3, generate=trajectory_groups(2))
+    client.permits.release(1)
+    taken = producer.take(4)
+    assert taken.batch.version == 3 and client.generates() == [("generate", 0, 3)]
+    member = taken.batch.groups[1].members[0]
+    assert member.mask == [1, 1, 1, 0, 0, 1] and [s.version for s in member.segments] == [3]
+    assert member.text == "b0p1 0"  # the prompt's own conversation and fields reached the environment
+    assert len(taken.batch.groups) == 2 and all(len(g.members) == 2 for g in taken.batch.groups)
+    assert turn_stats(taken.batch.groups) == {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_error_frac": 0.0,
+                                              "tool_seconds": 2.0}
+    samples, _ = to_samples(taken.batch.groups, eos_id=2, decode=lambda ids: "")
+    assert samples[0].completion_ids == [7, 7, 7, 5, 5, 8] and samples[0].completion_mask == [1, 1, 1, 0, 0, 1]
 
 
 def test_take_drops_batches_more_than_k_versions_old(make: Any) -> None:

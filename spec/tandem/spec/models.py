@@ -317,8 +317,7 @@ KTO_ONLY = ("applies to kto only (a labelled dataset); the other algorithms gene
 def _multi_turn_ok(s: JobSpec) -> bool:
     env = s.rollout.environment
     return env is None or env.type == "single" or (
-        s.rollout.partial is None and s.algorithm.max_staleness == 0 and s.algorithm.dynamic_sampling is None
-        and s.algorithm.name not in ("dpo", "kto"))
+        s.rollout.partial is None and s.algorithm.dynamic_sampling is None and s.algorithm.name not in ("dpo", "kto"))
 
 
 class JobSpec(Base):
@@ -438,11 +437,11 @@ class JobSpec(Base):
              ".rewards", lambda s: not any(r.type == "environment" for r in s.rewards) or (
                  s.rollout.environment is not None and s.rollout.environment.type in ("custom", "agent"))),
         Rule("!has(self.rollout.environment) || self.rollout.environment.type == 'single' || "
-             "(!has(self.rollout.partial) && self.algorithm.maxStaleness == 0 && "
+             "(!has(self.rollout.partial) && "
              "!has(self.algorithm.dynamicSampling) && !(self.algorithm.name in ['dpo', 'kto']))",
-             "multi-turn rollouts (environment types tools, custom, agent) are generated synchronously and "
-             "trained by the policy-gradient algorithms: no rollout.partial, maxStaleness 0, no dynamicSampling, "
-             "not dpo or kto",
+             "multi-turn rollouts (environment types tools, custom, agent) are generated whole, synchronously or "
+             "asynchronously (maxStaleness), and trained by the policy-gradient algorithms: no rollout.partial, "
+             "no dynamicSampling, not dpo or kto",
              ".rollout.environment", _multi_turn_ok),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model

@@ -15,7 +15,9 @@ when no rollout-only pod is registered) unless they stay up while the trainer tr
 when the job has no rollout-only pod), and the producer alone loads versions into them; the driver
 evaluates inside `exclusive(version)`, between two batches. Batches in the queue live in memory only: a restart
 re-generates them from `next_batch()` (the driver records it with each version; see
-`tandem.sidecars.trainer.loop.inflight`). Caller: `tandem.sidecars.trainer.loop.driver`.
+`tandem.sidecars.trainer.loop.inflight`). What a batch is comes from its `Generate`: single-turn completions
+(`single_turn`, the default) or multi-turn trajectories (`sources.trajectory_groups`), each batch of one
+version either way. Caller: `tandem.sidecars.trainer.loop.sources.make_source`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ from tandem.sidecars.trainer.loop.partial import Group, whole_groups
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
 
 log = logging.getLogger(__name__)
+
+
+# (rollouts, the batch's prompts, sampling options, the version they hold) -> the batch's groups, built with
+# that version, and the versions the rollouts reported
+Generate = Callable[[RolloutClient, Sequence[Prompt], SamplingOptions, int], tuple[list[Group], set[int | None]]]
+
+
+def single_turn(group_size: int) -> Generate:
+    """groupSize single-turn completions per prompt."""
+    def generate(client: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
+                 version: int) -> tuple[list[Group], set[int | None]]:
+        groups, versions = client.generate([p.model_input for p in prompts], options, n=group_size)
+        return whole_groups(prompts, groups, version), versions
+    return generate
 
 
 @dataclass
@@ -55,10 +71,11 @@ class Taken:
 class AsyncRollouts:
     def __init__(self, client: RolloutClient, prompts_of: Callable[[int], Sequence[Prompt]],
                  options: SamplingOptions, *, group_size: int, max_staleness: int, first_batch: int,
-                 version: int):
+                 version: int, generate: Generate | None = None):
         if max_staleness < 1:
             raise ValueError("asynchronous rollouts need max_staleness >= 1")
         self.client, self.prompts_of, self.options = client, prompts_of, options
+        self.generate = generate or single_turn(group_size)
         self.group_size, self.k = group_size, max_staleness
         self._cond = threading.Condition()
         self._queue: deque[Batch] = deque()
@@ -170,9 +187,8 @@ class AsyncRollouts:
         prompts = list(self.prompts_of(index))
         started = time.monotonic()
         t = time.perf_counter()
-        groups, versions = self.client.generate([p.model_input for p in prompts],
-                                                self.options.model_copy(update={"seed": index}), n=self.group_size)
+        groups, versions = self.generate(self.client, prompts, self.options.model_copy(update={"seed": index}), version)
         if versions != {version}:
             raise RuntimeError(f"batch {index}: rollouts generated with versions {sorted(map(str, versions))}, "
                                f"expected {version}")
-        return Batch(index, version, whole_groups(prompts, groups, version), time.perf_counter() - t, started)
+        return Batch(index, version, groups, time.perf_counter() - t, started)

@@ -5,8 +5,10 @@ Role: the driver asks its `RolloutSource` for the groups to train on weights `ve
   iteration waits for the longest completion;
 - `PartialSource` (`rollout.partial`): completions cut at the token budget are carried over and
   continued under newer weights (`partial.PartialRollouts`);
+- `MultiTurnSource` (`rollout.environment` with turns): trajectories from the rollouts' driver;
 - `AsyncSource` (`algorithm.maxStaleness` > 0): a producer thread keeps the rollout-only pods
-  generating while the trainer trains (`async_rollouts.AsyncRollouts`); with
+  generating while the trainer trains (`async_rollouts.AsyncRollouts`), single-turn completions or
+  multi-turn trajectories (`trajectory_groups`), one version per batch; with
   `rollout.betweenRollouts: keep` the hybrid pods' rollouts generate too (shared with the driver,
   which then evaluates between batches, through `exclusive`).
 Each returns finished `Group`s (every completion records the version of each segment) and the
@@ -32,7 +34,7 @@ from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer.loop import inflight, resume
-from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts
+from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
 from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment, whole_groups
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
@@ -105,18 +107,26 @@ TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds")
 
 
 class MultiTurnSource(SyncSource):
-    """Multi-turn trajectories (rollout.environment with turns) from the rollouts' driver: each member's
-    completion is every token after the first prompt, the model's and the environment's, with its mask; the
-    text the rewards judge is the last model turn."""
+    """Multi-turn trajectories (rollout.environment with turns) from the rollouts' driver, generated
+    synchronously (`trajectory_groups`)."""
 
     def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
         prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
-        rows = [p.chat for p in prompts]
-        data = [p.fields for p in prompts]
-        outs, versions = self.rollouts.trajectories(rows, options, n=self.spec.algorithm.group_size, data=data)
+        return trajectory_groups(self.spec.algorithm.group_size)(self.rollouts, prompts, options, version)[0]
+
+
+def trajectory_groups(group_size: int) -> Generate:
+    """groupSize trajectories per prompt from the rollouts' `/v1/trajectories`: each member's completion is
+    every token after the first prompt, the model's and the environment's, with its mask; the text the
+    rewards judge is the last model turn. Built with the one version the rollouts reported (`version` where
+    they report none). Used synchronously (`MultiTurnSource`) and by the asynchronous producer."""
+    def generate(rollouts: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
+                 version: int) -> tuple[list[Group], set[int | None]]:
+        outs, versions = rollouts.trajectories([p.chat for p in prompts], options, n=group_size,
+                                               data=[p.fields for p in prompts])
         if len(versions) != 1:
             raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
-        got = versions.pop()
+        got = next(iter(versions))
         v = version if got is None else got
         groups = []
         for prompt, trajectories in zip(prompts, outs, strict=True):
@@ -126,7 +136,8 @@ class MultiTurnSource(SyncSource):
                                turns={k: float(t[k]) for k in TURN_STATS}, env_reward=t.get("reward"))
                        for t in trajectories]
             groups.append(Group(prompt, members, born=v))
-        return groups
+        return groups, versions
+    return generate
 
 
 def turn_stats(groups: Sequence[Group]) -> dict[str, float]:
@@ -242,17 +253,16 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
         requeue = [dataset.prompts[i] for i in (resumed.prompts if resumed else []) if 0 <= i < len(dataset)]
         return PartialSource(spec, dataset, rollouts, requeue), rollouts
     environment = spec.rollout.environment
-    if environment is not None and environment.type != "single":  # synchronous only (the spec's rule)
-        return MultiTurnSource(spec, dataset, rollouts), rollouts
+    multi_turn = environment is not None and environment.type != "single"
     if spec.algorithm.max_staleness == 0 or registry is None:
-        return SyncSource(spec, dataset, rollouts), rollouts
+        return (MultiTurnSource if multi_turn else SyncSource)(spec, dataset, rollouts), rollouts
     shared = spec.rollout.between_rollouts == "keep"  # the hybrid pods' vLLM stays up while training
     only = resume.rollout_addresses(registry, generation, rollout_only=True)
     hybrid = resume.rollout_addresses(registry, generation, rollout_only=False)
     if not hybrid or not (only or shared):
         log.warning("maxStaleness %d: no rollout-only pod registered and rollout.betweenRollouts is not keep; "
                     "generating synchronously", spec.algorithm.max_staleness)
-        return SyncSource(spec, dataset, rollouts), rollouts
+        return (MultiTurnSource if multi_turn else SyncSource)(spec, dataset, rollouts), rollouts
     rollouts.addresses = hybrid
 
     def producing() -> list[str]:  # the producer's rollouts now (the pool may have been scaled)
@@ -264,7 +274,8 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
     producer = AsyncRollouts(RolloutClient(only + hybrid if shared else only, token),
                              lambda b: dataset.batch(b, spec.rollout.prompts_per_iteration),
                              options, group_size=spec.algorithm.group_size,
-                             max_staleness=spec.algorithm.max_staleness, first_batch=first, version=version)
+                             max_staleness=spec.algorithm.max_staleness, first_batch=first, version=version,
+                             generate=trajectory_groups(spec.algorithm.group_size) if multi_turn else None)
     return AsyncSource(spec, dataset, producer.start(), producing, shared=shared), rollouts
 
 
