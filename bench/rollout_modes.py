@@ -52,8 +52,18 @@ from the rollout's by 0.009-0.025 nats (mismatch_max <= 0.2) and tisCap 2 clippe
 1e-5 changed the behaviour policy little, so one run cannot tell a defect from noise (the spread of one
 mode's runs is not known yet). The partial run was stopped to give the machine to another measurement.
 
-Not a test. Run (about 10-12 minutes per mode and run on 2 idle cores with the defaults, evaluations and
-start-up included; 3 modes x 3 repeats ~1h45):
+Third session, 2026-11-26, each run alone on the machine (8 iterations, 96 x 4 held-out; sync and async k=1 two
+runs each, partial one): held-out pass@1 after 8 iterations sync 0.234-0.380 (mean 0.307; 0.133 at the start),
+async k=1 0.219-0.237 (0.228; 0.148 at the start), partial 0.349 (236 completions); training reward over the
+last quarter sync 0.281-0.312, async 0.141-0.156, partial 0.295; mean completion length sync 60.5 tokens, async
+69.2, partial 62.4; loop completions/s within 5% of each other (1.05x async, 1.02x partial: on 2 pinned cores
+the trainer, not generation, bounds the loop). The second sync run ended at 0.234, inside async's range, so
+held-out pass@1 cannot yet tell async from sync; the training reward was halved in both async runs, though,
+and their answers stayed longer: that is the lead to follow (staleness at this lr, the TIS weights, or the
+shared rollouts of the hybrid pod), with the third runs and async k=2.
+
+Not a test. Run (about 17-25 minutes per mode and run on 2 idle cores with the defaults, evaluations and
+start-up included; 3 modes x 3 repeats ~3h, 4 modes ~4h: split it over sittings with --resume):
     /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...] [--resume]
         [--iterations N] [--prompts N] [--lr X] [--batch N] [--eval-samples N] [--out DIR]
 It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
