@@ -43,12 +43,20 @@ log = logging.getLogger(__name__)
 Generate = Callable[[RolloutClient, Sequence[Prompt], SamplingOptions, int], tuple[list[Group], set[int | None]]]
 
 
+def one_version(versions: set[int | None], version: int) -> int:
+    """The one weight version the rollouts reported for a batch (`version` where they reported none)."""
+    if len(versions) != 1:
+        raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
+    got = next(iter(versions))
+    return version if got is None else got
+
+
 def single_turn(group_size: int) -> Generate:
-    """groupSize single-turn completions per prompt."""
+    """groupSize single-turn completions per prompt, built with the version the rollouts reported."""
     def generate(client: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
                  version: int) -> tuple[list[Group], set[int | None]]:
         groups, versions = client.generate([p.model_input for p in prompts], options, n=group_size)
-        return whole_groups(prompts, groups, version), versions
+        return whole_groups(prompts, groups, one_version(versions, version)), versions
     return generate
 
 

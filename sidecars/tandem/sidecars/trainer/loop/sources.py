@@ -34,9 +34,9 @@ from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer.loop import inflight, resume
-from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate
+from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate, one_version, single_turn
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
-from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment, whole_groups
+from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
 from tandem.spec.models import JobSpec
 
@@ -83,15 +83,13 @@ class SyncSource:
         iteration reads (round r of iteration i: position i + r x iterations), so a rerun sees the same."""
         return self._groups(iteration + round_ * self.spec.algorithm.iterations, version, options)
 
+    def _generate(self) -> Generate:
+        return single_turn(self.spec.algorithm.group_size)
+
     def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
         """groupSize completions for each prompt of the dataset's batch at `position`, all of one version."""
         prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
-        groups, versions = self.rollouts.generate([p.model_input for p in prompts], options,
-                                                  n=self.spec.algorithm.group_size)
-        if len(versions) != 1:
-            raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
-        got = versions.pop()
-        return whole_groups(prompts, groups, version if got is None else got)
+        return self._generate()(self.rollouts, prompts, options, version)[0]
 
     def record(self, version: int) -> inflight.Inflight:
         return inflight.Inflight(version)
@@ -110,9 +108,8 @@ class MultiTurnSource(SyncSource):
     """Multi-turn trajectories (rollout.environment with turns) from the rollouts' driver, generated
     synchronously (`trajectory_groups`)."""
 
-    def _groups(self, position: int, version: int, options: SamplingOptions) -> list[Group]:
-        prompts = self.dataset.batch(position, self.spec.rollout.prompts_per_iteration)
-        return trajectory_groups(self.spec.algorithm.group_size)(self.rollouts, prompts, options, version)[0]
+    def _generate(self) -> Generate:
+        return trajectory_groups(self.spec.algorithm.group_size)
 
 
 def trajectory_groups(group_size: int) -> Generate:
@@ -124,10 +121,7 @@ def trajectory_groups(group_size: int) -> Generate:
                  version: int) -> tuple[list[Group], set[int | None]]:
         outs, versions = rollouts.trajectories([p.chat for p in prompts], options, n=group_size,
                                                data=[p.fields for p in prompts])
-        if len(versions) != 1:
-            raise RuntimeError(f"rollouts generated with different weight versions {sorted(map(str, versions))}")
-        got = next(iter(versions))
-        v = version if got is None else got
+        v = one_version(versions, version)
         groups = []
         for prompt, trajectories in zip(prompts, outs, strict=True):
             members = [Pending(t["prompt_ids"], t["completion_ids"], t["logprobs"],
@@ -167,10 +161,7 @@ class PartialSource(SyncSource):
 
         def generate(inputs: list[str | list[int]], limits: list[int]) -> tuple[list[Completion], int]:
             groups, versions = self.rollouts.generate(inputs, opts, n=1, max_tokens=limits)
-            if len(versions) != 1:
-                raise RuntimeError(f"rollouts generated with different versions {sorted(map(str, versions))}")
-            got = versions.pop()
-            return [g[0] for g in groups], version if got is None else got
+            return [g[0] for g in groups], one_version(versions, version)
 
         prompts = self.requeue + self.dataset.batch(iteration, self.spec.rollout.prompts_per_iteration)
         out = self.partial.step(generate, prompts, version)
