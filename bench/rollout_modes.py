@@ -133,9 +133,10 @@ def build_task(out: Path) -> tuple[Path, Path, Path]:
 
 
 def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, iterations: int, prompts: int,
-             lr: float, batch: int, eval_samples: int) -> Path:
+             lr: float, batch: int, eval_samples: int, seed: int) -> Path:
     """The mode's job: examples/smollm2-grpo.yaml's, with answers up to MAX_TOKENS long; spec.eval scores the
-    96 held-out prompts (`eval_samples` samples at temperature 1) at the start, the middle and the end."""
+    96 held-out prompts (`eval_samples` samples at temperature 1) at the start, the middle and the end.
+    `seed` (spec.seed: the prompt order and every sampler) is the run's number, the same for each mode."""
     import yaml
 
     algorithm: dict[str, Any] = {"name": "grpo", "groupSize": GROUP, "klCoef": 0.0, "clip": 0.2, "lr": lr,
@@ -145,7 +146,7 @@ def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, ite
     algorithm |= MODES[mode].get("algorithm", {})
     rollout |= MODES[mode].get("rollout", {})
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": JOB},
-            "spec": {"model": {"path": str(model)},
+            "spec": {"model": {"path": str(model)}, "seed": seed,
                      "dataset": {"path": str(train), "promptField": "messages", "answerField": "answer"},
                      "algorithm": algorithm,
                      "eval": {"dataset": {"path": str(test), "promptField": "messages"},
@@ -275,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     saved = args.out / "rollout_modes.json"
+    others: dict[str, list[dict[str, Any]]] = {}  # saved runs of modes not asked for: written back untouched
     if args.resume and saved.exists():
-        results |= {m: runs for m, runs in json.loads(saved.read_text()).items() if m in modes}
+        kept = json.loads(saved.read_text())
+        results |= {m: runs for m, runs in kept.items() if m in modes}
+        others = {m: runs for m, runs in kept.items() if m not in modes}
         print("kept " + ", ".join(f"{m}: {len(r)}" for m, r in results.items()), flush=True)
     for k in range(args.repeats):
         for mode in modes:
@@ -286,11 +290,11 @@ def main(argv: list[str] | None = None) -> int:
             slug = mode.replace(" ", "").replace("=", "")
             job = job_yaml(mode, model, train, test, args.out / f"{slug}.yaml", iterations=args.iterations,
                            prompts=args.prompts, lr=args.lr, batch=args.batch,
-                           eval_samples=args.eval_samples)
+                           eval_samples=args.eval_samples, seed=k)
             for attempt in range(3):  # a run the machine's load broke (an etcd lease lost) is run again
                 try:
-                    results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods))
-                    (args.out / "rollout_modes.json").write_text(json.dumps(results, indent=2))  # so far
+                    results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods) | {"seed": k})
+                    saved.write_text(json.dumps(results | others, indent=2))  # so far
                     break
                 except RunFailed as e:
                     print(f"  {e}; {'again' if attempt < 2 else 'giving up'}", flush=True)
@@ -315,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{mean([r['completion_len'] for r in runs]):>5.1f} {mean([r['rollout_s'] for r in runs]):>9.2f} "
               f"{mean([r['train_s'] for r in runs]):>7.2f} {mean([r['carried_share'] for r in runs]):>7.2f} "
               f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}")
-    (args.out / "rollout_modes.json").write_text(json.dumps(results, indent=2))
+    saved.write_text(json.dumps(results | others, indent=2))
     plot(results, args.out / "rollout_modes.png")
     print(f"wrote {args.out / 'rollout_modes.json'} and {args.out / 'rollout_modes.png'}")
     return 0

@@ -20,6 +20,7 @@ from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import Group, Pending, Segment
 from tandem.sidecars.trainer.loop.sources import to_samples, trajectory_groups, turn_stats
+from tandem.spec import seeds
 
 WAIT = 10.0  # seconds a condition may take before the test fails
 
@@ -104,12 +105,12 @@ def prompts_of(batch: int) -> list[Prompt]:
 def make() -> Iterator[Callable[..., tuple[AsyncRollouts, GatedClient]]]:
     made: list[tuple[AsyncRollouts, GatedClient]] = []
 
-    def build(k: int, version: int = 0, first_batch: int = 0,
-              generate: Generate | None = None) -> tuple[AsyncRollouts, GatedClient]:
+    def build(k: int, version: int = 0, first_batch: int = 0, generate: Generate | None = None,
+              seed: int = 0) -> tuple[AsyncRollouts, GatedClient]:
         client = GatedClient()
         producer = AsyncRollouts(client, prompts_of, SamplingOptions(max_tokens=8),  # type: ignore[arg-type]
                                  group_size=2, max_staleness=k, first_batch=first_batch, version=version,
-                                 generate=generate)
+                                 generate=generate, seed=seed)
         client.producer = producer
         made.append((producer, client))
         return producer.start(), client
@@ -144,6 +145,14 @@ def test_batches_come_in_order_and_next_batch_advances(make: Any) -> None:
         assert all(m.segments == [Segment(0, len(m.token_ids))] for g in t.batch.groups for m in g.members)
         assert producer.next_batch() == i + 1
     assert [c[1] for c in client.generates()[:3]] == [5, 6, 7]  # the batch index seeds its sampling
+
+
+def test_the_jobs_seed_and_the_batch_index_seed_its_sampling(make: Any) -> None:
+    producer, client = make(2, first_batch=5, seed=3)
+    client.permits.release(2)
+    assert queued(producer, 2)
+    assert [c[1] for c in client.generates()[:2]] == [seeds.request_seed(3, 5), seeds.request_seed(3, 6)]
+    assert seeds.request_seed(3, 5) not in (5, 6)  # another job seed, other samples
 
 
 def test_the_newest_published_version_is_loaded_before_a_batch(make: Any) -> None:

@@ -24,6 +24,7 @@ finding it dead, waits until they are gone and unlinks the /dev/shm segments the
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import shutil
 import threading
@@ -51,7 +52,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
 __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION", "EngineConfig", "RolloutEngine",
-           "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env"]
+           "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env", "prompt_seeds"]
 
 
 def sampling_params(opts: SamplingOptions, n: int, seed: int | None) -> Any:
@@ -61,6 +62,14 @@ def sampling_params(opts: SamplingOptions, n: int, seed: int | None) -> Any:
     return SamplingParams(n=n, logprobs=0, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
                           max_tokens=opts.max_tokens, min_tokens=opts.min_tokens, seed=seed,
                           stop=opts.stop or None, stop_token_ids=opts.stop_token_ids, ignore_eos=opts.ignore_eos)
+
+
+def prompt_seeds(seed: int, count: int) -> list[int]:
+    """One seed per prompt of a request seeded `seed`, unrelated to each other and to other requests': vLLM
+    seeds a prompt's n samples s .. s+n-1, so prompts sharing the request's seed would draw the same random
+    numbers, and seed + i would reuse the next prompt's."""
+    return [int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest(), "big") % 2**31
+            for i in range(count)]
 
 
 def completion(out: Any, c: Any, prompt_index: int = 0, sample_index: int = 0) -> Completion:
@@ -373,10 +382,14 @@ class RolloutEngine:
                 opts = opts.model_copy(update={"seed": None})
             params = sampling_params(opts, n, opts.seed)
             per_request: Any = params
-            if max_tokens is not None:
+            if max_tokens is not None or opts.seed is not None:
                 per_request = [params.clone() for _ in prompts]
+            if max_tokens is not None:
                 for sp, m in zip(per_request, max_tokens, strict=True):
                     sp.max_tokens = int(m)
+            if opts.seed is not None:
+                for sp, s in zip(per_request, prompt_seeds(opts.seed, len(prompts)), strict=True):
+                    sp.seed = s
             inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
             self._check_alive()
             self._check_lengths(prompts)

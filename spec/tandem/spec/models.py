@@ -346,6 +346,9 @@ class JobSpec(Base):
     volumes: Annotated[list[Volume], Field(max_length=16, description="Volumes mounted in every container "
                                            "(models, datasets, durable checkpoints).")] = Field(default_factory=list)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1, description="Seeds the run: the prompt order, the trainer's "
+                               "initialisation and every sampler (each pod's vLLM engine, each request). Repeats of "
+                               "one job that should differ take different seeds.")] = 0
     suspend: bool = False
     gang_scheduling: bool = Field(default=False, description="Schedule the hybrid pods all-or-nothing with "
                                   "Kubernetes' own gang scheduling: the operator creates a Workload and one "

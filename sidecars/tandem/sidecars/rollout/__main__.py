@@ -33,7 +33,7 @@ from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, refuse, start_sidecar
-from tandem.spec import devices, model_dir
+from tandem.spec import devices, model_dir, seeds
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
 
@@ -43,7 +43,8 @@ log = logging.getLogger("tandem.rollout")
 def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
     """vLLM's settings from the job: dtype (= the trainer's), memory share, CUDA graphs, sleep mode
     (`tandem.spec.devices`), context length (`model_dir.context_length`, which the trainer checks every
-    prompt against), on CPU the cores it reserves, and with trainer.lora.sync adapter the LoRA rank it serves."""
+    prompt against), on CPU the cores it reserves, with trainer.lora.sync adapter the LoRA rank it serves, and
+    the pod's sampling seed (`seeds.engine_seed` of spec.seed)."""
     vllm = devices.vllm_settings(spec)
     config = model_dir.read_config(spec.model.path, "spec.model.path")
     return EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
@@ -52,7 +53,8 @@ def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
                         enable_sleep_mode=vllm.enable_sleep_mode,
                         lora_rank=spec.trainer.lora.rank if devices.adapter_sync(spec) and spec.trainer.lora else None,
                         cpu_reserved_cores=cores.reserved_cores(spec, rollout_only=env.rollout_only,
-                                                                cores=len(os.sched_getaffinity(0))))
+                                                                cores=len(os.sched_getaffinity(0))),
+                        seed=seeds.engine_seed(spec.seed, env.pod_index, env.rollout_only))
 
 
 def chat_and_turns(engine: PodRolloutEngine, spec: JobSpec, env: PodEnv, loaded: Any) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import Group, whole_groups
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
+from tandem.spec import seeds
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,12 @@ class Taken:
 class AsyncRollouts:
     def __init__(self, client: RolloutClient, prompts_of: Callable[[int], Sequence[Prompt]],
                  options: SamplingOptions, *, group_size: int, max_staleness: int, first_batch: int,
-                 version: int, generate: Generate | None = None):
+                 version: int, generate: Generate | None = None, seed: int = 0):
         if max_staleness < 1:
             raise ValueError("asynchronous rollouts need max_staleness >= 1")
         self.client, self.prompts_of, self.options = client, prompts_of, options
         self.generate = generate or single_turn(group_size)
-        self.group_size, self.k = group_size, max_staleness
+        self.group_size, self.k, self.seed = group_size, max_staleness, seed  # seed: the job's spec.seed
         self._cond = threading.Condition()
         self._queue: deque[Batch] = deque()
         self._latest = version  # newest published version
@@ -195,7 +196,8 @@ class AsyncRollouts:
         prompts = list(self.prompts_of(index))
         started = time.monotonic()
         t = time.perf_counter()
-        groups, versions = self.generate(self.client, prompts, self.options.model_copy(update={"seed": index}), version)
+        options = self.options.model_copy(update={"seed": seeds.request_seed(self.seed, index)})
+        groups, versions = self.generate(self.client, prompts, options, version)
         if versions != {version}:
             raise RuntimeError(f"batch {index}: rollouts generated with versions {sorted(map(str, versions))}, "
                                f"expected {version}")

@@ -95,7 +95,7 @@ class TrainerContext:
         from transformers import AutoTokenizer
 
         spec = job.spec
-        engine = build_engine(spec)
+        engine = build_engine(spec, seed=spec.seed)
         tok = AutoTokenizer.from_pretrained(spec.model.path)
         eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
@@ -103,13 +103,14 @@ class TrainerContext:
                                    max_tokens=spec.rollout.max_tokens)
         critic = None
         if algorithm.needs_values:  # PPO's learned critic: the policy's transformer with a zeroed value head
-            critic = build_engine(spec, seed=1, value_head=True)
+            critic = build_engine(spec, seed=spec.seed + 1, value_head=True)
         needs_ref = algorithm.needs_reference or spec.algorithm.kl_coef > 0
         reference = ReferenceWeights.capture(engine, spec.reference.path) if needs_ref else None
         distill = spec.algorithm.distillation
         teacher = ReferenceWeights.capture(engine, distill.teacher) if distill is not None else None
         ctx = cls(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
-                  PromptDataset.load(spec.dataset, tok), eos, pad, critic=critic, tokenizer=tok, teacher=teacher)
+                  PromptDataset.load(spec.dataset, tok, seed=spec.seed), eos, pad, seed=spec.seed, critic=critic,
+                  tokenizer=tok, teacher=teacher)
         if ctx.is_driver:
             if spec.eval is not None:
                 ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).prompts, spec.rewards,

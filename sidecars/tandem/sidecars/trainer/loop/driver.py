@@ -34,6 +34,7 @@ from tandem.sidecars.trainer.loop.sources import (
 )
 from tandem.sidecars.trainer.observe.memory import PhaseMemory
 from tandem.sidecars.trainer.observe.timing import PhaseTimer
+from tandem.spec import seeds
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
 
@@ -161,7 +162,7 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     if ctx.rollouts is None:
         raise RuntimeError("only the driver rank talks to rollouts")
     opts = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-                           max_tokens=spec.rollout.max_tokens, seed=iteration)
+                           max_tokens=spec.rollout.max_tokens, seed=seeds.request_seed(spec.seed, iteration))
     joined = []
     if ctx.registry is not None:  # rollout pods that registered since (scaled up)
         found = resume.rollout_addresses(ctx.registry, ctx.env.restart_generation,

@@ -266,7 +266,8 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
                              lambda b: dataset.batch(b, spec.rollout.prompts_per_iteration),
                              options, group_size=spec.algorithm.group_size,
                              max_staleness=spec.algorithm.max_staleness, first_batch=first, version=version,
-                             generate=trajectory_groups(spec.algorithm.group_size) if multi_turn else None)
+                             generate=trajectory_groups(spec.algorithm.group_size) if multi_turn else None,
+                             seed=spec.seed)
     return AsyncSource(spec, dataset, producer.start(), producing, shared=shared), rollouts
 
 
