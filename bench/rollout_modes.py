@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     base = mean([r["completions_per_s"] for r in results.get("sync", next(iter(results.values())))])
     print(f"{'mode':<10} {'trained':>7} {'compl/s':>17} {'ratio':>5} {'reward(last 1/4)':>20} "
           f"{'held-out pass@1 start -> middle -> end (range)':>48} {'pass@1/h':>17} {'len':>5} {'rollout s':>9} "
-          f"{'train s':>7} {'carried':>7} {'wasted':>6}  staleness")
+          f"{'train s':>7} {'carried':>7} {'wasted':>6}  staleness, seeds")
     for mode, runs in results.items():
         cps = [r["completions_per_s"] for r in runs]
         evals = "-"
@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{spread([r['reward_last'] for r in runs]):>20} {evals:>48} {hour:>17} "
               f"{mean([r['completion_len'] for r in runs]):>5.1f} {mean([r['rollout_s'] for r in runs]):>9.2f} "
               f"{mean([r['train_s'] for r in runs]):>7.2f} {mean([r['carried_share'] for r in runs]):>7.2f} "
-              f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}")
+              f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}  "
+              f"seeds {[r.get('seed', 0) for r in runs]}")
     saved.write_text(json.dumps(results | others, indent=2))
     plot(results, args.out / "rollout_modes.png")
     print(f"wrote {args.out / 'rollout_modes.json'} and {args.out / 'rollout_modes.png'}")
