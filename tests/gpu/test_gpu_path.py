@@ -53,7 +53,8 @@ def test_bf16_train_offload_onload(tmp_path: Path, engine: str) -> None:
     result = json.loads(out.read_text())
     phases = result["phases"]
     for name, m in phases.items():
-        record(f"{engine} {name}", peak_mib=round(m["peak_mib"], 1), allocated_mib=round(m["allocated_mib"], 1))
+        record(f"{engine} {name}", peak_mib=round(m["peak_mib"], 1), allocated_mib=round(m["allocated_mib"], 1),
+               cublas_workspaces_mib=round(m["cublas_workspaces_mib"], 1))
     # Megatron keeps bf16 weights (fp32 main copies in its optimizer); FSDP2 keeps fp32 and computes in bf16
     assert ("torch.bfloat16" if engine == "megatron" else "torch.float32") in result["dtypes"], result["dtypes"]
     assert all(x == x for x in result["losses"]) and result["losses"][1] < result["losses"][0], result["losses"]
