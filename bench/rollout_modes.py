@@ -249,6 +249,23 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.savefig(path)
 
 
+def paired(results: dict[str, list[dict[str, Any]]]) -> None:
+    """Each mode's final held-out pass@1 and last-quarter reward minus sync's, run by run where the two runs
+    share a seed (the same prompt order): differences between runs of one seed are less noisy than means."""
+    sync = results.get("sync", [])
+    for mode, runs in results.items():
+        if mode == "sync":
+            continue
+        pairs = [(r, s) for r, s in zip(runs, sync, strict=False) if r["eval"] and s["eval"]
+                 and r.get("seed", 0) == s.get("seed", 0)]
+        if pairs:
+            d1 = [r["eval"][-1][3] - s["eval"][-1][3] for r, s in pairs]
+            dr = [r["reward_last"] - s["reward_last"] for r, s in pairs]
+            print(f"{mode} minus sync, paired by seed {[r.get('seed', 0) for r, _ in pairs]}: held-out pass@1 "
+                  f"{' '.join(f'{x:+.3f}' for x in d1)} (mean {mean(d1):+.3f}); reward, last quarter "
+                  f"{' '.join(f'{x:+.3f}' for x in dr)} (mean {mean(dr):+.3f})")
+
+
 def spread(xs: list[float], digits: int = 3) -> str:
     f = f"{{:.{digits}f}}"
     return f.format(mean(xs)) if len(xs) == 1 else f"{f.format(mean(xs))} ({f.format(min(xs))}-{f.format(max(xs))})"
@@ -320,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{mean([r['train_s'] for r in runs]):>7.2f} {mean([r['carried_share'] for r in runs]):>7.2f} "
               f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}  "
               f"seeds {[r.get('seed', 0) for r in runs]}")
+    paired(results)
     saved.write_text(json.dumps(results | others, indent=2))
     plot(results, args.out / "rollout_modes.png")
     print(f"wrote {args.out / 'rollout_modes.json'} and {args.out / 'rollout_modes.png'}")
