@@ -96,9 +96,9 @@ MODES: dict[str, dict[str, Any]] = {
     "partial": {"rollout": {"partial": {"tokenBudget": 96, "maxAge": 4}}},  # above the typical sum answer (~72)
     "async k=1": {"algorithm": {"maxStaleness": 1}},
     "async k=2": {"algorithm": {"maxStaleness": 2}},
-    # a diagnostic: the hybrid pod's vLLM released while the trainer trains, so only the rollout-only pod
+    # a diagnostic: the hybrid pod's vLLM stopped while the trainer trains, so only the rollout-only pod
     # generates batches (no shared rollouts on the trainer's core)
-    "async k=1 release": {"algorithm": {"maxStaleness": 1}, "rollout": {"betweenRollouts": "release"}},
+    "async k=1 terminate": {"algorithm": {"maxStaleness": 1}, "rollout": {"betweenRollouts": "terminate"}},
 }
 
 
