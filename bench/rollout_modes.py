@@ -24,43 +24,35 @@ starting model was 0.03, so no mode could be compared with another; hence the pr
 those runs did show about partial rollouts: answers carried for up to 6 versions had a trainer-vs-rollout
 mismatch of 1.0-1.3 nats/token when trained, and tisCap 2 clipped 6-7% of their tokens.
 
-Measured 2026-11-26 (2 idle cores, pinned, 5 iterations, one round: the async run was stopped for lack of
-time): sync trained 160 completions at 0.34/s, held-out pass@1 0.141 -> 0.154 -> 0.219 -> 0.174 (after 0, 2,
-4, 5 iterations), training reward 0.28 in the last quarter; partial (tokenBudget 48) trained 128 at 0.32/s,
-0.133 -> 0.141 -> 0.182 -> 0.206, reward 0.17, carried share 0.62. An iteration takes ~95 s (train ~62 s on
-one core) and an evaluation ~76 s. Two lessons for the full run: 5 iterations are too few for this task to
-learn clearly (sync's 0.14 -> 0.17-0.22 is ~1-2 standard errors), so use 8-10; and a tokenBudget of 48 is
-below SmolLM2's typical answer (~72 tokens), so partial carried most sums, not just the long tail, and had
-fewer finished completions to train on (128 vs 160): use a budget above the typical answer (96).
+Pilot runs, 2026-11-26. They showed that 5 iterations were too few for this task to learn clearly. They also
+showed that a tokenBudget of 48, below SmolLM2's typical ~72-token answer, made partial carry most sums and
+not just the long tail. Hence 8 iterations and a budget of 96. The first asynchronous run found a defect,
+since fixed: the rollout client dropped a pod whose connection closed under a request, so that pod missed an
+update. Run this bench alone: one run takes ~11-14 GB, and beside other benches it ran out of memory.
 
-First run of the full design, 2026-11-26 (8 iterations, `--repeats 3 --modes "sync,async k=1,partial"`, the
-machine shared with tests and other benches, so its seconds compare nothing): sync trained 256 completions,
-held-out pass@1 0.133 -> 0.253 -> 0.380 after 0, 4, 8 iterations (training reward 0.31 in the last quarter):
-the synchronous loop learns clearly here. The first async k=1 run stopped at its mid-run evaluation: "the
-rollouts served version 4" instead of 5. The rollout client had taken a connection closed under a request
-for a gone rollout and dropped that pod without a word, so it missed the update the evaluation relied on
-(now tried once more on a fresh connection, and logged when dropped). Its retries died of the machine running
-out of memory beside two other benches: run this bench alone. The runs so far are kept in
-~/.cache/tandem/bench/rollout_modes (--out there and --resume go on from them).
+Results, 2026-11-26. Each run was alone on 2 pinned cores, with 8 iterations and a held-out eval of 96 x 4.
+Run k of a mode has spec.seed k; the first two runs of sync, async k=1 and partial predate that field, so
+they have seed 0 and the same prompt order. Held-out pass@1, start -> end:
+    sync        4 runs  0.133->0.380, 0.133->0.234, 0.133->0.271, 0.122->0.289  gain +0.10..+0.25 (mean +0.16)
+    partial     3 runs  0.133->0.349, 0.143->0.398, 0.120->0.440                gain +0.22..+0.32 (mean +0.26)
+    async k=1   4 runs  0.148->0.237, 0.148->0.219, 0.154->0.268, 0.122->0.180  gain +0.06..+0.11 (mean +0.08)
+    async k=2   1 run   0.130->0.333                                            gain +0.20
+    async k=1 terminate  1 run  0.122->0.237                                    gain +0.12
+Training reward over the last quarter (mean per mode): sync 0.31, partial 0.36, async k=1 0.19, async k=2
+0.23, async k=1 terminate 0.20. Pass@1 gained per hour of loop time: sync 0.5-1.0, partial 1.1-1.9, async
+k=1 0.35-0.59.
 
-Second session of that run, 2026-11-26 (the machine loaded by tests during part of it, so its seconds compare
-nothing): async k=1's first run finished, its mid-run evaluation on the version the rollouts had loaded (the
-client's retry held). Held-out pass@1 0.148 -> 0.141 -> 0.237 after 0, 4, 8 iterations against sync's 0.133
--> 0.253 -> 0.380; training reward in the last quarter 0.156 against 0.312; token entropy stayed at 2.1-3.1
-where sync's fell from 2.7 to 1.6-1.8. Per token, the trainer's log-probs of the stale completions differed
-from the rollout's by 0.009-0.025 nats (mismatch_max <= 0.2) and tisCap 2 clipped none: staleness 1 at lr
-1e-5 changed the behaviour policy little, so one run cannot tell a defect from noise (the spread of one
-mode's runs is not known yet). The partial run was stopped to give the machine to another measurement.
-
-Third session, 2026-11-26, each run alone on the machine (8 iterations, 96 x 4 held-out; sync and async k=1 two
-runs each, partial one): held-out pass@1 after 8 iterations sync 0.234-0.380 (mean 0.307; 0.133 at the start),
-async k=1 0.219-0.237 (0.228; 0.148 at the start), partial 0.349 (236 completions); training reward over the
-last quarter sync 0.281-0.312, async 0.141-0.156, partial 0.295; mean completion length sync 60.5 tokens, async
-69.2, partial 62.4; loop completions/s within 5% of each other (1.05x async, 1.02x partial: on 2 pinned cores
-the trainer, not generation, bounds the loop). The second sync run ended at 0.234, inside async's range, so
-held-out pass@1 cannot yet tell async from sync; the training reward was halved in both async runs, though,
-and their answers stayed longer: that is the lead to follow (staleness at this lr, the TIS weights, or the
-shared rollouts of the hybrid pod), with the third runs and async k=2.
+What they show:
+- Partial rollouts learned at least as well as sync: every partial run gained more than sync's mean.
+- Asynchronous k=1 learned about half as fast per trained completion: each of its runs gained less than
+  sync's mean.
+- That was not for staleness, as far as measured. Its samples were 0.01-0.025 nats/token off the trainer's,
+  and tisCap 2 clipped none. The staler k=2 run gained as much as sync.
+- The diagnostic mode `async k=1 terminate` stops the hybrid pod's vLLM while the trainer trains, so only
+  the rollout-only pod generates batches. It tells the shared rollouts on the trainer's core apart from the
+  rest. Its one run gained +0.12, like k=1 with keep, so the shared rollouts are not the cause either. The
+  cause is not yet found.
+- Throughput was within 15% across the modes: on 2 pinned cores the trainer bounds this loop.
 
 Not a test. Run (about 17-25 minutes per mode and run on 2 idle cores with the defaults, evaluations and
 start-up included; 3 modes x 3 repeats ~3h, 4 modes ~4h: split it over sittings with --resume):
