@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.checkpoint_engine.rollout_engine import prompt_seeds
+from tandem.checkpoint_engine.models import prompt_seeds, slice_seed
 from tandem.sidecars.rollout.__main__ import engine_config
 from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
 from tandem.spec import seeds
@@ -63,3 +63,14 @@ def test_the_job_seed_orders_the_prompts() -> None:
 def test_a_bad_seed_names_the_field(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ValueError, match="seed"):
         job(tmp_path, seed=bad)
+
+
+def test_each_rollouts_slice_of_a_request_gets_its_own_seed() -> None:
+    """The client spreads a request's prompts over the rollouts in slices, and each rollout seeds its
+    prompts from the seed it gets: the slices' seeds must differ, or every rollout's first prompt would
+    draw the same random numbers."""
+    assert slice_seed(11, 0) == 11
+    slices = [slice_seed(11, a) for a in range(0, 64, 8)]
+    assert len(set(slices)) == len(slices)
+    streams = [s + j for a in slices for s in prompt_seeds(a, 8) for j in range(16)]
+    assert len(set(streams)) == len(streams)

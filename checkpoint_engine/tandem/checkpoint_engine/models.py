@@ -6,6 +6,7 @@ sidecar and the RL driver read them.
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
 from typing import Any
 
@@ -36,6 +37,21 @@ class SamplingOptions(BaseModel):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+
+
+def prompt_seeds(seed: int, count: int) -> list[int]:
+    """One seed per prompt of a request seeded `seed`, unrelated to each other and to other requests': vLLM
+    seeds a prompt's n samples s .. s+n-1, so prompts sharing the request's seed would draw the same random
+    numbers, and seed + i would reuse the next prompt's. The rollout engine seeds each prompt so; the
+    rollout client gives each rollout's slice of a request a seed of its own (`slice_seed`)."""
+    return [int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest(), "big") % 2**31
+            for i in range(count)]
+
+
+def slice_seed(seed: int, offset: int) -> int:
+    """The seed of the slice of a request that starts at prompt `offset` (the request's own at 0)."""
+    return seed if offset == 0 else int.from_bytes(
+        hashlib.blake2b(f"{seed}/{offset}".encode(), digest_size=4).digest(), "big") % 2**31
 
 
 class Completion(BaseModel):

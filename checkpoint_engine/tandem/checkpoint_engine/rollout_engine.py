@@ -24,7 +24,6 @@ finding it dead, waits until they are gone and unlinks the /dev/shm segments the
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import shutil
 import threading
@@ -47,7 +46,14 @@ from tandem.checkpoint_engine.engine_config import (
     expected_parameters,
     prepare_env,
 )
-from tandem.checkpoint_engine.models import Completion, EngineStatus, Phase, SamplingOptions, UpdateReport
+from tandem.checkpoint_engine.models import (
+    Completion,
+    EngineStatus,
+    Phase,
+    SamplingOptions,
+    UpdateReport,
+    prompt_seeds,
+)
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
@@ -62,14 +68,6 @@ def sampling_params(opts: SamplingOptions, n: int, seed: int | None) -> Any:
     return SamplingParams(n=n, logprobs=0, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
                           max_tokens=opts.max_tokens, min_tokens=opts.min_tokens, seed=seed,
                           stop=opts.stop or None, stop_token_ids=opts.stop_token_ids, ignore_eos=opts.ignore_eos)
-
-
-def prompt_seeds(seed: int, count: int) -> list[int]:
-    """One seed per prompt of a request seeded `seed`, unrelated to each other and to other requests': vLLM
-    seeds a prompt's n samples s .. s+n-1, so prompts sharing the request's seed would draw the same random
-    numbers, and seed + i would reuse the next prompt's."""
-    return [int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest(), "big") % 2**31
-            for i in range(count)]
 
 
 def completion(out: Any, c: Any, prompt_index: int = 0, sample_index: int = 0) -> Completion:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.checkpoint_engine.models import Completion, SamplingOptions, slice_seed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,9 +107,13 @@ class RolloutClient:
         `max_tokens` (one per prompt) overrides `options.max_tokens` per prompt. Also returns the
         weight versions the rollouts generated with (one, when all are in sync).
         """
-        body = {"options": options.model_dump(), "n": n}
+        def options_at(a: int) -> dict[str, Any]:  # each slice its own seed: rollouts' first prompts draw apart
+            seed = None if options.seed is None else slice_seed(options.seed, a)
+            return options.model_copy(update={"seed": seed}).model_dump()
+
         return self._spread("/v1/generate", 0, len(prompts), lambda a, b: {
-            **body, "prompts": list(prompts[a:b]), "max_tokens": None if max_tokens is None else list(max_tokens[a:b])},
+            "options": options_at(a), "n": n, "prompts": list(prompts[a:b]),
+            "max_tokens": None if max_tokens is None else list(max_tokens[a:b])},
             lambda part: [[Completion.model_validate(c) for c in group] for group in part["completions"]])
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
