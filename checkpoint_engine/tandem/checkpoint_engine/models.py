@@ -44,14 +44,17 @@ def prompt_seeds(seed: int, count: int) -> list[int]:
     seeds a prompt's n samples s .. s+n-1, so prompts sharing the request's seed would draw the same random
     numbers, and seed + i would reuse the next prompt's. The rollout engine seeds each prompt so; the
     rollout client gives each rollout's slice of a request a seed of its own (`slice_seed`)."""
-    return [int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest(), "big") % 2**31
-            for i in range(count)]
+    return [_seed_of(f"{seed}:{i}") for i in range(count)]
 
 
 def slice_seed(seed: int, offset: int) -> int:
     """The seed of the slice of a request that starts at prompt `offset` (the request's own at 0)."""
-    return seed if offset == 0 else int.from_bytes(
-        hashlib.blake2b(f"{seed}/{offset}".encode(), digest_size=4).digest(), "big") % 2**31
+    return seed if offset == 0 else _seed_of(f"{seed}/{offset}")
+
+
+def _seed_of(text: str) -> int:
+    """A seed below 2**31 (vLLM's and torch's bound) hashed from `text`: nearby inputs, unrelated seeds."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") % 2**31
 
 
 class Completion(BaseModel):

@@ -58,7 +58,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
 __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION", "EngineConfig", "RolloutEngine",
-           "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env", "prompt_seeds"]
+           "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env"]
 
 
 def sampling_params(opts: SamplingOptions, n: int, seed: int | None) -> Any:
