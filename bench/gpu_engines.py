@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = float(1 << 20)
+sys.path.insert(0, str(ROOT / "tests" / "trainer"))  # dist_worker.nll_loss: the trainer tests' packed-sample NLL
 
 
 def packed(rows: int, length: int, sample: int, seed: int) -> dict[str, torch.Tensor]:
@@ -49,14 +50,9 @@ def packed(rows: int, length: int, sample: int, seed: int) -> dict[str, torch.Te
     return {"input_ids": ids, "segment_ids": segments}
 
 
-def nll(logprobs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-    seg = batch["segment_ids"]
-    mask = torch.zeros_like(logprobs)
-    mask[:, 1:] = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
-    return -(logprobs * mask).sum() / mask.sum().clamp(min=1), {"tokens": mask.sum()}
-
-
 def engine_phases(model: Path, name: str) -> dict[str, Any]:
+    from dist_worker import nll_loss
+
     from tandem.sidecars.trainer.engines.hf_engine import HFEngine
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
@@ -77,21 +73,22 @@ def engine_phases(model: Path, name: str) -> dict[str, Any]:
     build = HFEngine.from_hf if name == "hf" else MegatronEngine.from_hf
     engine = phase("load", lambda: build(model, lr=1e-4, seed=0, dtype=torch.bfloat16, micro_batch_size=2))
     batch = packed(8, 512, 128, 7)
-    losses = phase("train", lambda: [engine.train_step(batch, nll)["loss"] for _ in range(3)])
+    losses = phase("train", lambda: [engine.train_step(batch, nll_loss)["loss"] for _ in range(3)])
     phase("offload", engine.offload)
     phase("onload", engine.onload)
-    losses += phase("step", lambda: [engine.train_step(batch, nll)["loss"]])
+    losses += phase("step", lambda: [engine.train_step(batch, nll_loss)["loss"]])
     return {"phases": phases, "losses": losses}
 
 
 def export_check(model: Path, out: Path) -> dict[str, Any]:
+    from dist_worker import nll_loss
     from transformers import AutoModelForCausalLM
 
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     engine = MegatronEngine.from_hf(model, lr=1e-3, seed=0, dtype=torch.bfloat16, micro_batch_size=2)
     batch = packed(4, 256, 256, 3)
-    losses = [engine.train_step(batch, nll)["loss"] for _ in range(3)]
+    losses = [engine.train_step(batch, nll_loss)["loss"] for _ in range(3)]
     mine = engine.token_logprobs(batch)[:, 1:]
     t = time.perf_counter()
     hf_dir = engine.save_hf(out / "export", model)
