@@ -128,7 +128,8 @@ def build_task(out: Path) -> tuple[Path, Path, Path]:
 
 
 def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, iterations: int, prompts: int,
-             lr: float, batch: int, eval_samples: int, seed: int) -> Path:
+             lr: float, batch: int, eval_samples: int, seed: int, eval_max_tokens: int = MAX_TOKENS,
+             eval_every: int | None = None) -> Path:
     """The mode's job: examples/smollm2-grpo.yaml's, with answers up to MAX_TOKENS long; spec.eval scores the
     96 held-out prompts (`eval_samples` samples at temperature 1) at the start, the middle and the end.
     `seed` (spec.seed: the prompt order and every sampler) is the run's number, the same for each mode."""
@@ -145,8 +146,8 @@ def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, ite
                      "dataset": {"path": str(train), "promptField": "messages", "answerField": "answer"},
                      "algorithm": algorithm,
                      "eval": {"dataset": {"path": str(test), "promptField": "messages"},
-                              "every": max(1, iterations // 2), "prompts": 96, "samples": eval_samples,
-                              "temperature": 1.0, "maxTokens": 48},
+                              "every": eval_every or max(1, iterations // 2), "prompts": 96,
+                              "samples": eval_samples, "temperature": 1.0, "maxTokens": eval_max_tokens},
                      "replicas": 1, "rolloutOnlyReplicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": batch,
                                  "microBatchSize": 8, "microBatchTokens": 512, "offload": False},
@@ -192,6 +193,8 @@ def run_mode(mode: str, job: Path, workdir: Path, pin_pods: bool) -> dict[str, A
             "carried_share": sum(r.get("carried_share", 0.0) for r in rows) / len(rows),
             "wasted_tokens": sum(r.get("wasted_tokens", 0) for r in rows),
             "completion_len": sum(r["completion_tokens"] for r in rows) / done,
+            "reward_curve": [r["reward_mean"] for r in rows],  # per iteration, for paired comparisons
+            "mismatch": [r.get("mismatch_mean") for r in rows],  # |log p_trainer - log p_rollout| per token
             "rollout_s": sum(r["seconds"]["rollout"] for r in rows) / len(rows),
             "train_s": sum(r["seconds"]["train"] for r in rows) / len(rows)}
 
@@ -275,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"prompts x {GROUP} / batch)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rollout_modes"))
     ap.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt (96 prompts)")
+    ap.add_argument("--eval-max-tokens", type=int, default=MAX_TOKENS,
+                    help="held-out answers' token limit (below an answer's length, pass@1 rewards brevity)")
+    ap.add_argument("--eval-every", type=int, default=None, help="iterations between evaluations "
+                    "(default: half the run: start, middle, end)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, interleaved (sync, partial, ..., sync, ...)")
+    ap.add_argument("--seeds", default=None, help="comma-separated spec.seed of each run (default: 0 .. repeats-1); "
+                    "with --resume a mode's run of a seed already saved is not run again")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in DIR/rollout_modes.json and "
                     "run only the missing ones (a long bench split over several sittings)")
     ap.add_argument("--pin-pods", action=argparse.BooleanOptionalAction, default=True,
@@ -294,18 +303,22 @@ def main(argv: list[str] | None = None) -> int:
         results |= {m: runs for m, runs in kept.items() if m in modes}
         others = {m: runs for m, runs in kept.items() if m not in modes}
         print("kept " + ", ".join(f"{m}: {len(r)}" for m, r in results.items()), flush=True)
-    for k in range(args.repeats):
+    run_seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else list(range(args.repeats))
+    for n, k in enumerate(run_seeds):
         for mode in modes:
-            if k < len(results[mode]):
+            done = any(r.get("seed", 0) == k for r in results[mode]) if args.seeds else n < len(results[mode])
+            if done:
                 continue
-            print(f"running {mode} ({k + 1}/{args.repeats})", flush=True)
+            print(f"running {mode} (seed {k}, {n + 1}/{len(run_seeds)})", flush=True)
             slug = mode.replace(" ", "").replace("=", "")
             job = job_yaml(mode, model, train, test, args.out / f"{slug}.yaml", iterations=args.iterations,
                            prompts=args.prompts, lr=args.lr, batch=args.batch,
-                           eval_samples=args.eval_samples, seed=k)
+                           eval_samples=args.eval_samples, seed=k, eval_max_tokens=args.eval_max_tokens,
+                           eval_every=args.eval_every)
             for attempt in range(3):  # a run the machine's load broke (an etcd lease lost) is run again
                 try:
-                    results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods) | {"seed": k})
+                    results[mode].append(run_mode(mode, job, args.out / f"{slug}-{k}", args.pin_pods)
+                                         | {"seed": k, "eval_max_tokens": args.eval_max_tokens})
                     saved.write_text(json.dumps(results | others, indent=2))  # so far
                     break
                 except RunFailed as e:
