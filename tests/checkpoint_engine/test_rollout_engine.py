@@ -83,6 +83,27 @@ def test_update_equals_fresh_engine_and_hf(
     assert fresh.phase == Phase.STOPPED and fresh.llm is None
 
 
+def test_update_forgets_prefixes_cached_with_the_old_weights(live_engine: RolloutEngine, live_publisher: Any) -> None:
+    """A prompt longer than a KV block, generated before an update, is cached by vLLM's prefix caching; after
+    the update its greedy answer must be the new weights' own (transformers'), not one computed on the old
+    weights' KV of its first blocks."""
+    cache = live_engine.llm.llm_engine.vllm_config.cache_config
+    assert cache.enable_prefix_caching, "the engine runs with vLLM's prefix caching (its default)"
+    ids = [(i * 13) % 900 + 2 for i in range(cache.block_size + 9)]  # one full block, then more
+    greedy_long = SamplingOptions(temperature=0.0, max_tokens=8)
+    live_publisher.publish(None, tiny_model.random_state_dict(41).items())
+    live_engine.update()
+    before = [live_engine.generate([ids], greedy_long)[0][0].token_ids for _ in range(2)]  # the 2nd hits the cache
+    assert before[0] == before[1]
+    new = tiny_model.random_model(seed=42)
+    live_publisher.publish(None, new.state_dict().items())
+    live_engine.update()
+    after = live_engine.generate([ids], greedy_long)[0][0].token_ids
+    with torch.no_grad():
+        hf = new.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=1)[0, len(ids):]
+    assert after == hf.tolist() != before[0]
+
+
 def test_generate_samples_with_logprobs(live_engine: RolloutEngine) -> None:
     out = live_engine.generate([[5, 6, 7], "alpha"], SamplingOptions(temperature=1.0, max_tokens=6, seed=3), n=3)
     assert len(out) == 2 and all(len(samples) == 3 for samples in out)

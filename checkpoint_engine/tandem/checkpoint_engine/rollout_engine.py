@@ -276,7 +276,7 @@ class RolloutEngine:
             self._set_phase(Phase.UPDATING)
             try:
                 workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
-                self.llm.reset_prefix_cache()
+                self._forget_prefixes()
             except Exception as e:
                 self._set_phase(Phase.FAILED, error=f"reload of version {index.version} failed: {e}")
                 raise errors.CheckpointEngineError(f"reload failed; engine must be restarted: {e}") from e
@@ -330,8 +330,21 @@ class RolloutEngine:
         old, self.lora = self.lora, request
         if old is not None and old.lora_int_id != request.lora_int_id:
             self._remove_adapter(old)
-        self.llm.reset_prefix_cache()
+        try:
+            self._forget_prefixes()
+        except RuntimeError as e:
+            self._set_phase(Phase.FAILED, error=f"adapters of version {index.version}: {e}")
+            raise errors.CheckpointEngineError(f"{e}; engine must be restarted") from e
         return {"rank": 0, "load_s": time.perf_counter() - t0, "bytes": index.total_bytes, "adapter": str(out)}
+
+    def _forget_prefixes(self) -> None:
+        """Drop vLLM's cached prompt prefixes: their KV was computed with the previous weights, and a prompt
+        that hit them would be served partly by the old version (on GPUs, blocks of 16 tokens: every chat
+        template's system prompt). vLLM refuses while requests hold blocks, and returns False rather than
+        raising; none runs under the engine's lock, and `reset_running_requests` preempts any that did."""
+        if not self.llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM kept its prefix cache (blocks still held): prompts would reuse the previous "
+                               "weights' KV")
 
     def _drop_adapter(self) -> None:
         old, self.lora = self.lora, None
