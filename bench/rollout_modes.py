@@ -264,6 +264,21 @@ def paired(results: dict[str, list[dict[str, Any]]]) -> None:
                   f"{' '.join(f'{x:+.3f}' for x in dr)} (mean {mean(dr):+.3f})")
 
 
+def reward_curves(results: dict[str, list[dict[str, Any]]]) -> None:
+    """Each mode's training reward per iteration, the mean over its runs, and the same with mismatch (mean
+    |log p_trainer - log p_rollout| per token): a mode whose samples lag by k versions should trail sync's
+    curve by about k iterations, no more."""
+    for mode, runs in results.items():
+        curves = [r["reward_curve"] for r in runs if r.get("reward_curve")]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        line = " ".join(f"{mean(c[i] for c in curves):.2f}" for i in range(n))
+        gaps = [x for r in runs for x in r.get("mismatch", []) if x is not None]
+        gap = f"; mismatch {min(gaps):.4f}-{max(gaps):.4f} nats/token" if gaps else ""
+        print(f"{mode:<20} reward per iteration (mean of {len(curves)}): {line}{gap}")
+
+
 def spread(xs: list[float], digits: int = 3) -> str:
     f = f"{{:.{digits}f}}"
     return f.format(mean(xs)) if len(xs) == 1 else f"{f.format(mean(xs))} ({f.format(min(xs))}-{f.format(max(xs))})"
@@ -346,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(r['wasted_tokens'] for r in runs) // len(runs):>6}  {runs[0]['staleness_hist']}  "
               f"seeds {[r.get('seed', 0) for r in runs]}")
     paired(results)
+    reward_curves(results)
     saved.write_text(json.dumps(results | others, indent=2))
     plot(results, args.out / "rollout_modes.png")
     print(f"wrote {args.out / 'rollout_modes.json'} and {args.out / 'rollout_modes.png'}")
