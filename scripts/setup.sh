@@ -54,6 +54,11 @@ python_env() {
 case $what in
   python) debian; python_env ;;
   k8s) debian; "$here/scripts/build-k8s.sh" ;;
-  all) debian; "$here/scripts/build-k8s.sh"; python_env ;;
+  all) debian
+       # side by side: the Go build takes the cores, the venv mostly downloads (its path stays stdout's last line)
+       "$here/scripts/build-k8s.sh" >&2 & k8s=$!
+       trap 'kill "$k8s" 2>/dev/null || true' EXIT  # a failed venv stops the build too
+       python_env
+       wait "$k8s" ;;
   *) echo "usage: $0 [python|k8s|all]" >&2; exit 2 ;;
 esac
