@@ -91,6 +91,10 @@ MODES: dict[str, dict[str, Any]] = {
     # a diagnostic: the hybrid pod's vLLM stopped while the trainer trains, so only the rollout-only pod
     # generates batches (no shared rollouts on the trainer's core)
     "async k=1 terminate": {"algorithm": {"maxStaleness": 1}, "rollout": {"betweenRollouts": "terminate"}},
+    # a diagnostic: the synchronous loop training each batch one version after it was generated (async k=1's
+    # staleness without its producer thread; sources.DelayedSource)
+    "sync delayed": {"spec": {"podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "env": [{"name": "DIAGNOSTIC_DELAYED_BATCHES", "value": "1"}]}]}}}},
 }
 
 
@@ -154,6 +158,7 @@ def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, ite
                      "rollout": rollout, "rewards": [{"type": "answerMatch", "match": "flexible", "weight": 1.0}],
                      "checkpointEngine": {"shmSize": "2Gi", "transport": "tcp", "shardSizeMiB": 256},
                      "failurePolicy": {"maxRestarts": 0}}}
+    spec["spec"] |= MODES[mode].get("spec", {})
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 

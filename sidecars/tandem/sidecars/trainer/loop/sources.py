@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate,
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
 from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
+from tandem.spec import seeds
 from tandem.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,28 @@ class SyncSource:
 
     def close(self) -> None:
         pass
+
+
+DELAYED_ENV = "DIAGNOSTIC_DELAYED_BATCHES"  # "1" on the trainer container: `DelayedSource` (a diagnostic)
+
+
+class DelayedSource(SyncSource):
+    """A diagnostic, not a mode (the trainer's env DIAGNOSTIC_DELAYED_BATCHES=1, set through spec.podTemplate,
+    on a synchronous single-turn job): the synchronous loop with asynchronous k=1's staleness and none of its
+    machinery (no producer thread, no second client, no evaluation between batches). Each iteration generates
+    the next iteration's prompts with the weights it holds and trains on the batch generated one iteration
+    earlier (the first generates two, both with the starting weights, as the producer does), so a batch is one
+    version old when trained. Whether such a run learns like sync or like async k=1 tells staleness apart from
+    the asynchronous machinery."""
+
+    ahead: list[Group] | None = None
+
+    def next(self, iteration: int, version: int, options: SamplingOptions) -> tuple[list[Group], dict[str, Any]]:
+        if self.ahead is None:
+            self.ahead = self._groups(iteration, version, options)
+        nxt = options.model_copy(update={"seed": seeds.request_seed(self.spec.seed, iteration + 1)})
+        groups, self.ahead = self.ahead, self._groups(iteration + 1, version, nxt)
+        return groups, {"batch_index": iteration, "batch_version": groups[0].born if groups else version}
 
 
 TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds")
@@ -246,6 +270,9 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
     environment = spec.rollout.environment
     multi_turn = environment is not None and environment.type != "single"
     if spec.algorithm.max_staleness == 0 or registry is None:
+        if os.environ.get(DELAYED_ENV) == "1" and not multi_turn:
+            log.warning("%s=1: training each batch one version after it was generated (a diagnostic)", DELAYED_ENV)
+            return DelayedSource(spec, dataset, rollouts), rollouts
         return (MultiTurnSource if multi_turn else SyncSource)(spec, dataset, rollouts), rollouts
     shared = spec.rollout.between_rollouts == "keep"  # the hybrid pods' vLLM stays up while training
     only = resume.rollout_addresses(registry, generation, rollout_only=True)
