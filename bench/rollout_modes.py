@@ -8,8 +8,9 @@ rollout.maxTokens (MAX_TOKENS) and earn 0. Each mode runs `tandem run` on one hy
 rollout-only pod (--pin-pods: each pod on its own core, as on separate nodes) with the same model,
 prompts, rewards, group size (4), learning rate (1e-5), tisCap 2 and number of iterations, so the same
 number of trained completions. Held-out: the 24 sums of examples/arith/test.jsonl, each in 4 phrasings
-(96 prompts), `--eval-samples` samples at T=1, at the start, the middle and the end, the same prompts in
-every mode. Runs are interleaved (sync, partial, async, sync, ...) so that load drifts hit every mode.
+(96 prompts), `--eval-samples` samples at T=1 of up to `--eval-max-tokens` (default the rollouts' 128), at the
+start, the middle and the end (`--eval-every`), the same prompts in every mode. Runs are interleaved (sync,
+partial, async, sync, ...) so that load drifts hit every mode.
 Reported per mode (mean and range over --repeats runs): trained completions, completions/s in the loop (sum
 of per-iteration seconds, evaluations left out), mean reward over the last quarter, held-out pass@1, held-out
 pass@1 gained per hour of loop wall time, staleness, carried share and wasted tokens, and the ratio of
@@ -30,34 +31,33 @@ not just the long tail. Hence 8 iterations and a budget of 96. The first asynchr
 since fixed: the rollout client dropped a pod whose connection closed under a request, so that pod missed an
 update. Run this bench alone: one run takes ~11-14 GB, and beside other benches it ran out of memory.
 
-Results, 2026-11-26. Each run was alone on 2 pinned cores, with 8 iterations and a held-out eval of 96 x 4.
-Run k of a mode has spec.seed k; the first two runs of sync, async k=1 and partial predate that field, so
-they have seed 0 and the same prompt order. Held-out pass@1, start -> end:
-    sync        4 runs  0.133->0.380, 0.133->0.234, 0.133->0.271, 0.122->0.289  gain +0.10..+0.25 (mean +0.16)
-    partial     3 runs  0.133->0.349, 0.143->0.398, 0.120->0.440                gain +0.22..+0.32 (mean +0.26)
-    async k=1   4 runs  0.148->0.237, 0.148->0.219, 0.154->0.268, 0.122->0.180  gain +0.06..+0.11 (mean +0.08)
-    async k=2   1 run   0.130->0.333                                            gain +0.20
-    async k=1 terminate  1 run  0.122->0.237                                    gain +0.12
-Training reward over the last quarter (mean per mode): sync 0.31, partial 0.36, async k=1 0.19, async k=2
-0.23, async k=1 terminate 0.20. Pass@1 gained per hour of loop time: sync 0.5-1.0, partial 1.1-1.9, async
-k=1 0.35-0.59.
+Results, 2026-11-26 (bench/results/rollout_modes.json and .png hold the second series). Each run was alone on
+2 pinned cores, 8 iterations, a held-out eval of 96 x 4, run k of a mode with spec.seed k.
+First series, eval answers cut at 48 tokens (below SmolLM2's ~65-token sums, so brevity counted too), held-out
+pass@1 gain: sync 4 runs +0.10..+0.25 (mean +0.16), partial 3 runs +0.22..+0.32 (+0.26), async k=1 4 runs
++0.06..+0.11 (+0.08), async k=2 1 run +0.20, async k=1 terminate 1 run +0.12.
+Second series, eval answers up to 128 tokens (the default now), seeds 4-6, start -> end:
+    sync          0.122->0.323, 0.122->0.266, 0.133->0.281   gain +0.14..+0.20 (mean +0.16)
+    async k=1     0.125->0.164, 0.156->0.318, 0.122->0.281   gain +0.04..+0.16 (mean +0.12)
+    sync delayed  0.122->0.263, 0.122->0.247, 0.133->0.229   gain +0.10..+0.14 (mean +0.12)
+Paired by seed, final pass@1 minus sync's: async k=1 -0.159, +0.052, +0.000; sync delayed -0.060, -0.018, -0.052.
 
 What they show:
-- Partial rollouts learned at least as well as sync: every partial run gained more than sync's mean.
-- Asynchronous k=1 learned about half as fast per trained completion: each of its runs gained less than
-  sync's mean.
-- That was not for staleness, as far as measured. Its samples were 0.01-0.025 nats/token off the trainer's,
-  and tisCap 2 clipped none. The staler k=2 run gained as much as sync.
-- The diagnostic mode `async k=1 terminate` stops the hybrid pod's vLLM while the trainer trains, so only
-  the rollout-only pod generates batches. It tells the shared rollouts on the trainer's core apart from the
-  rest. Its one run gained +0.12, like k=1 with keep, so the shared rollouts are not the cause either. The
-  cause is not yet found.
-- Throughput was within 15% across the modes: on 2 pinned cores the trainer bounds this loop.
+- Partial rollouts learned at least as well as sync (first series: every run above sync's mean).
+- Async k=1 matched sync in two of three runs of the second series; the third (seed 4) stopped learning
+  (entropy up from 2.5 to 2.8-3.0, training reward flat). Its mean gain is about a quarter below sync's.
+- The diagnostic `sync delayed` (sources.DelayedSource: async k=1's one-version staleness, none of its
+  producer) learned less than sync on every seed, and as much as async k=1 on average: the cost is the
+  staleness, not the machinery. Samples were 0.01-0.03 nats/token off the trainer's and tisCap 2 clipped none.
+- The diagnostic `async k=1 terminate` (only the rollout-only pod generates) learned like k=1 with keep.
+- Throughput: async k=1 1.18x sync's completions/s; on 2 pinned cores the trainer bounds this loop.
 
-Not a test. Run (about 17-25 minutes per mode and run on 2 idle cores with the defaults, evaluations and
-start-up included; 3 modes x 3 repeats ~3h, 4 modes ~4h: split it over sittings with --resume):
-    /root/.cache/tandem/venv/bin/python bench/rollout_modes.py [--no-pin-pods] [--repeats N] [--modes ...] [--resume]
-        [--iterations N] [--prompts N] [--lr X] [--batch N] [--eval-samples N] [--out DIR]
+Not a test. Run (about 16-18 minutes per mode and run on 2 idle cores with --iterations 8 --eval-every 8,
+evaluations and start-up included; split a long series over sittings with --resume). The second series was
+    ~/.cache/tandem/venv/bin/python bench/rollout_modes.py --modes "sync,async k=1,sync delayed" --seeds 4,5,6 \
+        --resume --iterations 8 --eval-every 8 --out DIR
+Options: [--no-pin-pods] [--repeats N | --seeds S,...] [--modes ...] [--resume] [--iterations N] [--prompts N]
+        [--lr X] [--batch N] [--eval-samples N] [--eval-max-tokens N] [--eval-every N] [--out DIR]
 It prints a table and writes DIR/rollout_modes.json (default DIR: /tmp/tandem-bench/rollout_modes).
 """
 
