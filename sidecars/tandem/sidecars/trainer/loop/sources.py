@@ -11,7 +11,8 @@ Role: the driver asks its `RolloutSource` for the groups to train on weights `ve
   multi-turn trajectories (`trajectory_groups`), one version per batch; with
   `rollout.betweenRollouts: keep` the hybrid pods' rollouts generate too (shared with the driver,
   which then evaluates between batches, through `exclusive`).
-Each returns finished `Group`s (every completion records the version of each segment) and the
+A diagnostic, `DelayedSource` (trainer env DIAGNOSTIC_DELAYED_BATCHES=1), is the synchronous loop with the
+asynchronous loop's one-version staleness. Each returns finished `Group`s (every completion records the version of each segment) and the
 metrics of its mode; `to_samples` turns them into the algorithm's samples and the rewards' inputs.
 `make_source` picks one. Caller: `tandem.sidecars.trainer.loop.driver`.
 
