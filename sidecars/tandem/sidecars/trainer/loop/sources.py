@@ -12,9 +12,9 @@ Role: the driver asks its `RolloutSource` for the groups to train on weights `ve
   `rollout.betweenRollouts: keep` the hybrid pods' rollouts generate too (shared with the driver,
   which then evaluates between batches, through `exclusive`).
 A diagnostic, `DelayedSource` (trainer env DIAGNOSTIC_DELAYED_BATCHES=1), is the synchronous loop with the
-asynchronous loop's one-version staleness. Each returns finished `Group`s (every completion records the version of each segment) and the
-metrics of its mode; `to_samples` turns them into the algorithm's samples and the rewards' inputs.
-`make_source` picks one. Caller: `tandem.sidecars.trainer.loop.driver`.
+asynchronous loop's one-version staleness. Each returns finished `Group`s (every completion records the
+version of each segment) and the metrics of its mode; `to_samples` turns them into the algorithm's samples
+and the rewards' inputs. `make_source` picks one. Caller: `tandem.sidecars.trainer.loop.driver`.
 
 KTO (algorithm.name kto) generates nothing: `LabelledSource` takes the iteration's rows of the
 labelled dataset and gives samples directly (not behind `RolloutSource`: there are no groups to
