@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from test_seeds import job
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop import sources
 from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
-from tandem.spec.models import JobSpec
 
 
 class Recorder:
@@ -33,13 +33,7 @@ class Recorder:
         return out, {self.version}
 
 
-def spec(tmp_path: Path) -> JobSpec:
-    (tmp_path / "m").mkdir(exist_ok=True)
-    (tmp_path / "m" / "config.json").write_text('{"max_position_embeddings": 2048}')
-    s = JobSpec.model_validate({"model": {"path": "m"}, "dataset": {"path": "d.jsonl"}, "gpusPerPod": 0, "seed": 3,
-                                "rewards": [{"type": "answerMatch"}],
-                                "rollout": {"promptsPerIteration": 2}, "algorithm": {"groupSize": 2}})
-    return s.model_copy(update={"model": s.model.model_copy(update={"path": str(tmp_path / "m")})})
+SPEC = {"seed": 3, "rollout": {"promptsPerIteration": 2}, "algorithm": {"groupSize": 2}}  # over test_seeds.job's
 
 
 def test_each_batch_is_trained_one_version_after_it_was_generated(tmp_path: Path,
@@ -47,7 +41,7 @@ def test_each_batch_is_trained_one_version_after_it_was_generated(tmp_path: Path
     monkeypatch.setenv(sources.DELAYED_ENV, "1")
     dataset = PromptDataset([Prompt(text=f"p{i}", answer=None, index=i) for i in range(12)], seed=3)
     rollouts = Recorder()
-    source, _ = sources.make_source(spec(tmp_path), dataset, rollouts, registry=None,  # type: ignore[arg-type]
+    source, _ = sources.make_source(job(tmp_path, **SPEC), dataset, rollouts, registry=None,  # type: ignore[arg-type]
                                     token="t", generation=0, version=0, first_iteration=0, resumed=None)
     assert isinstance(source, sources.DelayedSource)
     for it in range(4):
@@ -66,6 +60,6 @@ def test_each_batch_is_trained_one_version_after_it_was_generated(tmp_path: Path
 def test_without_the_variable_the_loop_is_synchronous(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(sources.DELAYED_ENV, raising=False)
     dataset = PromptDataset([Prompt(text=f"p{i}", answer=None, index=i) for i in range(12)], seed=3)
-    source, _ = sources.make_source(spec(tmp_path), dataset, Recorder(), registry=None,  # type: ignore[arg-type]
+    source, _ = sources.make_source(job(tmp_path, **SPEC), dataset, Recorder(), registry=None,  # type: ignore[arg-type]
                                     token="t", generation=0, version=0, first_iteration=0, resumed=None)
     assert type(source) is sources.SyncSource

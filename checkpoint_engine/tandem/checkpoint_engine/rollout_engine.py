@@ -331,11 +331,7 @@ class RolloutEngine:
         old, self.lora = self.lora, request
         if old is not None and old.lora_int_id != request.lora_int_id:
             self._remove_adapter(old)
-        try:
-            self._forget_prefixes()
-        except RuntimeError as e:
-            self._set_phase(Phase.FAILED, error=f"adapters of version {index.version}: {e}")
-            raise errors.CheckpointEngineError(f"{e}; engine must be restarted") from e
+        self._forget_prefixes()
         return {"rank": 0, "load_s": time.perf_counter() - t0, "bytes": index.total_bytes, "adapter": str(out)}
 
     def _forget_prefixes(self) -> None:
@@ -344,8 +340,9 @@ class RolloutEngine:
         template's system prompt). vLLM refuses while requests hold blocks, and returns False rather than
         raising; none runs under the engine's lock, and `reset_running_requests` preempts any that did."""
         if not self.llm.reset_prefix_cache(reset_running_requests=True):
-            raise RuntimeError("vLLM kept its prefix cache (blocks still held): prompts would reuse the previous "
-                               "weights' KV")
+            why = "vLLM kept its prefix cache (blocks still held): prompts would reuse the previous weights' KV"
+            self._set_phase(Phase.FAILED, error=why)
+            raise errors.CheckpointEngineError(f"{why}; engine must be restarted")
 
     def _drop_adapter(self) -> None:
         old, self.lora = self.lora, None
