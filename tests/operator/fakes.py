@@ -1,7 +1,8 @@
 """Stand-ins for the API server in unit tests of `tandem.operator.reconcile.run`: the Kube calls a
 pass makes, answered as a cluster that accepts them all, each create recorded as "Kind/name", each
-delete as the pod's name, each status write with the resourceVersion it was conditional on. A
-cluster whose object moved on since the pass's view answers status writes with 409 (`moved_on`)."""
+delete as the pod's name (a PodDisruptionBudget's as "PodDisruptionBudget/name"), each status write
+with the resourceVersion it was conditional on. A cluster whose object moved on since the pass's view
+answers status writes with 409 (`moved_on`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class RecordingKube:
     async def delete_pod(self, namespace: str, name: str) -> bool:
         self.deleted.append(name)
         return True
+
+    async def delete_pod_disruption_budget(self, namespace: str, name: str) -> None:
+        self.deleted.append(f"PodDisruptionBudget/{name}")
 
     async def list_job_pods(self, namespace: str, job: str) -> list[Any]:
         return []

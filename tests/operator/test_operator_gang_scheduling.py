@@ -98,7 +98,8 @@ def test_without_the_workload_api_no_pod_is_created_and_the_status_names_the_fie
     assert not [c for c in kube.created if c.startswith("Pod/")]
     st = plans[-1].status
     assert st.phase == "Pending" and "spec.gangScheduling" in st.message and "1.36" in st.message
-    assert [e.reason for p in plans for e in p.events if e.type == "Warning"] == [gang.UNAVAILABLE_REASON]
+    warnings = [e.reason for p in plans for e in p.events if e.type == "Warning"]
+    assert warnings == [status.NO_DURABLE_CHECKPOINTS, gang.UNAVAILABLE_REASON]  # (no checkpointEngine.persist)
 
 
 # --- on the real control plane ---------------------------------------------------------------------

@@ -43,7 +43,8 @@ def test_new_job_creates_every_pod_and_announces_pending() -> None:
     plan = decide(observe(JobWrapper().replicas(2).rollout_only(1)))
     assert plan.create == [0, 1, 2] and plan.delete == [] and plan.ensure_objects
     assert plan.status.phase == "Pending" and plan.status.observed_generation == 1
-    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Pending")]
+    # no checkpointEngine.persist: the job warns once, at creation, what a gang restart would cost
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "NoDurableCheckpoints"), ("Normal", "Pending")]
     conds = {c.type: c.status for c in plan.status.conditions}
     assert conds == {
         "SpecValid": "True",
@@ -53,6 +54,7 @@ def test_new_job_creates_every_pod_and_announces_pending() -> None:
         "Suspended": "False",
         "Complete": "False",
         "Failed": "False",
+        "DurableCheckpoints": "False",
     }
 
 

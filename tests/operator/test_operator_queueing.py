@@ -132,10 +132,15 @@ def test_failed_pod_of_a_queued_job_is_a_gang_restart_not_a_preemption() -> None
     assert st.phase == "Restarting" and st.restarts == 1 and st.preemptions == 0
 
 
-def test_vanished_pod_of_an_unqueued_job_is_still_a_failure() -> None:
+def test_vanished_pod_of_an_unqueued_job_is_a_failure_or_a_replacement_not_a_preemption() -> None:
     job = JobWrapper("demo").replicas(2).rollout_only(1)
-    st = step(job, StatusWrapper().phase("Running").rollout_only(1).get(), pods("demo", 2, replicas=2)).status
-    assert st.phase == "Restarting" and st.preemptions == 0
+    running = StatusWrapper().phase("Running").rollout_only(1).get()
+    hybrid_gone = [PodWrapper("demo", i, replicas=2).running().state() for i in (0, 2)]
+    st = step(job, running, hybrid_gone).status
+    assert st.phase == "Restarting" and st.preemptions == 0  # a hybrid pod: the gang restarts
+    pool = step(job, running, pods("demo", 2, replicas=2))  # a rollout-only pod: replaced alone
+    assert pool.status.phase == "Running" and pool.create == [2]
+    assert (pool.status.preemptions, pool.status.restarts, pool.status.rollout_replacements) == (0, 0, 1)
 
 
 def test_conditions_carry_observed_generation_and_stable_reasons() -> None:
@@ -210,7 +215,9 @@ def test_scaling_up_the_rollout_only_pool_adds_pods_without_a_gang_restart() -> 
     assert grown.status.phase == "Running" and grown.create == [] and grown.status.rollout_only_replicas == 3
     assert grown.status.message.endswith("pool 2/3")
     failed_new = step(job, grown.status, [*pods("demo", 3, replicas=1), PodWrapper("demo", 3).failed().state()])
-    assert failed_new.status.phase == "Restarting"  # a pod that failed is a failure, new or not
+    st = failed_new.status  # a rollout-only pod that failed, new or not, is replaced alone
+    assert st.phase == "Running" and failed_new.delete == ["demo-3"]
+    assert (st.restarts, st.rollout_replacements) == (0, 1)
 
 
 def test_scaling_down_deletes_the_highest_pods_and_keeps_training() -> None:

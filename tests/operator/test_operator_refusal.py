@@ -72,8 +72,8 @@ def test_a_refused_pod_shows_once_and_waits_for_the_backoff(monkeypatch: pytest.
     assert ready is not None and (ready.reason, ready.message) == ("PodCreateRefused", FORBIDDEN)
     assert [(e.type, e.reason, e.message) for e in plan.events if e.reason == "PodCreateRefused"] == [
         ("Warning", "PodCreateRefused", FORBIDDEN)]
-    assert sorted(kube.attempts) == ["ConfigMap/" + kube.created[1].split("/")[1], "Pod/demo-0", "Secret/demo-token",
-                                     "Service/demo"]
+    assert sorted(kube.attempts) == ["ConfigMap/" + kube.created[1].split("/")[1], "Pod/demo-0",
+                                     "PodDisruptionBudget/demo-hybrid", "Secret/demo-token", "Service/demo"]
     raw = status.dump_status(st)
     for _ in range(10):  # ten passes within the first 5 s: nothing sent, the status and no new Event
         clock[0] += 0.4

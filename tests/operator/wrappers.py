@@ -170,6 +170,11 @@ class PodWrapper:
         self.fields.update(phase="Failed", refused=why)
         return self
 
+    def uid(self, uid: str) -> PodWrapper:
+        """metadata.uid (a replacement of the same name has another)."""
+        self.fields["uid"] = uid
+        return self
+
     def state(self) -> PodState:
         return PodState(**self.fields)
 

@@ -67,6 +67,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
   verbs: [get, create]
+# the hybrid pods' PodDisruptionBudget (spec.podDisruptionBudget; owned by the job): created, and deleted when
+# a job opts out
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, delete]
 {{- if and .Values.networkPolicy.enabled (eq .Values.networkPolicy.scope "job") }}
 # networkPolicy.scope job: each job's NetworkPolicy (owned by the job, deleted with it)
 - apiGroups: [networking.k8s.io]

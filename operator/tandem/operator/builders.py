@@ -49,7 +49,8 @@ GPUs: the trainer requests `nvidia.com/gpu: gpusPerPod` (a rollout-only pod's ro
 hybrid pod's rollout gets the trainer's devices (a shared file of their UUIDs, or one DRA ResourceClaim
 for both with spec.gpuAllocation dra) is `tandem.operator.gpu_sharing`.
 spec.podTemplate (labels, scheduling, pull secrets, service account, extra env/envFrom/volumeMounts
-per container) is merged over each pod last, by `tandem.operator.pod_template`; what is named above wins.
+per container; rolloutOnly's scheduling for the rollout-only pods) is merged over each pod last, by
+`tandem.operator.pod_template`; what is named above wins.
 Every pod passes Pod Security "restricted" (`tandem.operator.pod_security`: user 10001, no SA token).
 A hybrid pod of a job with a codeExec reward also has a `sandbox` native sidecar (uid 10002, no GPU,
 no token) that runs the generated programs, reached by the trainer over a Unix socket in an emptyDir
@@ -401,7 +402,7 @@ def build_pod(
         ),
         "spec": sandbox_pod.attach(pod_security.restrict(pod_spec), job, trainer=hybrid),  # codeExec sandbox
     }
-    pod = pod_template.apply(pod, job)  # spec.podTemplate over all of the above
+    pod = pod_template.apply(pod, job, rollout_only=not hybrid)  # spec.podTemplate over all of the above
     return kueue.mark_pod(pod, name, kueue.queue_name(job.metadata.labels), pod_count(job))  # Kueue's pod group
 
 

@@ -67,6 +67,7 @@ class Kube:
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
         self.networking: Any = client.NetworkingV1Api(api)
+        self.policy: Any = client.PolicyV1Api(api)
 
     async def close(self) -> None:
         await self.api.close()
@@ -98,6 +99,7 @@ class Kube:
             "ConfigMap": self.core.create_namespaced_config_map,
             "Secret": self.core.create_namespaced_secret,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }
         action = f"create {kind} {ns}/{manifest['metadata']['name']}"
         resp = await self._send(action, creators[kind](ns, manifest, _preload_content=False), tolerate=409)
@@ -145,6 +147,12 @@ class Kube:
             return False
         resp.release()
         return True
+
+    async def delete_pod_disruption_budget(self, namespace: str, name: str) -> None:
+        call = self.policy.delete_namespaced_pod_disruption_budget(name, namespace, _preload_content=False)
+        resp = await self._send(f"delete PodDisruptionBudget {namespace}/{name}", call, tolerate=404)
+        if resp is not None:
+            resp.release()
 
     async def list_job_pods(self, namespace: str, job: str) -> list[PodState]:
         call = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False)

@@ -2,7 +2,7 @@
 
 Role: after every reconcile pass `record` sets the job's series from the status the pass wrote
 (phase as a state set, iteration, weight version, reward, last sync, restarts, Kueue preemptions,
-percent done) and counts the pods
+rollout-only pods replaced alone, percent done) and counts the pods
 it created and deleted; `observe_pass` times passes and counts the failed ones; `forget` drops a
 deleted job's series; `serve` exposes /metrics over HTTP (TANDEM_METRICS_PORT; the chart sets the
 port and the pod's prometheus.io annotations). A private registry keeps them apart from any other
@@ -35,6 +35,8 @@ sync_seconds = Gauge("tandem_rlhfjob_last_sync_seconds", "Seconds the latest wei
                      registry=REGISTRY)
 restarts = Gauge("tandem_rlhfjob_restarts", "Gang restarts so far", JOB, registry=REGISTRY)
 preemptions = Gauge("tandem_rlhfjob_preemptions", "Times Kueue stopped the job's pods", JOB, registry=REGISTRY)
+replacements = Gauge("tandem_rlhfjob_rollout_replacements", "Rollout-only pods replaced alone (no gang restart)",
+                     JOB, registry=REGISTRY)
 progress = Gauge("tandem_rlhfjob_progress_percent", "Iterations done of algorithm.iterations, in percent", JOB,
                  registry=REGISTRY)
 pods_created = Counter("tandem_pods_created", "Pods the operator created", registry=REGISTRY)
@@ -71,6 +73,7 @@ def record(namespace: str, name: str, plan: Plan) -> None:
     weight_version.labels(namespace, name).set(st.weight_version)
     restarts.labels(namespace, name).set(st.restarts)
     preemptions.labels(namespace, name).set(st.preemptions)
+    replacements.labels(namespace, name).set(st.rollout_replacements)
     percent = None if st.progress is None else st.progress.percent
     pass1 = None if st.eval is None else st.eval.pass_at_1
     for gauge, value in ((reward_mean, st.reward_mean), (sync_seconds, st.last_sync_seconds), (eval_pass1, pass1),
@@ -87,7 +90,8 @@ def forget(namespace: str, name: str) -> None:
     """Drop every series of a deleted RLHFJob."""
     for p in PHASES:
         _drop(phase, (namespace, name, p))
-    for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts, eval_pass1, preemptions, progress):
+    for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts, eval_pass1, preemptions, progress,
+                  replacements):
         _drop(gauge, (namespace, name))
 
 

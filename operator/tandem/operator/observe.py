@@ -49,6 +49,7 @@ class PodState:
     unschedulable: str = ""  # the scheduler's message while condition PodScheduled is False (Unschedulable)
     unschedulable_since: str = ""  # that condition's lastTransitionTime (RFC 3339)
     refused: str = ""  # a sidecar that refused to start (exit REFUSED_EXIT): "<container>: <its one line>"
+    uid: str = ""  # metadata.uid: tells a replacement from the pod it replaces (`tandem.operator.pool_policy`)
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -146,4 +147,5 @@ def pod_state(pod: Mapping[str, Any]) -> PodState | None:
         unschedulable=unschedulable,
         unschedulable_since=since,
         refused=_refused(status),
+        uid=str(meta.get("uid") or ""),
     )

@@ -7,10 +7,14 @@ lets the operator restart at any moment and converge without duplicate pods.
 
 Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
 suspend > restart in progress > Kueue preemption (queued jobs) > a sidecar that refused its input
-(exit 2: Failed at once, no restart could help) > pod failures > a stuck gang
-(`stuck_policy`: crash loops, image/config waits, unschedulable pods past failurePolicy's limits) >
-create what is missing (then Running, Queued while Kueue holds pods at its gate, or Pending; a
-container's waiting reason or an unschedulable pod shows in the message and status.reason).
+(exit 2: Failed at once, no restart could help) > hybrid pod failures (a gang restart; for a job queued
+by Kueue, any pod's) > a lost rollout-only pod (`pool_policy`: replaced alone, or a stuck pool past its
+bound) > a stuck gang (`stuck_policy`: crash loops, image/config waits, unschedulable pods past
+failurePolicy's limits; rollout-only pods of a running job left out) > create what is missing (then
+Running, also while the rollout-only pool is short, Queued while Kueue holds pods at its gate, or
+Pending; a container's waiting reason or an unschedulable pod shows in the message and status.reason).
+Every pass of a valid job also sets condition DurableCheckpoints (whether a gang restart can resume:
+checkpointEngine.persist), and the first pass of a job without persist warns (Event NoDurableCheckpoints).
 The pods' restart generation is restarts + preemptions + suspensions (`status.gang_generation`): each
 starts a new gang that resumes from the newest durable copy; only restarts count against
 failurePolicy.maxRestarts.
@@ -27,6 +31,7 @@ from tandem.operator import (
     builders,
     eta,
     kueue,
+    pool_policy,
     restart_policy,
     scale_policy,
     status,
@@ -108,8 +113,37 @@ def _containers_waiting(obs: Observation, plan: Plan) -> None:
 def _resumes(job: RLHFJob) -> str:
     """Where a restarted gang's driver continues from (the pods' shared memory goes with them)."""
     if job.spec.checkpoint_engine.persist is None:
-        return "no checkpointEngine.persist, so training starts over from the initial model"
+        return ("no checkpointEngine.persist, so training starts over from the initial model at iteration 0 "
+                "(the published versions were in the deleted pods' shared memory)")
     return "resuming from the newest durable copy in checkpointEngine.persist.path"
+
+
+def _durability(job: RLHFJob, plan: Plan, before: str, now: datetime) -> None:
+    """Condition DurableCheckpoints, and at creation a warning when a gang restart would lose everything."""
+    persist = job.spec.checkpoint_engine.persist
+    if persist is None:
+        message = ("checkpointEngine.persist is not set: a gang restart (a hybrid pod failed, evicted or lost) "
+                   "starts training over from the initial model at iteration 0; set it to a directory on a "
+                   "writable volume to resume from the newest durable copy")
+        if before == "New":
+            plan.events.append(Event("Warning", status.NO_DURABLE_CHECKPOINTS, message))
+        status.set_condition(plan.status, status.DURABLE_CHECKPOINTS, False, status.NO_DURABLE_CHECKPOINTS,
+                             message, now)
+        return
+    status.set_condition(plan.status, status.DURABLE_CHECKPOINTS, True, "PersistConfigured",
+                         f"a gang restart resumes from the newest durable copy in {persist.path} (one every "
+                         f"{persist.every} iterations, and the last)", now)
+
+
+def _replace_alone(plan: Plan, pool: pool_policy.Replacement) -> None:
+    """Lost rollout-only pods go (Failed ones deleted) and come back under their names: counted once each."""
+    new = plan.status
+    new.rollout_pool = pool.record
+    plan.delete = sorted(set(plan.delete) | set(pool.delete))
+    for loss in pool.lost:
+        new.rollout_replacements += 1
+        plan.events.append(Event("Warning", pool_policy.REPLACED, f"{loss.describe()}: replacing it alone, no gang "
+                                 f"restart ({new.rollout_replacements} replaced so far)"))
 
 
 def _gang_failed(obs: Observation, job: RLHFJob, plan: Plan, before: str, what: str, reason: str,
@@ -146,6 +180,7 @@ def decide(obs: Observation) -> Plan:
     new.algorithm = spec.algorithm.summary(spec.rollout.max_tokens)  # the preset expanded, for all to see
     status.apply_progress(new, obs.progress)
     new.progress = eta.progress_block(new.progress, obs.progress, status.gang_generation(new))
+    _durability(obs.job, plan, before, now)
 
     if new.phase in status.TERMINAL:
         if new.phase == "Failed":
@@ -213,14 +248,26 @@ def decide(obs: Observation) -> Plan:
                          f"{REFUSED_EXIT}; fix the spec or files it names, then create the job again)", now,
                          reason=REFUSED)
         return _finish(obs, plan, before)
-    found = restart_policy.failures(obs.pods, known, generation, all_were_running=new.phase == "Running")
-    found += restart_policy.failures(obs.pods, expected[len(known):], generation, all_were_running=False)
+    was_running, gang = new.phase == "Running", known if queue else known[:spec.replicas]  # hybrids: known
+    found = restart_policy.failures(obs.pods, gang, generation, all_were_running=was_running)
+    if queue:  # Kueue's pod groups neither shrink nor free a failed pod's name before its replacement exists
+        found += restart_policy.failures(obs.pods, expected[len(known):], generation, all_were_running=False)
     policy = spec.failure_policy
     if found:
         what = "; ".join(f.describe() for f in found)
         decision = restart_policy.on_failure(new.restarts, policy.max_restarts)
         return _gang_failed(obs, obs.job, plan, before, what, "", decision)
-    stuck = stuck_policy.verdict(obs.pods, generation, policy, waiting_since=status.waiting_since(new), now=now)
+    if not queue:
+        pool = pool_policy.replace(obs.pods, expected[spec.replicas:], known[spec.replicas:], generation,
+                                   job_running=was_running, record=new.rollout_pool, now=now,
+                                   limit=pool_policy.bound(policy.max_restarts, spec.rollout_only_replicas))
+        if pool.verdict:
+            new.rollout_pool = None
+            decision = stuck_policy.on_verdict(policy.action, new.restarts, policy.max_restarts)
+            return _gang_failed(obs, obs.job, plan, before, pool.verdict, pool_policy.LIMIT, decision)
+        _replace_alone(plan, pool)
+    gang_pods = pool_policy.gang_view(obs.pods, spec.replicas, generation, job_running=was_running and not queue)
+    stuck = stuck_policy.verdict(gang_pods, generation, policy, waiting_since=status.waiting_since(new), now=now)
     if stuck is not None:
         decision = stuck_policy.on_verdict(policy.action, new.restarts, policy.max_restarts)
         return _gang_failed(obs, obs.job, plan, before, stuck.message, stuck.reason, decision)
@@ -233,9 +280,12 @@ def decide(obs: Observation) -> Plan:
     if running or (new.phase == "Running" and not stale
                    and scale_policy.trainers_running(obs.pods, generation, spec.replicas)):
         message = f"{len(expected)} pods running"
-        if not running:  # the rollout-only pool is still growing
+        if not running:  # the rollout-only pool is short: still growing, or a lost pod being replaced
             up = scale_policy.pool_running(obs.pods, generation, spec.replicas)
             message = f"{spec.replicas} hybrid pods running; rollout-only pool {up}/{spec.rollout_only_replicas}"
+            gone = pool_policy.replacing(new.rollout_pool)
+            message += f" (replacing {', '.join(gone)})" if gone else ""
+            why = why or pool_policy.SHORT
         if new.phase != "Running" or new.message != message + note:
             status.set_phase(new, "Running", message + note, now, reason=why)
         return _finish(obs, plan, before)

@@ -1,7 +1,10 @@
 """Merge spec.podTemplate over a pod the builders made: pure, manifest in, manifest out.
 
 Caller: `tandem.operator.builders.build_pod`, last, so every pod of a job (hybrid and rollout-only,
-in a cluster and under `tandem run`) gets the same override. The spec's rules
+in a cluster and under `tandem run`) gets the same override; a rollout-only pod gets
+spec.podTemplate.rolloutOnly merged over it first (`for_pod`: its labels, annotations and nodeSelector
+entries win over the template's, its tolerations are added, its affinity and priorityClassName
+replace the template's), so the rollout-only pool can run apart, e.g. on spot nodes. The spec's rules
 (`tandem.spec.podtemplate`) already refuse overrides that would break the pod; the merge still
 checks what it adds against what is there and raises `PodTemplateConflict` naming the field rather
 than letting a user value replace the operator's.
@@ -111,8 +114,28 @@ def merge(pod: Manifest, template: PodTemplate, spec_volumes: set[str]) -> Manif
     return pod
 
 
-def apply(pod: Manifest, job: RLHFJob) -> Manifest:
-    """`pod` with the job's spec.podTemplate merged over it; unchanged when the job has none."""
+def for_pod(template: PodTemplate, *, rollout_only: bool) -> PodTemplate:
+    """The template a pod gets: `template`, with its rolloutOnly part over it for a rollout-only pod."""
+    extra = template.rollout_only
+    if not rollout_only or extra is None:
+        return template
+    meta, spec, over = template.metadata, template.spec, extra.spec
+    return template.model_copy(update={
+        "metadata": meta.model_copy(update={"labels": {**meta.labels, **extra.metadata.labels},
+                                            "annotations": {**meta.annotations, **extra.metadata.annotations}}),
+        "spec": spec.model_copy(update={
+            "node_selector": {**spec.node_selector, **over.node_selector},
+            "tolerations": spec.tolerations + [t for t in over.tolerations if t not in spec.tolerations],
+            "affinity": over.affinity or spec.affinity,
+            "priority_class_name": over.priority_class_name or spec.priority_class_name,
+        }),
+    })
+
+
+def apply(pod: Manifest, job: RLHFJob, *, rollout_only: bool = False) -> Manifest:
+    """`pod` with the job's spec.podTemplate merged over it (rolloutOnly too for a rollout-only pod);
+    unchanged when the job has none."""
     if job.spec.pod_template is None:
         return pod
-    return merge(pod, job.spec.pod_template, {v.name for v in job.spec.volumes})
+    template = for_pod(job.spec.pod_template, rollout_only=rollout_only)
+    return merge(pod, template, {v.name for v in job.spec.volumes})

@@ -5,7 +5,9 @@ Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, 
 (from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
 progress record in etcd (from the second pass on). Decision: `tandem.operator.plan.decide`.
 Actions, after the decided status is written (conditional on the resourceVersion observed, so a
-stale pass acts on nothing): ensure the Service, ConfigMap, Secret and, with
+stale pass acts on nothing): ensure the Service, ConfigMap, Secret, the hybrid pods'
+PodDisruptionBudget (`tandem.operator.disruption`; deleted instead while spec.podDisruptionBudget is
+false) and, with
 TANDEM_JOB_NETWORK_POLICY, the job's NetworkPolicy (`tandem.operator.network_policy`), all
 create-if-absent (an existing token Secret is kept, never read; the job document's ConfigMap is
 immutable and named by its content: a new metadata.generation that changes the document, e.g. a
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.operator import builders, gang, gpu_sharing, network_policy, refusal_policy, status
+from tandem.operator import builders, disruption, gang, gpu_sharing, network_policy, refusal_policy, status
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.kube import CONFLICT, Kube, KubeError
 from tandem.operator.observe import PodState
@@ -144,6 +146,9 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
             kube.create(builders.build_service(job, owner_uid=ref.uid)),
             kube.create(builders.build_spec_configmap(job, owner_uid=ref.uid)),
             kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=ref.uid)),
+            kube.create(disruption.build_pod_disruption_budget(job, owner_uid=ref.uid))
+            if job.spec.pod_disruption_budget  # opted out: the budget goes (a drain may take the pods now)
+            else kube.delete_pod_disruption_budget(ref.namespace, disruption.budget_name(ref.name)),
         ]
         if policy_from is not None:
             creates.append(kube.create(network_policy.build_network_policy(

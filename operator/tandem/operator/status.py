@@ -15,13 +15,17 @@ when the condition's status flips (Kubernetes API conventions):
   Failed      the job gave up (maxRestarts exhausted, or the driver reported failure)
   ContainersWaiting  a container of the gang waits in ImagePullBackOff, CrashLoopBackOff, ... (reason:
               the kubelet's; lastTransitionTime: when it began, which failurePolicy.waitingTimeoutSeconds counts from)
+  DurableCheckpoints  a gang restart resumes from a durable copy (checkpointEngine.persist; False, reason
+              NoDurableCheckpoints: it starts over from the initial model)
 Reasons (every condition carries the reason of the current phase; `REASONS` has the defaults):
 PodsPending, AwaitingAdmission, PodsRunning, GangRestart, SpecSuspended, Preempted, DriverDone,
 TrainersSucceeded, DriverFailed, MaxRestartsReached, InvalidSpec, PodCreateRefused (the API server
 refused a pod), a waiting container's reason, Unschedulable, and the `tandem.operator.stuck_policy`
-verdicts. status.reason holds the current phase's (the REASON column). Events: one per phase change
-(reason: the new phase), Preempted when Kueue stops the pods, PodCreateRefused, and one per container
-that starts waiting (reason: the kubelet's).
+verdicts, RolloutPoolShort (Running while lost rollout-only pods are replaced, or the pool grows) and
+RolloutReplacementLimit (`tandem.operator.pool_policy`). status.reason holds the current phase's (the
+REASON column). Events: one per phase change (reason: the new phase), Preempted when Kueue stops the
+pods, PodCreateRefused, one per container that starts waiting (reason: the kubelet's), RolloutReplaced
+per lost rollout-only pod, and NoDurableCheckpoints when a job without checkpointEngine.persist is created.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from tandem.spec.progress import Progress
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
 CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed",
-                   "ContainersWaiting")
+                   "ContainersWaiting", "DurableCheckpoints")
 CONTAINERS_WAITING = "ContainersWaiting"
+DURABLE_CHECKPOINTS = "DurableCheckpoints"
+NO_DURABLE_CHECKPOINTS = "NoDurableCheckpoints"
 POD_CREATE_REFUSED = "PodCreateRefused"
 REASONS: dict[str, str] = {
     "Pending": "PodsPending", "Queued": "AwaitingAdmission", "Running": "PodsRunning",

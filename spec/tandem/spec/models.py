@@ -294,7 +294,11 @@ class Tracking(Base):
 class FailurePolicy(Base):
     """Gang restarts, and when a stuck gang fails: its pods (and their GPUs) go, then it restarts or fails."""
 
-    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    max_restarts: Annotated[int, Field(ge=0, le=1000, description="Gang restarts before the job fails. Also "
+                                       "bounds replacing lost rollout-only pods alone: more than max(1, "
+                                       "maxRestarts) x rolloutOnlyReplicas replacements within an hour count as a "
+                                       "stuck pool (reason RolloutReplacementLimit), which restarts the gang or "
+                                       "fails the job as `action` says.")] = 3
     backoff_seconds: Annotated[int, Field(ge=0, le=3600)] = 10
     max_container_restarts: Annotated[int, Field(ge=1, le=1000, description="A container of the gang restarted "
                                       "this many times (restartCount, e.g. in CrashLoopBackOff) fails the "
@@ -308,6 +312,15 @@ class FailurePolicy(Base):
     action: Literal["RestartJob", "FailJob"] = Field(default="RestartJob", description="What a gang that failed "
                                                      "one of the three limits above does: RestartJob (a gang "
                                                      "restart, counted against maxRestarts) or FailJob.")
+    rollout_stall_seconds: Annotated[int, Field(ge=5, le=86_400, description="A rollout whose call into vLLM (a "
+                                     "step of generation, a weight reload) has run this long is hung: the driver "
+                                     "drops it from the iteration and sends its unfinished prompts to the healthy "
+                                     "rollouts, and its sidecar kills and restarts the engine. One step takes "
+                                     "milliseconds to seconds; raise it for very long prefills.")] = 120
+    rollout_unavailable_seconds: Annotated[int, Field(ge=0, le=86_400, description="Seconds the driver waits, "
+                                           "with the reason in the job's status, while no rollout is healthy "
+                                           "(engines restarting, rollout-only pods being replaced) before the "
+                                           "job fails.")] = 600
 
 
 KTO_ONLY = ("applies to kto only (a labelled dataset); the other algorithms generate their completions and score "
@@ -358,7 +371,14 @@ class JobSpec(Base):
     pod_template: PodTemplate | None = Field(default=None, description="Merged over every pod the operator "
                                              "makes: labels, annotations, scheduling (nodeSelector, tolerations, "
                                              "affinity, priorityClassName), imagePullSecrets, serviceAccountName, "
-                                             "volumes, and env/envFrom/volumeMounts per container.")
+                                             "volumes, and env/envFrom/volumeMounts per container; rolloutOnly "
+                                             "schedules the rollout-only pods apart (e.g. on spot nodes).")
+    pod_disruption_budget: bool = Field(default=True, description="A PodDisruptionBudget `<job>-hybrid` (owned by "
+                                        "the job) with maxUnavailable 0 over the hybrid pods: a node drain or "
+                                        "scale-down waits instead of evicting a trainer, which would restart the "
+                                        "gang; pods not Ready may still be evicted (unhealthyPodEvictionPolicy "
+                                        "AlwaysAllow). Set false to let drains take them (the operator deletes the "
+                                        "budget). Rollout-only pods are never covered: one evicted is replaced alone.")
     rules = (
         Rule("self.gpusPerPod == 0 || self.gpusPerPod % self.trainer.tensorParallel == 0",
              "trainer.tensorParallel must divide gpusPerPod", ".trainer.tensorParallel",
@@ -504,6 +524,23 @@ class ProgressStatus(Base):
     rate_since_generation: int = Field(default=0, description="...by this restart generation of the gang.")
 
 
+class ReplacingPod(Base):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    pod: str
+    uid: str = Field(default="", description="The lost pod's metadata.uid (empty: it was gone when seen).")
+    generation: int = 0
+
+
+class RolloutPoolStatus(Base):
+    """The operator's record of replacing lost rollout-only pods (`tandem.operator.pool_policy`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    replacing: list[ReplacingPod] = Field(default_factory=list, description="Lost pods already counted whose "
+                                          "replacement does not exist yet.")
+    window_start: str = Field(default="", description="Start of the current hour of replacements (RFC 3339).")
+    window_replacements: int = Field(default=0, description="Replacements in that hour.")
+
+
 class JobStatus(Base):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
     phase: Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended",
@@ -520,6 +557,9 @@ class JobStatus(Base):
     progress: ProgressStatus | None = None
     rollout_only_replicas: int = Field(default=0, description="Rollout-only pods of the current gang (/scale).")
     rollout_only_selector: str = Field(default="", description="Label selector of the rollout-only pods (/scale).")
+    rollout_replacements: int = Field(default=0, description="Rollout-only pods replaced alone (failed, evicted, "
+                                      "deleted or gone), without a gang restart.")
+    rollout_pool: RolloutPoolStatus | None = None
     eval: EvalStatus | None = None
     message: str = ""
     reason: str = Field(default="", description="Why the job is in its phase, one CamelCase word (the REASON "

@@ -12,7 +12,9 @@ resources (`resources.limits`, e.g. an RDMA device plugin's) beside them. A cont
 securityContext may add the IPC_LOCK capability (RDMA) and nothing broader: other capabilities,
 privileged or allowPrivilegeEscalation true are refused (the pods pass Pod Security restricted
 otherwise). Each rule is a `Rule` (CEL for the API server, Python for `tandem validate`); rules
-that need spec.volumes live on `JobSpec` (`JOB_RULES`).
+that need spec.volumes live on `JobSpec` (`JOB_RULES`). `rolloutOnly` (labels, annotations, nodeSelector,
+tolerations, affinity, priorityClassName) applies to the rollout-only pods over the rest, so that pool
+can run apart, e.g. on spot nodes.
 Callers: `tandem.spec.models.JobSpec.pod_template`; `tandem.operator.pod_template` applies it.
 """
 
@@ -410,11 +412,34 @@ class PodSpecOverride(Base):
     rules = (_names_unique("volumes", "volumes"), _names_unique("containers", "containers"))
 
 
+class SchedulingOverride(Base):
+    """Where the rollout-only pods run: merged over `spec` for them only."""
+
+    node_selector: Labels = Field(default_factory=dict, description="Entries win over spec.nodeSelector's "
+                                  "(e.g. a spot node pool).")
+    tolerations: Annotated[list[Toleration], Field(max_length=32, description="Added to spec.tolerations and "
+                                                   "the operator's (e.g. the spot nodes' taint).")] = Field(
+        default_factory=list)
+    affinity: Affinity | None = Field(default=None, description="Replaces spec.affinity.")
+    priority_class_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Replaces "
+                                                     "spec.priorityClassName (e.g. a preemptible class).")] = None
+
+
+class RolloutOnlyTemplate(Base):
+    """The rollout-only pods' own labels, annotations and scheduling, over the template's: a lost one is
+    replaced alone (no gang restart), so they may run on preemptible nodes."""
+
+    metadata: PodMetadata = Field(default_factory=PodMetadata)
+    spec: SchedulingOverride = Field(default_factory=SchedulingOverride)
+
+
 class PodTemplate(Base):
     """Merged over every pod of the job (Kubernetes field names; see the module docstring)."""
 
     metadata: PodMetadata = Field(default_factory=PodMetadata)
     spec: PodSpecOverride = Field(default_factory=PodSpecOverride)
+    rollout_only: RolloutOnlyTemplate | None = Field(default=None, description="Merged over metadata and spec "
+                                                     "for the rollout-only pods only.")
 
 
 # Rules that also read spec.volumes; `tandem.spec.models.JobSpec` carries them.

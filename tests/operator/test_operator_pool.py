@@ -1,0 +1,224 @@
+"""Table tests of the rollout-only pool policy through the pure reconcile decision: a lost rollout-only
+pod is replaced alone (counted once, an Event, the job still Running), a hybrid pod's failure still
+restarts the gang, a refusal still fails the job, a crash-looping pool is a stuck verdict, Kueue-queued
+jobs keep the gang behaviour, and a job without durable copies says at creation what a restart costs.
+On the real control plane: a rollout-only pod marked Failed as the kubelet would, then one deleted, each
+come back alone (restarts 0, the other pods keep their UIDs, an Event, the counter), and a hybrid pod's
+failure still restarts the whole gang."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from controlplane import ControlPlane
+from harness import OperatorProcess, wait_for
+from test_operator_cluster import create, events_of, fail_pod, phase_is, pods_of, running, small
+from test_operator_plan import observe
+from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later
+
+from tandem.operator import pool_policy, status
+from tandem.operator.observe import PodState
+from tandem.operator.plan import Plan, decide
+from tandem.spec.models import JobStatus
+
+
+def pool_job(max_restarts: int = 3, action: str = "RestartJob") -> JobWrapper:
+    """One hybrid pod (demo-0) and a rollout-only pool of two (demo-1, demo-2)."""
+    return JobWrapper().replicas(1).rollout_only(2).set("failurePolicy", {"maxRestarts": max_restarts,
+                                                                          "action": action})
+
+
+def pod(i: int, uid: str = "") -> PodWrapper:
+    return PodWrapper("demo", i, replicas=1).uid(uid or f"uid-{i}")
+
+
+def healthy() -> list[PodState]:
+    return [pod(i).running().state() for i in range(3)]
+
+
+def running_status() -> JobStatus:
+    return StatusWrapper().phase("Running").rollout_only(2).get()
+
+
+def step(pod_list: list[PodState], st: JobStatus | None = None, *, job: JobWrapper | None = None,
+         now: datetime = T0) -> Plan:
+    return decide(observe(job or pool_job(), st if st is not None else running_status(), pod_list, now=now))
+
+
+def events(plan: Plan, reason: str = pool_policy.REPLACED) -> list[str]:
+    return [e.message for e in plan.events if e.reason == reason and e.type == "Warning"]
+
+
+@pytest.mark.parametrize(("lost", "cause", "delete", "create"), [
+    (pod(2).failed("OOMKilled"), "failed (OOMKilled)", ["demo-2"], []),
+    (pod(2).failed("Evicted"), "evicted", ["demo-2"], []),  # the kubelet's eviction (node pressure)
+    (pod(2).running().deleting(), "is being deleted", [], []),  # a drain, a reclaimed spot node
+    (None, "disappeared", [], [2]),  # gone before a pass saw it go
+])
+def test_a_lost_rollout_only_pod_is_replaced_alone(
+    lost: PodWrapper | None, cause: str, delete: list[str], create: list[int]
+) -> None:
+    pod_list = healthy()[:2] + ([lost.state()] if lost else [])
+    plan = step(pod_list)
+    st = plan.status
+    assert plan.delete == delete and plan.create == create  # demo-0 and demo-1 untouched
+    assert st.restarts == 0 and st.rollout_replacements == 1 and plan.restart_generation == 0
+    assert events(plan) == [f"rollout-only pod demo-2 {cause}: replacing it alone, no gang restart "
+                            "(1 replaced so far)"]
+    assert st.phase == "Running" and st.reason == pool_policy.SHORT
+    assert st.message == "1 hybrid pods running; rollout-only pool 1/2 (replacing demo-2)"
+    assert st.rollout_pool is not None and [(r.pod, r.generation) for r in st.rollout_pool.replacing] == [("demo-2", 0)]
+    assert not any(e.reason == "Restarting" for e in plan.events)
+
+
+def test_each_lost_pod_is_counted_once_across_passes_until_its_replacement_runs() -> None:
+    failed = pod(2).failed("Evicted")
+    first = step(healthy()[:2] + [failed.state()])
+    assert first.status.rollout_replacements == 1 and first.delete == ["demo-2"]
+    passes = [
+        (healthy()[:2] + [failed.state()], ["demo-2"], []),  # a pod index that lags: deleted again, not counted
+        (healthy()[:2] + [pod(2).failed("Evicted").deleting().state()], [], []),  # going
+        (healthy()[:2], [], [2]),  # gone: its name is free, so it is created again, same generation
+        (healthy()[:2] + [pod(2, "uid-2b").phase("Pending").state()], [], []),  # the replacement
+    ]
+    st = first.status
+    for pod_list, delete, make in passes:
+        plan = step(pod_list, st)
+        assert (plan.delete, plan.create, events(plan)) == (delete, make, [])
+        assert plan.status.rollout_replacements == 1 and plan.status.restarts == 0
+        assert plan.status.phase == "Running"
+        st = plan.status
+    assert pool_policy.replacing(st.rollout_pool) == []  # the replacement exists: the record is closed
+    back = step(healthy()[:2] + [pod(2, "uid-2b").running().state()], st)
+    assert (back.status.reason, back.status.message) == ("PodsRunning", "3 pods running")
+    again = step(healthy()[:2] + [pod(2, "uid-2b").failed().state()], back.status, now=later(60))
+    assert again.status.rollout_replacements == 2 and events(again)  # the replacement's own loss counts
+
+
+def test_a_missing_pod_is_counted_once_even_while_its_create_is_refused() -> None:
+    first = step(healthy()[:2])
+    assert first.create == [2] and first.status.rollout_replacements == 1
+    second = step(healthy()[:2], first.status.model_copy(update={"rollout_only_replicas": 2}))  # still known
+    assert second.create == [2] and second.status.rollout_replacements == 1 and events(second) == []
+
+
+def test_a_pool_pod_failing_before_the_job_runs_is_replaced_alone_too() -> None:
+    pod_list = [pod(0).running().state(), pod(1).phase("Pending").state(), pod(2).failed().state()]
+    plan = step(pod_list, StatusWrapper().phase("Pending").get())
+    assert plan.status.phase == "Pending" and plan.status.restarts == 0 and plan.delete == ["demo-2"]
+    assert plan.status.rollout_replacements == 1
+
+
+def test_a_hybrid_pods_failure_still_restarts_the_gang_with_its_pool() -> None:
+    pod_list = [pod(0).failed().state(), pod(1).running().state(), pod(2).running().state()]
+    plan = step(pod_list)
+    assert plan.status.phase == "Restarting" and plan.status.restarts == 1
+    assert plan.delete == ["demo-0", "demo-1", "demo-2"] and plan.status.rollout_replacements == 0
+    assert "pod demo-0 failed (Error)" in plan.status.message and events(plan) == []
+
+
+def test_a_refusing_rollout_only_pod_still_fails_the_job() -> None:
+    pod_list = healthy()[:2] + [pod(2).refused("rollout: spec.model.path: /m/config.json: missing").state()]
+    plan = step(pod_list)
+    assert plan.status.phase == "Failed" and plan.status.reason == "StartRefused"
+    assert plan.status.rollout_replacements == 0 and events(plan) == []
+
+
+@pytest.mark.parametrize(("action", "phase", "restarts"), [("RestartJob", "Restarting", 1), ("FailJob", "Failed", 0)])
+def test_a_crash_looping_pool_is_a_stuck_verdict(action: str, phase: str, restarts: int) -> None:
+    job = pool_job(max_restarts=1, action=action)  # bound: max(1, 1) x 2 = 2 replacements an hour
+    st = running_status()
+    for i, uid in enumerate(("a", "b")):
+        plan = step(healthy()[:2] + [pod(2, uid).failed().state()], st, job=job, now=later(60 * i))
+        assert plan.status.phase == "Running" and plan.status.rollout_replacements == i + 1
+        st = step(healthy(), plan.status.model_copy(deep=True), job=job).status  # replaced: record closed
+    third = step(healthy()[:2] + [pod(2, "c").failed().state()], st, job=job, now=later(120))
+    assert third.status.phase == phase and third.status.reason == pool_policy.LIMIT
+    assert third.status.restarts == restarts and third.status.rollout_pool is None
+    assert "3 rollout-only pods lost within 60 minutes, more than max(1, failurePolicy.maxRestarts) x " \
+           "rolloutOnlyReplicas = 2; the last: rollout-only pod demo-2 failed (Error)" in third.status.message
+    later_loss = step(healthy()[:2] + [pod(2, "c").failed().state()], st, job=job, now=later(3600))
+    assert later_loss.status.phase == "Running" and later_loss.status.rollout_replacements == 3  # a new hour
+
+
+def test_the_record_of_another_generation_is_dropped() -> None:
+    st = step(healthy()[:2] + [pod(2).failed().state()]).status
+    st.restarts = 1  # a gang restart happened since
+    pod_list = [pod(i, f"g1-{i}").running().generation(1).state() for i in range(3)]
+    plan = step(pod_list, st)
+    assert pool_policy.replacing(plan.status.rollout_pool) == [] and plan.status.message == "3 pods running"
+
+
+def test_an_unschedulable_pool_pod_of_a_running_job_does_not_restart_the_gang() -> None:
+    stuck = pod(2).unschedulable(since=T0, message="0/4 nodes: untolerated taint spot")
+    pod_list = healthy()[:2] + [stuck.state()]
+    running = step(pod_list, now=later(3600))  # long past schedulingTimeoutSeconds (600)
+    assert running.status.phase == "Running" and running.status.restarts == 0
+    assert "rollout-only pool 1/2" in running.status.message and "Unschedulable" in running.status.message
+    pending = step(pod_list, StatusWrapper().phase("Pending").get(), now=later(3600))  # the gang never started
+    assert pending.status.phase == "Restarting" and pending.status.reason == "SchedulingTimeout"
+
+
+def test_a_queued_jobs_pool_keeps_the_gang_behaviour() -> None:
+    job = pool_job().queue("gpu-team")
+    plan = step(healthy()[:2] + [pod(2).failed("Evicted").state()], job=job)
+    assert plan.status.phase == "Restarting" and plan.status.restarts == 1 and events(plan) == []
+
+
+@pytest.mark.parametrize("persist", [False, True])
+def test_a_job_says_at_creation_whether_a_gang_restart_can_resume(persist: bool) -> None:
+    job = JobWrapper().volume("ckpt", "/ckpt", claimName="ckpt")
+    plan = decide(observe(job.persist("/ckpt/t") if persist else job))
+    cond = status.condition(plan.status, status.DURABLE_CHECKPOINTS)
+    assert cond is not None and cond.status == ("True" if persist else "False")
+    warned = events(plan, status.NO_DURABLE_CHECKPOINTS)
+    if persist:
+        assert warned == [] and "/ckpt/t" in cond.message
+    else:
+        assert cond.reason == status.NO_DURABLE_CHECKPOINTS and warned == [cond.message]
+        assert "starts training over from the initial model at iteration 0" in cond.message
+        again = decide(observe(job, plan.status, now=later(5)))
+        assert events(again, status.NO_DURABLE_CHECKPOINTS) == []  # once, at creation
+
+
+# ---- the real control plane ------------------------------------------------------------------------------
+
+@pytest.mark.k8s
+def test_lost_rollout_only_pods_are_replaced_alone_and_a_hybrid_failure_restarts_the_gang(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str
+) -> None:
+    name = "pool"
+    create(k8s, ns, small(name, replicas=1, rollout_only=2))
+    wait_for("3 running", lambda: running(k8s, ns, name, 3), 60)
+    wait_for("Running", lambda: phase_is(k8s, ns, name, "Running"), 30)
+    first = uids(k8s, ns, name)
+
+    fail_pod(k8s, ns, f"{name}-1")  # the kubelet evicted it: phase Failed, reason Evicted
+    after = wait_for("the failed pod replaced", lambda: replaced(k8s, ns, name, first, f"{name}-1"), 60)
+    st = wait_for("Running, one replacement", lambda: phase_is(k8s, ns, name, "Running", rolloutReplacements=1), 30)
+    assert st["restarts"] == 0 and st["message"] == "3 pods running"
+    assert [after[f"{name}-{i}"] for i in (0, 2)] == [first[f"{name}-{i}"] for i in (0, 2)]  # the others untouched
+    assert ("Warning", "RolloutReplaced") in wait_for("the Event", lambda: events_of(k8s, ns, name), 30)
+
+    k8s.kubectl("delete", "pod", f"{name}-2", "-n", ns, "--wait=false")  # deleted: recreated alone
+    again = wait_for("the deleted pod recreated", lambda: replaced(k8s, ns, name, after, f"{name}-2"), 60)
+    wait_for("Running, two replacements", lambda: phase_is(k8s, ns, name, "Running", rolloutReplacements=2,
+                                                           restarts=0), 30)
+    assert again[f"{name}-0"] == first[f"{name}-0"]
+    assert all(p["metadata"]["labels"]["tandem.dev/restart-generation"] == "0" for p in pods_of(k8s, ns, name))
+
+    fail_pod(k8s, ns, f"{name}-0")  # a trainer pod: the gang restarts, pool and all
+    wait_for("gen 1 running", lambda: running(k8s, ns, name, 3, generation=1), 60)
+    wait_for("Running after the restart", lambda: phase_is(k8s, ns, name, "Running", restarts=1,
+                                                           rolloutReplacements=2), 30)
+
+
+def uids(cp: ControlPlane, ns: str, name: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(cp, ns, name)}
+
+
+def replaced(cp: ControlPlane, ns: str, name: str, before: dict[str, str], pod: str) -> dict[str, str] | None:
+    """The pods' UIDs once `pod` runs again under another UID and every pod runs."""
+    now = uids(cp, ns, name)
+    return now if now.get(pod) not in (None, before[pod]) and running(cp, ns, name, len(before)) else None
