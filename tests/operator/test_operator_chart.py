@@ -163,6 +163,11 @@ def test_rendered_manifests_pass_server_side_dry_run(k8s: ControlPlane) -> None:
         ("delete", "podgroups.scheduling.k8s.io", True),
         ("delete", "workloads.scheduling.k8s.io", False),
         ("update", "podgroups.scheduling.k8s.io", False),
+        # each job's PodDisruptionBudget over its hybrid pods: created, deleted when the job opts out
+        ("create", "poddisruptionbudgets.policy", True),
+        ("delete", "poddisruptionbudgets.policy", True),
+        ("update", "poddisruptionbudgets.policy", False),
+        ("create", "pods/eviction", False),
     ],
 )
 def test_operator_rbac_is_least_privilege(

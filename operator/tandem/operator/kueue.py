@@ -32,6 +32,20 @@ What Kueue does, and how the operator reads it:
   message why) on every pod of the group and deletes them. The operator takes that condition, or
   a pod of a running queued job being deleted or gone (Kueue stops groups by DELETE, and the pods
   may be gone before a pass sees the condition), as a preemption: the job is Suspended.
+
+Why a queued job's pool does not shrink or heal alone (`tandem.operator.pool_policy` replaces lost
+rollout-only pods of other jobs). Kueue's pod integration (pkg/controller/jobs/pod) builds the
+group's Workload from the total count, which must be equal on every pod; its pod sets' counts are
+fixed while admitted, and a group whose pods no longer match the Workload gets its Workload deleted
+(the group queued again). Plain pod groups have no elastic resize (workload slices serve batch Jobs
+and a few CRDs, not pod groups), and Kueue preempts a Workload whole, deleting every pod of the group:
+there is no "one rollout-only pod preempted", so a preemption still suspends the job. A pod that
+fails on its own Kueue leaves to its creator ("Kueue does not re-create failed Pods"): it keeps its
+finalizer on the Failed pod until it observes a replacement pod of the same shape, and meanwhile marks
+the Workload WaitingForReplacementPods. A replacement must therefore be created under a new name while
+the failed pod still exists, which the one-name-per-index-and-generation scheme here cannot do without
+naming every pod by more than index and generation; so a failed rollout-only pod of a queued job still
+restarts the gang (the next generation's names are new), as before.
 """
 
 from __future__ import annotations
