@@ -1,7 +1,8 @@
 """Gang-restart policy: which pod failures count, whether to restart or give up, and the backoff.
 
-Callers: `tandem.operator.plan.decide` (pure reconcile decision). Pure functions of the observed
-pods, the failure policy and the clock value passed in.
+Callers: `tandem.operator.plan.decide` (pure reconcile decision), with the hybrid pods' names (every
+pod's for a job queued by Kueue): a lost rollout-only pod is replaced alone (`tandem.operator.pool_policy`).
+Pure functions of the observed pods, the failure policy and the clock value passed in.
 
 Rules:
 - A pod of the current restart generation that reached phase Failed is a failure.
