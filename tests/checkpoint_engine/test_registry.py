@@ -153,3 +153,29 @@ def test_a_lease_etcd_no_longer_knows_is_replaced_on_register(make_registry: Any
     rep2 = write(shm_root, job, 2)
     writer.register(rep2.index, str(rep2.path))
     assert other.latest() == 2 and writer.reg._lease.id != dead
+
+
+@pytest.mark.parametrize("path", ["holder", "status", "op", "endpoint", "pin"])
+def test_every_lease_bound_write_survives_a_forgotten_lease(make_registry: Any, shm_root: Path, job: str,
+                                                            path: str) -> None:
+    """The same expiry on the other lease-bound paths (a holder announcing a version it pulled, an engine's
+    status and operations, a rollout's endpoint, a reader's pin): each writes under a new lease instead of
+    ending the job with "requested lease not found"."""
+    writer, pod = make_registry(), make_registry("pod1", "rollout")
+    rep = write(shm_root, job, 1)
+    writer.register(rep.index, str(rep.path))
+    pod.put_status({"phase": "ready"})  # the pod's lease exists, then etcd forgets it
+    dead = pod.reg._lease.id
+    pod._run(pod.reg.etcd.call("revoke", lambda c: c.revoke_lease(dead)))
+    key = f"/tandem/test/{job}/endpoint"
+    writes = {"holder": lambda: pod.add_holder(1, str(rep.path)), "status": lambda: pod.put_status({"phase": "ready"}),
+              "op": lambda: pod.put_op("1-update-x", {"op": "update"}),
+              "endpoint": lambda: pod.put_json(key, {"a": 1}, lease=True), "pin": lambda: pod.pin(1)}
+    writes[path]()
+    assert pod.reg._lease.id != dead
+    if path == "holder":
+        assert writer.holders(1)[-1] == "pod1"
+    elif path == "endpoint":
+        assert writer.get_json(key) == {"a": 1}
+    elif path == "pin":
+        assert writer.readers(1)

@@ -62,8 +62,9 @@ class GatedClient:
         self.closed = True
 
     def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions, n: int,
-                 max_tokens: Sequence[int] | None = None) -> tuple[list[list[Completion]], set[int | None]]:
-        assert self.producer is not None
+                 max_tokens: Sequence[int] | None = None, *, expect: int | None = None
+                 ) -> tuple[list[list[Completion]], set[int | None]]:
+        assert self.producer is not None and expect == self.loaded  # the producer asks for the version it loaded
         self.queued_at_start.append(len(self.producer._queue))
         self._log("generate", options.seed, self.loaded)
         assert self.permits.acquire(timeout=WAIT), "the test released no permit"
@@ -75,7 +76,7 @@ class GatedClient:
         return groups, {self.loaded if self.report_version is None else self.report_version}
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
-                     data: Sequence[dict[str, Any]] | None = None
+                     data: Sequence[dict[str, Any]] | None = None, *, expect: int | None = None
                      ) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
         """Two-turn trajectories as the rollouts' /v1/trajectories returns them: a model turn (3 tokens), a tool
         message (2, masked out), a model turn (1)."""

@@ -24,7 +24,7 @@ class Recorder:
         self.asked: list[tuple[str, int, int | None]] = []
 
     def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions,
-                 n: int) -> tuple[list[list[Completion]], set[int | None]]:
+                 n: int, *, expect: int | None = None) -> tuple[list[list[Completion]], set[int | None]]:
         out = []
         for i, p in enumerate(prompts):
             self.asked.append((str(p), self.version, options.seed))

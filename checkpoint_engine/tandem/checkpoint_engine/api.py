@@ -6,7 +6,8 @@ and the operator as HTTP clients. Operations and statuses also go to etcd (the c
 
 Routes (all but /health and /metrics need `Authorization: Bearer <token>`, the token of the job's Secret,
 default env TANDEM_TOKEN):
-    GET  /health                     liveness, no token
+    GET  /health                     readiness, no token: 503 while the engine is FAILED or being restarted
+                                     (supervisor); its progress (steps, stalledS), version and restarts
     GET  /metrics                    Prometheus text (checkpoint_engine.metrics), no token
     GET  /status                     EngineStatus (phase, version, timings)
     POST /start        {model_dir, dummy}   rollout only
@@ -35,6 +36,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from tandem.checkpoint_engine import errors, metrics
+from tandem.checkpoint_engine.models import Phase
 from tandem.checkpoint_engine.publisher import Publisher
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
 
@@ -170,8 +172,12 @@ def create_app(core: Core, token: str | None = None, registry: CollectorRegistry
         )
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"ok": True, "phase": core.phase.value}
+    async def health() -> JSONResponse:
+        st = core.status()
+        serving = st.phase != Phase.FAILED and not getattr(core, "recovering", False)
+        body = {"ok": serving, "phase": st.phase.value, "version": st.version, "steps": st.steps,
+                "stalledS": round(st.stalled_s, 3), "restarts": st.restarts, "error": st.error}
+        return JSONResponse(status_code=200 if serving else 503, content=body)
 
     scraped = metrics.engine_registry(core, registry)
 

@@ -130,11 +130,15 @@ class EngineProcesses:
         left = self.alive()
         if left:
             _, left = psutil.wait_procs(left, timeout=grace_s)
+            left = [p for p in left if _alive(p)]
             for p in left:
                 with contextlib.suppress(psutil.Error):
                     log.warning("vLLM process %d still alive %.0fs after shutdown: killing it", p.pid, grace_s)
                     p.kill()
             _, left = psutil.wait_procs(left, timeout=grace_s)
+            # a worker orphaned by its killed engine core is reparented, and stays a zombie until its new
+            # parent reaps it: psutil still finds its pid, but it is gone and maps nothing
+            left = [p for p in left if _alive(p)]
             if left:
                 log.error("vLLM processes %s survived SIGKILL", [p.pid for p in left])
         mapped: set[str] = set()

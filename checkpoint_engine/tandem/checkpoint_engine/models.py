@@ -112,3 +112,6 @@ class EngineStatus(BaseModel):
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     updated: float = 0.0
+    restarts: int = 0  # engines started again after a failure (rollout)
+    steps: int = 0  # calls into vLLM that returned: a client watches it advance (rollout)
+    stalled_s: float = 0.0  # how long the call into vLLM now in progress has run; 0 between calls

@@ -24,8 +24,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -37,6 +37,7 @@ from tandem.checkpoint_engine.etcd_failover import EtcdCluster
 from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.checkpoint_engine.layout import VersionIndex
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -143,24 +144,31 @@ class Registry:
         """(namespace, scope): the arguments of every `keys` function for this job."""
         return self.namespace, self.scope
 
-    async def register(self, index: VersionIndex, directory: str) -> int:
-        """Register version `index.version` (shards + version record + latest) in one transaction. A lease
-        etcd no longer knows (it expired while etcd was slow) is replaced and the transaction tried once more:
-        every key of the dead lease, the latest version's included, is gone, so nothing is overwritten."""
+    async def _leased(self, what: str, write: Callable[[int], Awaitable[T]]) -> T:
+        """`write(lease)` under this identity's lease. A lease etcd no longer knows (it expired while the
+        machine or etcd was slow: "requested lease not found") is replaced and the write tried once more,
+        on every lease-bound path (versions, pins, holders, statuses, operations, endpoints): a slow
+        machine costs a new lease, never the job. Every key of the dead lease is gone, so nothing is
+        overwritten; the rollout re-advertises what it lost (`rollout.advertise`)."""
+        lease = await self.lease_id()
         try:
-            return await self._register(index, directory)
+            return await write(lease)
         except errors.RegistryUnavailable as e:
             if "lease not found" not in str(e).lower() or self._lease is None:
                 raise
-            log.warning("etcd lease %x is gone (%s): registering version %d under a new lease", self._lease.id, e,
-                        index.version)
+            log.warning("etcd lease %x is gone (%s): %s under a new lease", self._lease.id, e, what)
             self._lost(self._lease)
-            return await self._register(index, directory)
+            return await write(await self.lease_id())
 
-    async def _register(self, index: VersionIndex, directory: str) -> int:
+    async def register(self, index: VersionIndex, directory: str) -> int:
+        """Register version `index.version` (shards + version record + latest) in one transaction, under
+        a new lease if etcd forgot this one (`_leased`)."""
+        return await self._leased(f"registering version {index.version}",
+                                  lambda lease: self._register(index, directory, lease))
+
+    async def _register(self, index: VersionIndex, directory: str, lease: int) -> int:
         ns, job = self._k()
         v = index.version
-        lease = await self.lease_id()
         tx = self.etcd.transactions
         ops = [
             tx.put(
@@ -233,13 +241,12 @@ class Registry:
         """Hold version v against GC (lease-bound); VersionNotFound if it is not (or no longer) there."""
         ns, job = self._k()
         tx = self.etcd.transactions
-        lease = await self.lease_id()
         # a retry after a first attempt that did commit puts the same key again: no ambiguity
-        ok, _ = await self.etcd.transaction(
+        ok, _ = await self._leased(f"pinning version {v}", lambda lease: self.etcd.transaction(
             "pin",
             compare=[tx.version(_b(keys.version(ns, job, v))) > 0],
             success=[tx.put(_b(keys.reader(ns, job, v, self.me)), b"1", lease)],
-        )
+        ))
         if not ok:
             raise errors.VersionNotFound(f"version {v} of job {ns}/{job} is not registered")
 
@@ -290,9 +297,9 @@ class Registry:
     # ---- holders (pods that serve a version to others; transports) ---------------------------
     async def add_holder(self, v: int, directory: str) -> None:
         """Announce that this pod holds version v complete (lease-bound: gone when the pod dies)."""
-        lease = await self.lease_id()
         key = _b(keys.holder(*self._k(), v, self.pod))
-        await self.etcd.call("add holder", lambda c: c.put(key, _b(directory), lease))
+        await self._leased(f"holding version {v}",
+                           lambda lease: self.etcd.call("add holder", lambda c: c.put(key, _b(directory), lease)))
 
     async def holders(self, v: int) -> list[str]:
         """Pods holding version v complete, in the order they announced it (publisher first)."""
@@ -312,9 +319,9 @@ class Registry:
 
     # ---- engine status and operations -------------------------------------------------------
     async def put_status(self, status: dict[str, Any]) -> None:
-        lease = await self.lease_id()
         key = _b(keys.engine(*self._k(), self.pod, self.role))
-        await self.etcd.call("put status", lambda c: c.put(key, _b(json.dumps(status)), lease))
+        await self._leased("status", lambda lease: self.etcd.call(
+            "put status", lambda c: c.put(key, _b(json.dumps(status)), lease)))
 
     async def get_status(self, pod: str, role: str) -> dict[str, Any] | None:
         got = await self.etcd.call("get status", lambda c: c.get(_b(keys.engine(*self._k(), pod, role))))
@@ -322,9 +329,9 @@ class Registry:
 
     async def put_op(self, op_id: str, record: dict[str, Any]) -> None:
         """Record an operation on this identity's lease (its history lives as long as the engine)."""
-        lease = await self.lease_id()
         key = _b(keys.op(*self._k(), self.pod, self.role, op_id))
-        await self.etcd.call("put op", lambda c: c.put(key, _b(json.dumps(record)), lease))
+        await self._leased("operation", lambda lease: self.etcd.call(
+            "put op", lambda c: c.put(key, _b(json.dumps(record)), lease)))
 
     async def ops(self) -> list[dict[str, Any]]:
         """This identity's operations, oldest first (ids start with a nanosecond timestamp)."""
@@ -339,8 +346,11 @@ class Registry:
     # ---- plain JSON records (progress, endpoints) --------------------------------------------
     async def put_json(self, key: str, value: dict[str, Any], lease: bool = False) -> None:
         """Store a JSON record; with `lease`, it vanishes when this identity's lease expires."""
-        lease_id = await self.lease_id() if lease else None
-        await self.etcd.call(f"put {key}", lambda c: c.put(_b(key), _b(json.dumps(value)), lease_id))
+        if not lease:
+            await self.etcd.call(f"put {key}", lambda c: c.put(_b(key), _b(json.dumps(value))))
+            return
+        await self._leased(key, lambda lease_id: self.etcd.call(
+            f"put {key}", lambda c: c.put(_b(key), _b(json.dumps(value)), lease_id)))
 
     async def get_json(self, key: str) -> dict[str, Any] | None:
         got = await self.etcd.call(f"get {key}", lambda c: c.get(_b(key)))

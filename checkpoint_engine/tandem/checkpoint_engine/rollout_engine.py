@@ -20,6 +20,10 @@ neither leaves the engine FAILED.
 
 vLLM's engine core and workers are recorded at start (engine_procs.py); terminating the engine, or
 finding it dead, waits until they are gone and unlinks the /dev/shm segments they leave behind.
+Every step of vLLM's engine loop and every reload is timed (`step_watch.StepWatch`): a call open for too
+long is a hung engine, which `kill` ends (SIGKILL to its processes, without the lock the hung call holds);
+the call then fails and the engine is FAILED, naming the cause. Restarting a FAILED engine is the rollout
+sidecar's supervisor's (`tandem.sidecars.rollout.supervisor`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from tandem.checkpoint_engine.models import (
     UpdateReport,
     prompt_seeds,
 )
+from tandem.checkpoint_engine.step_watch import StepWatch
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
@@ -97,6 +102,10 @@ class RolloutEngine:
         self._sleep_level = 0
         self.procs = engine_procs.EngineProcesses()
         self.lora: Any = None  # the LoRARequest of the adapter version served (adapter versions only)
+        self.watch = StepWatch()  # how long the call into vLLM now in progress has run
+        self.killed_for: str | None = None  # why `kill` ended the engine's processes (a hang)
+        self.restarts = 0  # engines started again after a failure (the sidecar's supervisor counts)
+        self.recovering = False  # the supervisor is starting it again: not ready (/health 503)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
@@ -118,6 +127,8 @@ class RolloutEngine:
                     self.llm = self._new_llm(LLM, model_dir, dummy)
                 t2 = time.perf_counter()
                 self.procs.record()
+                self.watch.wrap(self.llm.llm_engine)
+                self.killed_for = None
                 dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
                 self._expected, self._optional = expected_parameters(model_dir, dt)
             except Exception as e:
@@ -276,10 +287,13 @@ class RolloutEngine:
         else:
             self._set_phase(Phase.UPDATING)
             try:
-                workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
-                self._forget_prefixes()
+                with self.watch.busy("reload"):
+                    workers = self.llm.collective_rpc("tandem_load_shm", args=(str(path), index.model_dump_json()))
+                    self._forget_prefixes()
             except Exception as e:
-                self._set_phase(Phase.FAILED, error=f"reload of version {index.version} failed: {e}")
+                if self.procs.any_dead():  # killed (a hang) or crashed mid-reload: free what it left
+                    self._destroy()
+                self._set_phase(Phase.FAILED, error=f"reload of version {index.version} failed: {self._cause(e)}")
                 raise errors.CheckpointEngineError(f"reload failed; engine must be restarted: {e}") from e
             self._drop_adapter()  # the whole version is served as it is
         del mapped
@@ -321,7 +335,8 @@ class RolloutEngine:
                                       base_dir=self.model_dir)
         request = LoRARequest(f"v{index.version}", index.version, str(out), load_inplace=True)
         try:
-            self.llm.llm_engine.add_lora(request)
+            with self.watch.busy("add adapter"):
+                self.llm.llm_engine.add_lora(request)
         except Exception as e:
             shutil.rmtree(out, ignore_errors=True)
             if self.procs.any_dead():
@@ -409,8 +424,8 @@ class RolloutEngine:
             except Exception as e:
                 if self.procs.any_dead():  # the engine died: free what it leaves behind now
                     self._destroy()
-                self._set_phase(Phase.FAILED, error=f"generate failed: {e}")
-                raise errors.EngineNotRunning(f"vLLM failed while generating: {e}") from e
+                self._set_phase(Phase.FAILED, error=f"generate failed: {self._cause(e)}")
+                raise errors.EngineNotRunning(f"vLLM failed while generating: {self._cause(e)}") from e
         return [[completion(out, c, i, j) for j, c in enumerate(out.outputs)] for i, out in enumerate(outs)]
 
     @contextmanager
@@ -426,8 +441,8 @@ class RolloutEngine:
             except Exception as e:
                 if self.llm is not None and self.procs.any_dead():
                     self._destroy()
-                    self._set_phase(Phase.FAILED, error=f"vLLM failed while serving turns: {e}")
-                    raise errors.EngineNotRunning(f"vLLM failed while serving turns: {e}") from e
+                    self._set_phase(Phase.FAILED, error=f"vLLM failed while serving turns: {self._cause(e)}")
+                    raise errors.EngineNotRunning(f"vLLM failed while serving turns: {self._cause(e)}") from e
                 raise
 
     @property
@@ -458,14 +473,55 @@ class RolloutEngine:
             error=self.error,
             timings=dict(self.timings),
             updated=time.time(),
+            restarts=self.restarts,
+            steps=self.watch.steps,
+            stalled_s=self.watch.stalled_s(),
         )
+
+    # ---- failures ---------------------------------------------------------------------------------
+    def kill(self, cause: str) -> int:
+        """SIGKILL vLLM's processes (a hung engine: its call never returns), without the engine's lock,
+        which that call holds. The call then fails, and the engine goes FAILED naming `cause`. Returns
+        the processes signalled."""
+        self.killed_for = cause
+        self.procs.refresh()
+        alive = self.procs.alive()
+        for p in alive:
+            try:
+                p.kill()
+            except Exception as e:  # noqa: BLE001 - gone meanwhile
+                log.debug("kill %d: %s", p.pid, e)
+        log.warning("killed vLLM's processes %s: %s", [p.pid for p in alive], cause)
+        return len(alive)
+
+    def check_alive(self) -> bool:
+        """False (and the engine FAILED, what its processes left freed) when an idle engine's processes
+        died; True while it serves or is busy (a call in progress finds a death itself)."""
+        if not self._lock.acquire(blocking=False):
+            return True
+        try:
+            if self.phase != Phase.READY:
+                return self.phase != Phase.FAILED
+            self._check_alive()
+            return True
+        except errors.EngineNotRunning:
+            return False
+        finally:
+            self._lock.release()
+
+    def mark_failed(self, error: str) -> None:
+        with self._lock:
+            self._set_phase(Phase.FAILED, error=error)
+
+    def _cause(self, e: BaseException) -> str:
+        return f"{self.killed_for} ({e})" if self.killed_for else str(e)
 
     def _check_alive(self) -> None:
         """Refuse to use an engine whose processes died (vLLM 0.32's blocking client would wait for
         their output forever), after freeing what they left behind."""
         if self.llm is not None and self.procs.any_dead():
             self._destroy()
-            self._set_phase(Phase.FAILED, error="a vLLM engine process died")
+            self._set_phase(Phase.FAILED, error=self.killed_for or "a vLLM engine process died")
             raise errors.EngineNotRunning("a vLLM engine process died; start the engine again")
 
     def _need(self, phase: Phase) -> None:

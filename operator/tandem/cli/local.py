@@ -3,7 +3,9 @@
 Role: start a private etcd, build the job's pods with `tandem.operator.builders.build_pods`, run
 each container as a local process (`tandem.cli.procs`), follow the driver's progress record in
 etcd with a live display, write metrics/plots under the run directory, and stop everything cleanly
-on completion, failure or Ctrl-C. Caller: `tandem.cli.main.run`.
+on completion, failure or Ctrl-C; a rollout process that dies is started again (`supervise`), as the kubelet
+restarts a native sidecar and the operator replaces a rollout-only pod, and a run that fails ends with one line
+naming the pod, the component and the cause. Caller: `tandem.cli.main.run`.
 
 Run directory layout (`<workdir>/<job>/`): job.yaml (the resolved spec the sidecars read),
 logs/<pod>-<container>.log, metrics.jsonl (one line per iteration, written by the driver),
@@ -39,6 +41,7 @@ from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
 from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
 from tandem.cli import local_sandbox, plot
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
+from tandem.cli.supervise import RolloutRestarts, diagnosis
 from tandem.operator import builders
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -145,7 +148,9 @@ def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[Lo
                   f(p.kl, ".4f"), f(p.last_sync_seconds, ".2f"),
                   *((f(p.turns_mean, ".2f"), f(p.tool_calls_mean, ".2f")) if turns else ()))
     t.caption = "  ".join(f"{c.label}: {'up' if c.exit_code() is None else 'exit ' + str(c.exit_code())}"
-                          for c in containers)
+                          + (f" (restarted {c.restarts})" if c.restarts else "") for c in containers)
+    if p is not None and p.message and p.phase not in ("done", "failed"):
+        t.caption += f"\n{p.message}"  # e.g. the driver waiting for a healthy rollout
     return t
 
 
@@ -155,6 +160,7 @@ async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer
     trainers = [c for c in containers if c.name == "trainer"]
     started, since = time.monotonic(), time.time()
     last: Progress | None = None
+    restarts = RolloutRestarts(console)
     client = aetcd.Client(etcd.host, etcd.port)
     try:
         with Live(_table(job, None, started, containers), console=console, refresh_per_second=2) as live:
@@ -166,7 +172,7 @@ async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer
                 # a resumed run's record says "done" until its driver writes: only this run's count
                 if last is not None and last.phase in ("done", "failed") and last.updated_at >= since:
                     return last
-                dead = [c for c in containers if c.exit_code() not in (None, 0)]
+                dead = [c for c in containers if c.exit_code() not in (None, 0) and not restarts.restart(c)]
                 if dead or (trainers and all(c.exit_code() == 0 for c in trainers)):
                     return last
                 await asyncio.sleep(0.5)
@@ -240,5 +246,9 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         console.print(f"metrics: {metrics}  plot: {png}")
         plot.print_summary(rows, console, evals)
     state = result.phase if result else "no progress"
-    console.print("[green]done[/green]" if ok else f"[red]job did not finish[/red] ({state})")
+    if ok:
+        console.print("[green]done[/green]")
+    else:
+        console.print(f"[red]job did not finish[/red] ({state}): ", end="")
+        console.print(diagnosis(result, containers), markup=False, highlight=False)
     return 0 if ok else 1

@@ -29,6 +29,7 @@ class LocalContainer:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     cpus: frozenset[int] | None = None  # the cores its processes may run on (None: every core)
+    restarts: int = 0  # times it was started again after exiting with an error (`supervise`)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property

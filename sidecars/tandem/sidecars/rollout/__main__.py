@@ -7,6 +7,8 @@ in this pod's shm are pulled from other pods first), starts this pod's broadcast
 versions it holds), loads the newest published version if there is one (a late joiner or a
 restarted pod), advertises its address and gang generation
 under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes when the lease expires), and
+keeps its engine serving (`supervisor.EngineSupervisor`: a dead, hung or half-reloaded vLLM is started again at
+the newest version; the pod is not ready meanwhile), and
 serves the control + generation API on TANDEM_CE_PORT, with the OpenAI-compatible chat endpoint and, for
 a job with turns (rollout.environment), its multi-turn driver or agent driver (the environment's modules are
 imported before vLLM starts: a bad entryPoint or tool is refused at once, naming the field). Caller: the pod built by
@@ -31,6 +33,7 @@ from tandem.sidecars.envs import factory
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
+from tandem.sidecars.rollout.supervisor import EngineSupervisor
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
@@ -117,6 +120,7 @@ def main() -> int:
                          advertise=env.pod_ip, port=env.shard_port, token=env.token).start()
     node.announce_local()
     stopping = threading.Event()
+    gave_up: list[str] = []
     engine = PodRolloutEngine(engine_config(env, spec), registry, node)
     try:
         engine.start(spec.model.path, dummy=True)
@@ -133,14 +137,30 @@ def main() -> int:
             registry.put_json(endpoint, record, lease=True)
             node.announce_local()
 
+        def ready(serving: bool) -> None:  # the driver admits only ready rollouts (re-admits at its version)
+            record["ready"] = serving
+            try:
+                registry.put_json(endpoint, record, lease=True)
+            except Exception as e:  # noqa: BLE001 - etcd away: the driver still finds it out over HTTP
+                log.warning("could not mark this rollout %s in etcd: %s", "ready" if serving else "not ready", e)
+
+        def give_up(reason: str) -> None:
+            gave_up.append(reason)
+            server.should_exit = True
+
         registry.put_json(endpoint, record, lease=True)
         keep_advertised(registry, advertise, stopping)  # again after a lost lease
+        supervisor = EngineSupervisor(engine, spec.model.path, float(spec.failure_policy.rollout_stall_seconds),
+                                      ready=ready, has_version=lambda: registry.latest() is not None)
+        supervisor.run(stopping, give_up)
         wait_until_stopped(server, thread)
     finally:
         stopping.set()
         engine.terminate()
         node.close()
         registry.close()
+    if gave_up:  # the kubelet (or tandem run) starts the container again; the operator replaces the pod
+        return refuse(log, f"pod {env.pod}, rollout: {gave_up[0]}", 1)
     return 0
 
 

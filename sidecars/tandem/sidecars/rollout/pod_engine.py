@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from tandem.checkpoint_engine.models import UpdateReport
+from tandem.checkpoint_engine.models import Phase, UpdateReport
 from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
@@ -27,6 +27,7 @@ class PodRolloutEngine(RolloutEngine):
         self.last_receive: dict[str, float] = {}
 
     def update(self, version: int | None = None) -> UpdateReport:
+        self._need(Phase.READY)  # a failed or restarting engine pulls nothing (the supervisor loads the latest)
         report = self.node.receive(version) if version is not None else self.node.receive_latest()
         self.last_receive = {"receive_s": report.seconds, "bytes": float(report.bytes),
                              "already_here": float(report.already_here)}

@@ -38,13 +38,26 @@ def main() -> int:
     except (preflight.PreflightError, model_dir.ModelDirError) as e:
         return refuse(log, str(e))
     ranks = job.spec.trainer_ranks_per_pod()
-    if ranks == 1:
-        run_rank(0, env, 1)
-    else:
-        import torch.multiprocessing as mp
+    try:
+        if ranks == 1:
+            run_rank(0, env, 1)
+        else:
+            import torch.multiprocessing as mp
 
-        mp.spawn(run_rank, args=(env, ranks), nprocs=ranks, join=True)  # importable target, not __main__
+            mp.spawn(run_rank, args=(env, ranks), nprocs=ranks, join=True)  # importable target, not __main__
+    except Exception as e:  # the traceback to the log; one line naming pod, component and cause to the user
+        log.exception("trainer failed")
+        return refuse(log, f"pod {env.pod}, trainer: {one_line(e)}", 1)
     return 0
+
+
+def one_line(e: BaseException) -> str:
+    """The cause of a failure in one line: a rank's exception as mp.spawn reports it is a traceback, whose
+    last line is the error."""
+    text = str(e).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else type(e).__name__
+    return last if len(lines) > 1 else f"{type(e).__name__}: {last}"
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def single_turn(group_size: int) -> Generate:
     """groupSize single-turn completions per prompt, built with the version the rollouts reported."""
     def generate(client: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
                  version: int) -> tuple[list[Group], set[int | None]]:
-        groups, versions = client.generate([p.model_input for p in prompts], options, n=group_size)
+        groups, versions = client.generate([p.model_input for p in prompts], options, n=group_size, expect=version)
         return whole_groups(prompts, groups, one_version(versions, version)), versions
     return generate
 

@@ -137,7 +137,12 @@ class TrainerContext:
             serve_control_api(ctx.publisher, env, ctx.prom)
             expected = spec.replicas + spec.rollout_only_replicas  # more may join later (scaled up)
             addresses = resume.wait_for_rollouts(ctx.registry, expected, env.restart_generation)
-            ctx.rollouts = RolloutClient(addresses, env.token)
+            registry, generation, policy = ctx.registry, env.restart_generation, spec.failure_policy
+            ctx.rollouts = RolloutClient(addresses, env.token, stall_s=float(policy.rollout_stall_seconds),
+                                         unavailable_s=float(policy.rollout_unavailable_seconds),
+                                         discover=lambda: resume.rollout_pods(registry, generation),
+                                         on_wait=ctx.waiting)
+            ctx.rollouts.names.update(resume.rollout_pods(registry, generation))
         return ctx
 
     @property
@@ -413,6 +418,19 @@ class TrainerContext:
             old = self.registry.get_json(keys.progress(self.registry.namespace, self.registry.scope))
             p.reward_mean = None if old is None else old.get("rewardMean")
         self.registry.put_json(keys.progress(self.registry.namespace, self.registry.scope), json.loads(p.to_json()))
+
+    def waiting(self, reason: str) -> None:
+        """No healthy rollout (the client waits for one): the reason in the job's progress record, which
+        the operator shows in its status and `tandem run` in its table; the phase and figures stay."""
+        if not self.is_driver or self.registry is None:
+            return
+        key = keys.progress(self.registry.namespace, self.registry.scope)
+        try:
+            old = self.registry.get_json(key) or {}
+            self.registry.put_json(key, {**old, "message": reason, "updatedAt": time.time()})
+        except Exception as e:  # noqa: BLE001 - etcd away too: the wait goes on, the log says why
+            log.warning("could not record the wait in etcd: %s", e)
+        log.warning("%s", reason)
 
     def _eval_summary(self) -> EvalSummary | None:
         e = self.last_eval

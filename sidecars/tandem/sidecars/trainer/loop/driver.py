@@ -132,7 +132,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
         ctx.report("done", iterations, version)
         failed = False
     except Exception as e:
-        ctx.report("failed", it, version, message=f"{type(e).__name__}: {e}")
+        ctx.report("failed", it, version, message=f"pod {ctx.env.pod}, trainer (driver): {type(e).__name__}: {e}")
         raise
     finally:
         if source is not None:
@@ -165,9 +165,9 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
                            max_tokens=spec.rollout.max_tokens, seed=seeds.request_seed(spec.seed, iteration))
     joined = []
     if ctx.registry is not None:  # rollout pods that registered since (scaled up)
-        found = resume.rollout_addresses(ctx.registry, ctx.env.restart_generation,
-                                         rollout_only=False if source.hybrid_only else None)
-        joined = ctx.rollouts.join(found, ctx.version)
+        found = resume.rollout_pods(ctx.registry, ctx.env.restart_generation,
+                                    rollout_only=False if source.hybrid_only else None)
+        joined = ctx.rollouts.join(found, ctx.version)  # a rollout back from a failure: at this version
     t = time.perf_counter()
     groups, stats = source.next(iteration, ctx.version, opts)
     seconds = time.perf_counter() - t
@@ -194,7 +194,7 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     info.update(staleness_stats(groups, ctx.version))
     oldest = min((seg.version for g in groups for m in g.members for seg in m.segments), default=ctx.version)
     info.update(completions=len(samples), generate_seconds=seconds, rollout_version=oldest,
-                rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined),
+                rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined), **ctx.rollouts.faults.take(),
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
     return samples, inputs, scored

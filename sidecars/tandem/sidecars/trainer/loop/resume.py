@@ -51,11 +51,16 @@ def rollout_addresses(registry: SyncRegistry, generation: int, rollout_only: boo
     A record is bound to its writer's lease, but a killed pod's lease outlives it by its TTL: after
     a gang restart the old generation's records (same keys, dead addresses) may still be there.
     Each rollout writes its `TANDEM_RESTART_GENERATION`; only the driver's own generation counts."""
+    return list(rollout_pods(registry, generation, rollout_only))
+
+
+def rollout_pods(registry: SyncRegistry, generation: int, rollout_only: bool | None = None) -> dict[str, str]:
+    """{address: pod} of the rollouts `rollout_addresses` finds (the client names pods in its messages)."""
     prefix = keys.endpoints_prefix(registry.namespace, registry.scope)
-    found = {k: str(v["address"]) for k, v in registry.list_json(prefix).items()
+    found = {k: v for k, v in registry.list_json(prefix).items()
              if k.endswith("/rollout") and v.get("ready") and v.get("generation", 0) == generation
              and (rollout_only is None or bool(v.get("rolloutOnly", False)) == rollout_only)}
-    return [found[k] for k in sorted(found)]
+    return {str(found[k]["address"]): str(found[k].get("pod", "")) for k in sorted(found)}
 
 
 def wait_for_rollouts(registry: SyncRegistry, count: int, generation: int, timeout: float = 600.0) -> list[str]:

@@ -1,13 +1,19 @@
 """HTTP client of the rollout sidecars, found through etcd: generate, update, start, terminate.
 
 Role: the driver's only way to talk to vLLM — in its own pod or any other. Each rollout sidecar
-advertises `{"address": "host:port", "generation": g, ...}` under `keys.endpoint(ns, job, pod,
-"rollout")` (lease-bound, so a dead one disappears once its lease expires; until then
-`trainer.resume` skips records of another gang generation). Caller: `tandem.sidecars.trainer.loop.driver`.
-A rollout that cannot be reached any more (its pod deleted: a scale-down of the rollout-only pool)
-is dropped, and its share of a generate call goes to the others, so removing rollout-only pods
-never fails the iteration; an error the rollout itself answers still does, as does losing them all.
-A dropped rollout that is still registered comes back through `join` (it first loads the version).
+advertises `{"address": "host:port", "generation": g, "ready": ..., ...}` under `keys.endpoint(ns, job,
+pod, "rollout")` (lease-bound, so a dead one disappears once its lease expires). Caller:
+`tandem.sidecars.trainer.loop.driver` (and the sources and evaluation it hands the client to).
+
+Rollouts are a pool (`rollout_health` says what counts as unhealthy): a rollout that is gone (connection
+refused, reset), hung (no progress: `watch.watched`), answers that its engine is not running (5xx, 409),
+fails to load a version, or answers with a version other than the one asked for, is dropped from the client
+and the prompts it had not finished go, in place, to the others (each slice with its own seed). A dropped
+rollout that is registered and ready again is re-admitted by `join` once it has loaded the version the
+driver trains (a stale rollout never serves unknowingly). An error in what was asked (4xx: a prompt too long,
+an unknown version) still fails the call. With no healthy rollout left, `recover` waits for one
+(failurePolicy.rolloutUnavailableSeconds, saying why through `on_wait`), then fails with one line naming
+each rollout and what happened to it.
 """
 
 from __future__ import annotations
@@ -16,49 +22,146 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
 
 from tandem.checkpoint_engine.models import Completion, SamplingOptions, slice_seed
+from tandem.sidecars.trainer.loop.rollout_health import (
+    RolloutError,
+    RolloutGone,
+    RolloutStale,
+    RolloutUnhealthy,
+    Watch,
+    classify,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+__all__ = ["FaultCounts", "RolloutClient", "RolloutError", "RolloutGone", "RolloutStale", "RolloutUnhealthy"]
 
 
-class RolloutError(RuntimeError):
-    pass
+@dataclass
+class FaultCounts:
+    """What the pool went through since the last `take` (the iteration's metrics)."""
 
+    dropped: int = 0  # rollouts dropped (gone, hung, failed, stale)
+    resent: int = 0  # prompts (or rows) re-sent to other rollouts
+    rejoined: int = 0  # dropped rollouts admitted again at the current version
+    waited_s: float = 0.0  # seconds spent with no healthy rollout
+    causes: list[str] = field(default_factory=list)
 
-class RolloutGone(RolloutError):
-    """The rollout could not be reached (connection refused or reset, timed out)."""
+    def take(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rollouts_dropped": self.dropped, "prompts_resent": self.resent, "rollouts_rejoined": self.rejoined,
+               "rollouts_unavailable_s": round(self.waited_s, 3)}
+        if self.causes:
+            out["rollout_faults"] = list(self.causes[-8:])
+        self.dropped = self.resent = self.rejoined = 0
+        self.waited_s = 0.0
+        self.causes.clear()
+        return out
 
 
 class RolloutClient:
-    def __init__(self, addresses: Sequence[str], token: str, timeout: float = 1800.0):
+    def __init__(self, addresses: Sequence[str], token: str, *, stall_s: float = 120.0,
+                 unavailable_s: float = 600.0, discover: Callable[[], dict[str, str]] | None = None,
+                 on_wait: Callable[[str], None] | None = None, timeout: float = 1800.0):
+        """`discover()`: the rollouts registered and ready now, {address: pod name}; `on_wait(reason)` is
+        called while no rollout is healthy (the driver writes it into the job's status)."""
         if not addresses:
             raise RolloutError("no rollout sidecar is registered in etcd")
         self.addresses = list(addresses)
+        self.token, self.stall_s, self.unavailable_s = token, stall_s, unavailable_s
+        self.discover, self.on_wait = discover, on_wait
+        self.names: dict[str, str] = {}  # address -> pod, for messages
+        self.expected: int | None = None  # the version every rollout of the pool serves (update, join)
+        self.faults = FaultCounts()
+        self._dropped: set[str] = set()  # dropped and not admitted again yet
         self._http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+        self._watch = Watch(stall_s)
 
-    def join(self, addresses: Sequence[str], version: int) -> list[str]:
-        """Adopt the rollouts now registered: newcomers (e.g. rollout-only pods scaled up) first load
-        `version`; vanished ones (their etcd lease expired) are dropped. Returns the newcomers."""
-        new = [a for a in addresses if a not in self.addresses]
-        gone = [a for a in new if self._reach(a, "/update", {"version": version}) is None]  # registered, dead
-        alive = [a for a in addresses if a not in gone]
-        if alive:
-            self.addresses = alive
-        return [a for a in new if a not in gone]
+    def like(self, addresses: Sequence[str], discover: Callable[[], dict[str, str]] | None) -> RolloutClient:
+        """Another client of the same job with the same limits (the asynchronous producer's)."""
+        return RolloutClient(addresses, self.token, stall_s=self.stall_s, unavailable_s=self.unavailable_s,
+                             discover=discover, on_wait=self.on_wait)
+
+    def name(self, address: str) -> str:
+        pod = self.names.get(address)
+        return f"pod {pod} ({address})" if pod else f"rollout {address}"
 
     def close(self) -> None:
+        self._watch.close()
         self._http.close()
 
+    # ---- membership ------------------------------------------------------------------------
+    def join(self, addresses: Sequence[str] | dict[str, str], version: int) -> list[str]:
+        """Adopt the rollouts registered and ready now: newcomers (rollout-only pods scaled up, a rollout
+        back from an engine restart) first load `version` and are admitted only if that works; vanished
+        ones (their lease expired, or not ready) are dropped. Returns the newcomers admitted."""
+        if isinstance(addresses, dict):
+            self.names.update(addresses)
+        registered = list(addresses)
+        new = [a for a in registered if a not in self.addresses]
+        failed = [a for a in new if self._reach(a, "/update", {"version": version}) is None]
+        admitted = [a for a in new if a not in failed]
+        alive = [a for a in registered if a not in failed]
+        if alive:
+            self.addresses = alive
+        back = [a for a in admitted if a in self._dropped]
+        if back:
+            log.warning("admitted again at version %d: %s", version, ", ".join(map(self.name, back)))
+        self.faults.rejoined += len(back)
+        self._dropped -= set(admitted)
+        self.expected = version
+        return admitted
+
+    def _drop(self, dropped: Sequence[tuple[str, BaseException]]) -> None:
+        if not dropped:
+            return
+        for address, cause in dropped:
+            log.warning("%s dropped from the pool: %s", self.name(address), cause)
+            self.faults.dropped += 1
+            self.faults.causes.append(f"{self.name(address)}: {cause}")
+            self._dropped.add(address)
+        gone = {a for a, _ in dropped}
+        left = [a for a in self.addresses if a not in gone]
+        self.addresses = left or self._recover([f"{self.name(a)}: {str(c)[:160]}" for a, c in dropped])
+
+    def _recover(self, why: list[str]) -> list[str]:
+        """No healthy rollout: wait for one to be registered, ready and loaded with the expected version,
+        up to unavailable_s; then fail with one line."""
+        t = time.monotonic()
+        deadline = t + self.unavailable_s
+        reason = f"no healthy rollout ({'; '.join(why)})"
+        while True:
+            found = self.discover() if self.discover is not None else {}
+            self.names.update(found)
+            if self.expected is not None:
+                up = [a for a in found if self._reach(a, "/update", {"version": self.expected}) is not None]
+            else:
+                up = list(found)
+            if up:
+                self._dropped -= set(up)
+                self.faults.waited_s += time.monotonic() - t
+                self.faults.rejoined += len(up)
+                log.warning("rollouts back after %.0fs: %s", time.monotonic() - t, ", ".join(map(self.name, up)))
+                return up
+            if time.monotonic() >= deadline:
+                raise RolloutError(f"{reason}; none came back within {self.unavailable_s:.0f}s "
+                                   "(failurePolicy.rolloutUnavailableSeconds)")
+            if self.on_wait is not None:
+                self.on_wait(f"waiting for a healthy rollout ({time.monotonic() - t:.0f}s of "
+                             f"{self.unavailable_s:.0f}s): {reason}")
+            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+
+    # ---- calls -----------------------------------------------------------------------------
     def _call(self, address: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """POST, watched for progress; a typed error (rollout_health) for anything but an answer."""
         url = f"http://{address}{path}"
         for attempt in range(2):
             try:
-                r = self._http.post(url, json=body or {})
+                r = self._watch.watched(address, lambda: self._http.post(url, json=body or {}))
                 break
             except httpx.TimeoutException as e:  # the rollout may still be working: not tried again
                 raise RolloutGone(f"{url}: {e!r}") from e
@@ -73,39 +176,42 @@ class RolloutClient:
             except httpx.HTTPError as e:
                 raise RolloutError(f"{url}: {e}") from e
         if r.status_code >= 400:
-            raise RolloutError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
+            raise classify(url, path, r.status_code, r.text[:500])
         out: dict[str, Any] = r.json()
         return out
 
     def _reach(self, address: str, path: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The answer, or None when the rollout is gone."""
+        """The answer, or None when the rollout is unhealthy (logged)."""
         try:
             return self._call(address, path, body)
-        except RolloutGone as e:
-            log.warning("rollout %s is unreachable, dropped from this client: %s", address, e)
+        except RolloutUnhealthy as e:
+            log.warning("%s: %s", self.name(address), e)
             return None
-
-    def _drop(self, gone: Sequence[str]) -> None:
-        if not gone:
-            return
-        left = [a for a in self.addresses if a not in gone]
-        if not left:
-            raise RolloutError(f"every rollout sidecar is gone (last: {', '.join(gone)})")
-        self.addresses = left
 
     def _all(self, path: str, body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         addresses = list(self.addresses)
+        failures: dict[str, BaseException] = {}
+
+        def one(a: str) -> dict[str, Any] | None:
+            try:
+                return self._call(a, path, body)
+            except RolloutUnhealthy as e:
+                failures[a] = e
+                return None
+
         with ThreadPoolExecutor(len(addresses)) as pool:
-            answers = list(pool.map(lambda a: self._reach(a, path, body), addresses))
-        self._drop([a for a, r in zip(addresses, answers, strict=True) if r is None])
+            answers = list(pool.map(one, addresses))
+        self._drop([(a, failures[a]) for a in addresses if a in failures])
         return [r for r in answers if r is not None]
 
     def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions, n: int,
-                 max_tokens: Sequence[int] | None = None) -> tuple[list[list[Completion]], set[int | None]]:
+                 max_tokens: Sequence[int] | None = None, *, expect: int | None = None
+                 ) -> tuple[list[list[Completion]], set[int | None]]:
         """n completions per prompt, spread over the rollouts in contiguous slices of prompts.
 
-        `max_tokens` (one per prompt) overrides `options.max_tokens` per prompt. Also returns the
-        weight versions the rollouts generated with (one, when all are in sync).
+        `max_tokens` (one per prompt) overrides `options.max_tokens` per prompt; `expect`: the version the
+        completions must come from (a rollout answering with another is stale: dropped, its slice re-sent).
+        Also returns the weight versions the rollouts generated with (one, when all are in sync).
         """
         def options_at(a: int) -> dict[str, Any]:  # each slice its own seed: rollouts' first prompts draw apart
             seed = None if options.seed is None else slice_seed(options.seed, a)
@@ -114,10 +220,10 @@ class RolloutClient:
         return self._spread("/v1/generate", 0, len(prompts), lambda a, b: {
             "options": options_at(a), "n": n, "prompts": list(prompts[a:b]),
             "max_tokens": None if max_tokens is None else list(max_tokens[a:b])},
-            lambda part: [[Completion.model_validate(c) for c in group] for group in part["completions"]])
+            lambda part: [[Completion.model_validate(c) for c in group] for group in part["completions"]], expect)
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
-                     data: Sequence[dict[str, Any]] | None = None
+                     data: Sequence[dict[str, Any]] | None = None, *, expect: int | None = None
                      ) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
         """n multi-turn trajectories per row of chat messages (the rollouts' `/v1/trajectories`), spread over
         the rollouts as `generate` spreads prompts; `data`: each row's dataset fields, for the environment.
@@ -125,28 +231,41 @@ class RolloutClient:
         body = {"options": options.model_dump(), "n": n}
         return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: {
             **body, "rows": list(rows[a:b]), "data": None if data is None else list(data[a:b])},
-            lambda part: list(part["trajectories"]))
+            lambda part: list(part["trajectories"]), expect)
 
     def _spread(self, path: str, lo: int, hi: int, body: Callable[[int, int], dict[str, Any]],
-                take: Callable[[dict[str, Any]], list[T]]) -> tuple[list[T], set[int | None]]:
+                take: Callable[[dict[str, Any]], list[T]], expect: int | None) -> tuple[list[T], set[int | None]]:
         """Items lo..hi-1 in contiguous slices, one request per rollout (`body(a, b)` of its slice); the
-        results in order, and the weight versions the rollouts report. A rollout that is gone is dropped
-        and its slice goes to the others, in place."""
+        results in order, and the weight versions the rollouts report. A rollout that is unhealthy or stale
+        is dropped and its slice goes to the others, in place."""
         addresses = list(self.addresses)
         k = len(addresses)
         cuts = [(lo + i * (hi - lo) // k, lo + (i + 1) * (hi - lo) // k) for i in range(k)]
+        failures: dict[str, BaseException] = {}
 
         def call(address: str, cut: tuple[int, int]) -> dict[str, Any] | None:
-            return self._reach(address, path, body(*cut)) if cut[1] > cut[0] else {}
+            if cut[1] <= cut[0]:
+                return {}
+            try:
+                part = self._call(address, path, body(*cut))
+            except RolloutUnhealthy as e:
+                failures[address] = e
+                return None
+            got = part.get("version")
+            if expect is not None and got is not None and got != expect:
+                failures[address] = RolloutStale(f"answered with version {got}, not {expect}")
+                return None
+            return part
 
         with ThreadPoolExecutor(k) as pool:
             parts = list(pool.map(call, addresses, cuts))
-        self._drop([a for a, part in zip(addresses, parts, strict=True) if part is None])
+        self._drop([(a, failures[a]) for a in addresses if a in failures])
         out: list[T] = []
         versions: set[int | None] = set()
         for part, (a, b) in zip(parts, cuts, strict=True):
-            if part is None:  # that rollout is gone: the others take its slice
-                more, seen = self._spread(path, a, b, body, take)
+            if part is None:  # that rollout is out: the others take its slice
+                self.faults.resent += b - a
+                more, seen = self._spread(path, a, b, body, take, expect)
                 out += more
                 versions |= seen
             elif b > a:
@@ -155,9 +274,11 @@ class RolloutClient:
         return out, versions
 
     def update(self, version: int) -> float:
-        """Load `version` in every rollout; returns the slowest rollout's seconds."""
+        """Load `version` in every rollout (one that fails is dropped until it catches up: `join`);
+        returns the slowest rollout's seconds."""
         t = time.perf_counter()
         self._all("/update", {"version": version})
+        self.expected = version
         return time.perf_counter() - t
 
     def start(self, model_dir: str, dummy: bool = True) -> None:

@@ -145,7 +145,7 @@ def trajectory_groups(group_size: int) -> Generate:
     def generate(rollouts: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
                  version: int) -> tuple[list[Group], set[int | None]]:
         outs, versions = rollouts.trajectories([p.chat for p in prompts], options, n=group_size,
-                                               data=[p.fields for p in prompts])
+                                               data=[p.fields for p in prompts], expect=version)
         v = one_version(versions, version)
         groups = []
         for prompt, trajectories in zip(prompts, outs, strict=True):
@@ -185,7 +185,7 @@ class PartialSource(SyncSource):
         opts = options.model_copy(update={"seed": None})
 
         def generate(inputs: list[str | list[int]], limits: list[int]) -> tuple[list[Completion], int]:
-            groups, versions = self.rollouts.generate(inputs, opts, n=1, max_tokens=limits)
+            groups, versions = self.rollouts.generate(inputs, opts, n=1, max_tokens=limits, expect=version)
             return [g[0] for g in groups], one_version(versions, version)
 
         prompts = self.requeue + self.dataset.batch(iteration, self.spec.rollout.prompts_per_iteration)
@@ -290,7 +290,10 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
     first = resumed.next_batch if resumed is not None and resumed.next_batch is not None else first_iteration
     options = SamplingOptions(temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                               max_tokens=spec.rollout.max_tokens)
-    producer = AsyncRollouts(RolloutClient(only + hybrid if shared else only, token),
+    def discover() -> dict[str, str]:
+        return resume.rollout_pods(registry, generation, rollout_only=None if shared else True)
+
+    producer = AsyncRollouts(rollouts.like(only + hybrid if shared else only, discover),
                              lambda b: dataset.batch(b, spec.rollout.prompts_per_iteration),
                              options, group_size=spec.algorithm.group_size,
                              max_staleness=spec.algorithm.max_staleness, first_batch=first, version=version,

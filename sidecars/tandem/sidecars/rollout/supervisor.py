@@ -1,0 +1,118 @@
+"""The rollout sidecar's supervisor: its vLLM engine dies, hangs or fails a reload, and it serves again.
+
+Role: a thread beside the rollout's HTTP server that looks at the engine every second:
+- **died** (an engine process gone: OOM kill, Xid error, kill -9) while idle: the engine is marked
+  FAILED (a call in progress finds the death itself, `RolloutEngine.generate`);
+- **hung** (a call into vLLM open for failurePolicy.rolloutStallSeconds: `StepWatch`): its processes are
+  killed (`RolloutEngine.kill`), so the hung call fails and frees the engine;
+- **FAILED** (any of those, or a reload that failed half-way): it says so (a warning naming the cause,
+  /health 503 so the pod is not ready, `ready: false` in its etcd endpoint so the driver admits it no
+  more), starts a new engine, loads the newest version (from the pod's shared memory, else pulled from a
+  holder: `PodRolloutEngine.update`) and serves again (`ready: true`; the driver re-admits it at the
+  version it trains, `RolloutClient.join`).
+A restart that fails is tried again after a backoff; after MAX_FAILED_RESTARTS in a row the supervisor gives
+up and the sidecar exits with one line naming the cause: the kubelet (native sidecar, restartPolicy
+Always) or `tandem run` starts the container again, and the operator replaces a rollout-only pod. An engine
+stopped on purpose (betweenRollouts: terminate) is left alone. Caller: `tandem.sidecars.rollout.__main__`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.models import Phase
+from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+
+log = logging.getLogger(__name__)
+POLL_S = 1.0
+MAX_FAILED_RESTARTS = 5  # in a row; then the sidecar exits and its container or pod is replaced
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class GaveUp(RuntimeError):
+    """The engine could not be started again MAX_FAILED_RESTARTS times in a row."""
+
+
+@dataclass
+class EngineSupervisor:
+    engine: RolloutEngine
+    model_dir: str
+    stall_s: float
+    ready: Callable[[bool], None] = field(default=lambda _: None)  # the endpoint's readiness in etcd
+    has_version: Callable[[], bool] = field(default=lambda: True)  # a version is registered to load
+    failed_restarts: int = 0
+    gave_up: str | None = None
+
+    def check(self) -> None:
+        """One look at the engine: kill a hung one, restart a FAILED one. Raises GaveUp."""
+        engine = self.engine
+        stalled = engine.watch.stalled()
+        if stalled is not None and stalled[1] > self.stall_s and engine.killed_for is None:
+            what, seconds = stalled
+            engine.kill(f"vLLM hung: its {what} made no progress for {seconds:.0f}s "
+                        f"(failurePolicy.rolloutStallSeconds {self.stall_s:.0f})")
+        engine.check_alive()
+        if engine.phase == Phase.FAILED:
+            self.restart()
+
+    def restart(self) -> None:
+        engine = self.engine
+        cause = engine.error or "unknown"
+        log.warning("vLLM engine failed (%s): restarting it (restart %d)", cause, engine.restarts + 1)
+        engine.recovering = True
+        self.ready(False)
+        t = time.monotonic()
+        try:
+            engine.start(self.model_dir, dummy=True)
+            if self.has_version():
+                engine.update(None)
+        except errors.CheckpointEngineError as e:
+            self._failed(cause, e)
+            return
+        except Exception as e:  # noqa: BLE001 - vLLM raises what it raises; the engine stays FAILED
+            self._failed(cause, e)
+            return
+        engine.restarts += 1
+        self.failed_restarts = 0
+        engine.recovering = False
+        self.ready(True)
+        log.warning("vLLM engine restarted in %.1fs at version %s (restart %d; it had failed: %s)",
+                    time.monotonic() - t, engine.version, engine.restarts, cause)
+
+    def _failed(self, cause: str, e: BaseException) -> None:
+        self.failed_restarts += 1
+        if self.engine.phase != Phase.FAILED:  # started, then the load failed: start again from scratch
+            try:
+                self.engine.terminate()
+            except Exception as stop_error:  # noqa: BLE001
+                log.warning("terminating the engine after a failed restart: %s", stop_error)
+            self.engine.mark_failed(f"restart failed: {e}")
+        if self.failed_restarts >= MAX_FAILED_RESTARTS:
+            self.gave_up = (f"vLLM engine could not be restarted ({self.failed_restarts} tries; last: {e}; "
+                            f"it had failed: {cause})")
+            raise GaveUp(self.gave_up)
+        pause = BACKOFF_S[min(self.failed_restarts, len(BACKOFF_S)) - 1]
+        log.warning("restarting the vLLM engine failed (%s); trying again in %.0fs", e, pause)
+        time.sleep(pause)
+
+    def run(self, stop: threading.Event, on_give_up: Callable[[str], None]) -> threading.Thread:
+        """A daemon thread checking every POLL_S until `stop`; `on_give_up(reason)` when it gives up."""
+
+        def loop() -> None:
+            while not stop.wait(POLL_S):
+                try:
+                    self.check()
+                except GaveUp as e:
+                    on_give_up(str(e))
+                    return
+                except Exception as e:  # noqa: BLE001 - a supervisor that dies would leave a dead engine behind
+                    log.exception("engine supervisor: %s", e)
+
+        thread = threading.Thread(target=loop, name="engine-supervisor", daemon=True)
+        thread.start()
+        return thread
