@@ -8,4 +8,12 @@ export PATH="$venv/bin:$PATH"
 echo "== ruff";          ruff check operator sidecars spec checkpoint_engine tests bench
 echo "== mypy --strict"; mypy
 echo "== import-linter"; lint-imports
-echo "== pytest";        python -m pytest "$@"
+# two workers (TANDEM_TEST_WORKERS): end-to-end runs mostly wait on process start-up and I/O; tests/conftest.py
+# keeps together what must not run side by side and prints each test directory's seconds at the end
+workers=${TANDEM_TEST_WORKERS:-2}
+echo "== pytest ($workers workers)"
+if [[ $workers -gt 1 ]]; then
+  python -m pytest -n "$workers" --dist loadgroup "$@"
+else
+  python -m pytest "$@"
+fi

@@ -1,7 +1,17 @@
-"""Session-wide fixtures shared by every test folder: a real etcd server and free ports.
+"""Session-wide fixtures shared by every test folder (a real etcd server, free ports), how the suite is
+split between two workers, and its time per directory.
 
 Heavier shared fixtures live beside their users (tests/operator/conftest.py starts the Kubernetes
 control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per session).
+
+`make test` runs pytest with two workers (pytest-xdist, `--dist loadgroup`): the end-to-end runs mostly wait
+on process start-up and I/O, so two of them side by side take little more than one. `group_of` keeps
+together what must not run side by side: every test of the Kubernetes control plane (one per session), the
+code sandbox's tests (they count the processes of the sandbox's uid machine-wide), the checkpoint engine's
+(one shared vLLM engine), and the end-to-end runs that take most memory (HEAVY: three vLLM engines or the
+pretrained model; two of those side by side would not fit in 24 GiB). Every other end-to-end file is a group
+of its own. At the end, each test directory's summed seconds and the run's wall time are printed
+(README: the suite's budget).
 """
 
 from __future__ import annotations
@@ -9,8 +19,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +49,49 @@ def etcd_server() -> Iterator[EtcdServer]:
     yield server
     server.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+SANDBOX = ("tests/rewards/", "tests/envs/", "tests/e2e/test_multiturn_run.py")
+HEAVY = ("tests/e2e/test_rollout_faults.py", "tests/e2e/test_pretrained.py", "tests/e2e/test_two_pods.py",
+         "tests/e2e/test_hf_engine_run.py")
+STARTED = time.monotonic()
+
+
+def group_of(item: pytest.Item) -> str:
+    """The xdist group of a test (see the module docstring)."""
+    path = item.nodeid.split("::", 1)[0]
+    if item.get_closest_marker("k8s") is not None:
+        return "k8s"
+    if path.startswith(SANDBOX):
+        return "sandbox"
+    if path.startswith(HEAVY):
+        return "heavy"
+    if path.startswith("tests/e2e/"):
+        return path
+    return "/".join(path.split("/")[:2])  # tests/<dir>: its session fixtures started once
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Seconds per test directory (setup, call and teardown summed, over every worker) and the wall time."""
+    per_dir: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            nodeid, duration = getattr(r, "nodeid", ""), getattr(r, "duration", None)
+            if not nodeid or duration is None:
+                continue
+            folder = "/".join(nodeid.split("::", 1)[0].split("@", 1)[0].split("/")[:2])
+            per_dir[folder] += float(duration)
+            counts[folder] += getattr(r, "when", "") == "call"
+    if not per_dir:
+        return
+    terminalreporter.write_sep("=", "seconds per test directory (summed over workers)")
+    for folder, seconds in sorted(per_dir.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.0f} s  {counts[folder]:5d} tests  {folder}")
+    terminalreporter.write_line(f"{sum(per_dir.values()):8.0f} s  in all; wall time {time.monotonic() - STARTED:.0f} s")

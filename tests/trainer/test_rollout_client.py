@@ -133,7 +133,8 @@ def test_a_rollout_whose_engine_failed_is_dropped_and_its_prompts_resent(rollout
     assert texts(groups) == PROMPTS and versions == {7}
     assert client.addresses == [rollouts[0].address, rollouts[2].address]
     faults = client.faults.take()
-    assert faults["rollouts_dropped"] == 1 and faults["prompts_resent"] == 2 and "HTTP 503" in faults["rollout_faults"][0]
+    assert faults["rollouts_dropped"] == 1 and faults["prompts_resent"] == 2
+    assert "HTTP 503" in faults["rollout_faults"][0]
     assert client.faults.take()["rollouts_dropped"] == 0  # counted once
 
 

@@ -176,7 +176,7 @@ def create_app(core: Core, token: str | None = None, registry: CollectorRegistry
         st = core.status()
         serving = st.phase != Phase.FAILED and not getattr(core, "recovering", False)
         body = {"ok": serving, "phase": st.phase.value, "version": st.version, "steps": st.steps,
-                "stalledS": round(st.stalled_s, 3), "restarts": st.restarts, "error": st.error}
+                "stalledS": round(st.stalled_s, 3), "busy": st.busy, "restarts": st.restarts, "error": st.error}
         return JSONResponse(status_code=200 if serving else 503, content=body)
 
     scraped = metrics.engine_registry(core, registry)

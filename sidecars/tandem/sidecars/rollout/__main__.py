@@ -151,7 +151,8 @@ def main() -> int:
         registry.put_json(endpoint, record, lease=True)
         keep_advertised(registry, advertise, stopping)  # again after a lost lease
         supervisor = EngineSupervisor(engine, spec.model.path, float(spec.failure_policy.rollout_stall_seconds),
-                                      ready=ready, has_version=lambda: registry.latest() is not None)
+                                      ready=ready, has_version=lambda: registry.latest() is not None,
+                                      cpu_progress=spec.gpus_per_pod == 0)
         supervisor.run(stopping, give_up)
         wait_until_stopped(server, thread)
     finally:

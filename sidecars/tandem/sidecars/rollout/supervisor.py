@@ -1,10 +1,13 @@
 """The rollout sidecar's supervisor: its vLLM engine dies, hangs or fails a reload, and it serves again.
 
 Role: a thread beside the rollout's HTTP server that looks at the engine every second:
-- **died** (an engine process gone: OOM kill, Xid error, kill -9) while idle: the engine is marked
-  FAILED (a call in progress finds the death itself, `RolloutEngine.generate`);
-- **hung** (a call into vLLM open for failurePolicy.rolloutStallSeconds: `StepWatch`): its processes are
-  killed (`RolloutEngine.kill`), so the hung call fails and frees the engine;
+- **died** (an engine process gone: OOM kill, Xid error, kill -9): while idle, the engine is marked FAILED;
+  during a call, the rest of its processes are killed and the call, which vLLM's client would leave
+  waiting forever, is failed (`RolloutEngine.release_waiters`), so the engine goes FAILED;
+- **hung** (a call into vLLM open for failurePolicy.rolloutStallSeconds without progress: `StepWatch`; on CPU
+  its processes computing count as progress, so a slow step on a loaded machine is not a hang, a stopped or
+  deadlocked engine is): its processes are killed (`RolloutEngine.kill`), so the hung call fails and frees
+  the engine;
 - **FAILED** (any of those, or a reload that failed half-way): it says so (a warning naming the cause,
   /health 503 so the pod is not ready, `ready: false` in its etcd endpoint so the driver admits it no
   more), starts a new engine, loads the newest version (from the pod's shared memory, else pulled from a
@@ -45,17 +48,41 @@ class EngineSupervisor:
     stall_s: float
     ready: Callable[[bool], None] = field(default=lambda _: None)  # the endpoint's readiness in etcd
     has_version: Callable[[], bool] = field(default=lambda: True)  # a version is registered to load
+    cpu_progress: bool = True  # count the engine's processes computing as progress (CPU engines; not on GPUs)
     failed_restarts: int = 0
     gave_up: str | None = None
+    _sign: float = 0.0
+
+    def _computed(self) -> bool:
+        """True when vLLM's processes showed any sign of life since the last look: CPU time or context
+        switches (a slow step on a loaded machine computes; one waiting on a disk busy with other work
+        switches). A stopped or deadlocked engine does neither."""
+        sign = 0.0
+        for p in self.engine.procs.alive():
+            try:
+                t, c = p.cpu_times(), p.num_ctx_switches()
+                sign += t.user + t.system + c.voluntary + c.involuntary
+            except Exception:  # noqa: BLE001, S112 - gone meanwhile
+                continue
+        alive = sign != self._sign
+        self._sign = sign
+        return alive
 
     def check(self) -> None:
         """One look at the engine: kill a hung one, restart a FAILED one. Raises GaveUp."""
         engine = self.engine
+        if self.cpu_progress and self._computed():
+            engine.watch.progress()
         stalled = engine.watch.stalled()
         if stalled is not None and stalled[1] > self.stall_s and engine.killed_for is None:
             what, seconds = stalled
             engine.kill(f"vLLM hung: its {what} made no progress for {seconds:.0f}s "
                         f"(failurePolicy.rolloutStallSeconds {self.stall_s:.0f})")
+        if stalled is not None and engine.procs.any_dead():  # died under a call: it would wait forever
+            if engine.killed_for is None:
+                engine.kill(f"a vLLM process died during its {stalled[0]}")  # the rest of it, at once
+            if engine.procs.any_dead() and not engine.procs.alive():
+                engine.release_waiters()
         engine.check_alive()
         if engine.phase == Phase.FAILED:
             self.restart()

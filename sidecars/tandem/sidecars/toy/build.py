@@ -18,6 +18,7 @@ swapped in, so an interrupted build never looks complete. Callers: `python -m ta
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -101,18 +102,24 @@ def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 300, th
     if cached is not None:
         return _paths(root, cached)
     root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
-    try:
-        metrics = _build_into(staging, p, threads)
-        (staging / MANIFEST).write_text(json.dumps(
-            {"builder": BUILDER_VERSION, "params": wanted, "metrics": metrics}, indent=2))
-        if root.exists():
-            old = root.with_name(f".{root.name}.old-{os.getpid()}")
-            root.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        staging.rename(root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # one builder at a time (tests side by side, two runs): the second finds the first's build complete
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _complete(root, wanted)
+        if cached is not None:
+            return _paths(root, cached)
+        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+        try:
+            metrics = _build_into(staging, p, threads)
+            (staging / MANIFEST).write_text(json.dumps(
+                {"builder": BUILDER_VERSION, "params": wanted, "metrics": metrics}, indent=2))
+            if root.exists():
+                old = root.with_name(f".{root.name}.old-{os.getpid()}")
+                root.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            staging.rename(root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return _paths(root, metrics)
 
 

@@ -53,8 +53,8 @@ class FaultCounts:
     causes: list[str] = field(default_factory=list)
 
     def take(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rollouts_dropped": self.dropped, "prompts_resent": self.resent, "rollouts_rejoined": self.rejoined,
-               "rollouts_unavailable_s": round(self.waited_s, 3)}
+        out: dict[str, Any] = {"rollouts_dropped": self.dropped, "prompts_resent": self.resent,
+                               "rollouts_rejoined": self.rejoined, "rollouts_unavailable_s": round(self.waited_s, 3)}
         if self.causes:
             out["rollout_faults"] = list(self.causes[-8:])
         self.dropped = self.resent = self.rejoined = 0

@@ -1,0 +1,271 @@
+"""Chaos benchmark: a job whose rollout engines are killed and hung, against the same job undisturbed.
+
+The toy job (examples/tiny-grpo.yaml's task: the toy Qwen2 built by `python -m tandem.sidecars.toy`) on one
+hybrid pod and two rollout-only pods, run by `tandem run` twice with the same spec.seed: undisturbed, then
+disturbed by `Chaos`: every `--kill-every` iterations kill -9 of a rollout-only pod's vLLM engine core (its
+sidecar restarts the engine; the driver re-sends what it had not finished), and once a stop (SIGSTOP) of the
+other rollout-only pod's engine for `--hang-seconds` (a hung GPU: its sidecar kills it after
+failurePolicy.rolloutStallSeconds). Reported: iterations completed, wall time of each run and their ratio,
+reward per iteration side by side, engine restarts, rollouts dropped and re-admitted, prompts re-sent.
+Target (issue): every iteration completes with no restart of the job, and the disturbed run takes at most
+1.25x the undisturbed one at one kill per five iterations. `python bench/chaos.py --help`.
+
+`Chaos` is also the injector of tests/e2e/test_rollout_faults.py: it finds a rollout sidecar by its pod's
+environment (TANDEM_POD) under a run directory, its vLLM engine core and workers as its children (their
+titles say VLLM::EngineCore / VLLM::Worker; their environ no longer shows the pod's variables), and reads
+the sidecar's GET /health (busy: the call into vLLM now open; restarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
+WAIT_S = 600.0
+
+
+class Chaos:
+    def __init__(self, run_dir: Path, job: str) -> None:
+        self.run_dir, self.job = run_dir, job
+        self.log: list[str] = []
+
+    # ---- what the run did ------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_rows(self, n: int, stop: threading.Event) -> None:
+        self._until(lambda: len(self.rows()) >= n, stop, f"{n} iterations")
+
+    # ---- finding a rollout's processes -----------------------------------------------------------
+    def sidecar(self, pod: str) -> psutil.Process:
+        mark = f"TANDEM_POD={pod}".encode()
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "tandem.sidecars.rollout" in " ".join(p.info["cmdline"] or []) and \
+                        mark in Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0"):
+                    return p
+            except (OSError, psutil.Error):
+                continue
+        raise LookupError(f"no rollout sidecar of pod {pod}")
+
+    def engine(self, pod: str) -> tuple[psutil.Process | None, list[psutil.Process]]:
+        """(vLLM's engine core, it and its workers) under pod's rollout sidecar."""
+        procs = []
+        for p in self.sidecar(pod).children(recursive=True):
+            try:
+                title = " ".join(p.cmdline()) + " " + p.name()
+            except psutil.Error:
+                continue
+            if "VLLM" in title and p.status() != psutil.STATUS_ZOMBIE:
+                procs.append(p)
+        core = next((p for p in procs if "EngineCore" in " ".join(p.cmdline()) + p.name()), None)
+        return core, procs
+
+    def health(self, pod: str) -> dict[str, Any] | None:
+        env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{self.sidecar(pod).pid}/environ").read_bytes()
+                   .split(b"\0") if b"=" in kv)
+        try:
+            out: dict[str, Any] = httpx.get(f"http://127.0.0.1:{int(env[b'TANDEM_CE_PORT'])}/health", timeout=5).json()
+            return out
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    # ---- faults -----------------------------------------------------------------------------------
+    def kill(self, pod: str) -> str:
+        """kill -9 of the engine core (its worker is orphaned, as an OOM kill leaves it)."""
+        core, _ = self.engine(pod)
+        if core is None:
+            return "no engine"
+        core.send_signal(signal.SIGKILL)
+        self._say(f"kill -9 {pod} engine core {core.pid}")
+        return "killed"
+
+    def stop_then_kill(self, pod: str, stop: threading.Event) -> str:
+        """SIGSTOP the engine, wait until a call into it is open (the driver's next update or generate),
+        kill -9 its engine core: killed mid-call. Returns the call (`busy`)."""
+        core, procs = self._wait_engine(pod, stop)
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        busy: list[str] = []
+
+        def open_call() -> bool:
+            h = self.health(pod)
+            if h and h.get("busy"):
+                busy.append(str(h["busy"]))
+            return bool(busy)
+
+        self._until(open_call, stop, f"a call into {pod}'s stopped engine", poll=0.05)
+        core.send_signal(signal.SIGKILL)
+        self._say(f"{pod}: engine stopped, kill -9 of its core {core.pid} during its {busy[0]}")
+        return busy[0]
+
+    def kill_mid_step(self, pod: str, stop: threading.Event) -> str:
+        """kill -9 of the engine core while a generation step is open (polled every 10 ms)."""
+        core, _ = self._wait_engine(pod, stop)
+        self._until(lambda: (self.health(pod) or {}).get("busy") == "step", stop, f"{pod} generating", poll=0.01)
+        core.send_signal(signal.SIGKILL)
+        self._say(f"{pod}: kill -9 of its engine core {core.pid} mid-generate")
+        return "step"
+
+    def hang(self, pod: str, seconds: float, stop: threading.Event) -> str:
+        """SIGSTOP the engine core and workers for `seconds` (or until they are gone: killed as hung)."""
+        _, procs = self._wait_engine(pod, stop)
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        self._say(f"{pod}: engine stopped (SIGSTOP) for up to {seconds:.0f}s")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not stop.is_set() and any(_alive(p) for p in procs):
+            time.sleep(0.2)
+        for p in procs:
+            if _alive(p):
+                p.send_signal(signal.SIGCONT)
+        return "hung"
+
+    def wait_restarted(self, pod: str, restarts: int, stop: threading.Event) -> None:
+        self._until(lambda: (h := self.health(pod)) is not None and h.get("ok") and h.get("restarts", 0) >= restarts,
+                    stop, f"{pod}'s engine restarted {restarts} times")
+
+    def _wait_engine(self, pod: str, stop: threading.Event) -> tuple[psutil.Process, list[psutil.Process]]:
+        found: list[tuple[psutil.Process, list[psutil.Process]]] = []
+
+        def ready() -> bool:
+            h = self.health(pod)
+            core, procs = self.engine(pod)
+            if h and h.get("ok") and core is not None:
+                found.append((core, procs))
+            return bool(found)
+
+        self._until(ready, stop, f"{pod}'s engine serving")
+        return found[0]
+
+    def _until(self, cond: Any, stop: threading.Event, what: str, poll: float = 0.2) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not cond():
+            if stop.is_set():
+                raise RuntimeError(f"the run ended before {what}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} within {WAIT_S:.0f}s")
+            time.sleep(poll)
+
+    def _say(self, line: str) -> None:
+        self.log.append(f"{time.strftime('%H:%M:%S')} {line}")
+        print(f"[chaos] {line}", flush=True)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# ---- the benchmark -------------------------------------------------------------------------------------
+def job_file(toy: Path, out: Path, name: str, iterations: int, stall: int) -> Path:
+    job: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-grpo.yaml").read_text())
+    job["metadata"]["name"] = name
+    job["spec"]["model"]["path"] = str(toy / "model")
+    job["spec"]["dataset"]["path"] = str(toy / "train.jsonl")
+    job["spec"]["algorithm"]["iterations"] = iterations
+    job["spec"]["rolloutOnlyReplicas"] = 2
+    job["spec"]["seed"] = 1
+    job["spec"]["failurePolicy"].update(rolloutStallSeconds=stall)
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def run(job: Path, workdir: Path, name: str, disturb: Any = None) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
+    t = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = threading.Event()
+    chaos = Chaos(workdir / name, name)
+    thread = None
+    if disturb is not None:
+        thread = threading.Thread(target=disturb, args=(chaos, done), daemon=True)
+        thread.start()
+    rc = proc.wait()
+    done.set()
+    if thread is not None:
+        thread.join(30)
+    rows = chaos.rows()
+    logs = workdir / name / "logs"
+    restarts = sum(p.read_text().count("vLLM engine restarted") for p in logs.glob("*-rollout.log"))
+    return {"rc": rc, "seconds": time.monotonic() - t, "iterations": len(rows),
+            "reward": [r["reward_mean"] for r in rows], "restarts": restarts,
+            "dropped": sum(r.get("rollouts_dropped", 0) for r in rows),
+            "rejoined": sum(r.get("rollouts_rejoined", 0) for r in rows),
+            "resent": sum(r.get("prompts_resent", 0) for r in rows), "faults": chaos.log}
+
+
+def disturber(name: str, kill_every: int, hang_s: float) -> Any:
+    def disturb(chaos: Chaos, done: threading.Event) -> None:
+        try:
+            n, hung = kill_every, False
+            while not done.is_set():
+                chaos.wait_rows(n, done)
+                chaos.kill(f"{name}-1")
+                if not hung:
+                    hung = True
+                    threading.Thread(target=chaos.hang, args=(f"{name}-2", hang_s, done), daemon=True).start()
+                n += kill_every
+        except (RuntimeError, LookupError):
+            return  # the run ended
+
+    return disturb
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--kill-every", type=int, default=5, help="iterations between two kills")
+    ap.add_argument("--hang-seconds", type=float, default=60.0)
+    ap.add_argument("--stall-seconds", type=int, default=20, help="failurePolicy.rolloutStallSeconds")
+    ap.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench" / "chaos")
+    args = ap.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    sys.path[:0] = [str(ROOT / r) for r in ROOTS]
+    from tandem.sidecars.toy.build import build_toy
+
+    toy = build_toy(args.dir / "toy", seed=0, warmup_steps=40, max_operand=10).root
+    results = {}
+    for name, disturb in (("chaos-calm", None),
+                          ("chaos-faults", disturber("chaos-faults", args.kill_every, args.hang_seconds))):
+        job = job_file(toy, args.dir, name, args.iterations, args.stall_seconds)
+        print(f"running {name} ...", flush=True)
+        results[name] = run(job, args.dir / "runs", name, disturb)
+        print(json.dumps({k: v for k, v in results[name].items() if k != "reward"}), flush=True)
+    calm, hit = results["chaos-calm"], results["chaos-faults"]
+    print(f"\niterations: calm {calm['iterations']}/{args.iterations} (rc {calm['rc']}), "
+          f"disturbed {hit['iterations']}/{args.iterations} (rc {hit['rc']})")
+    ratio = hit["seconds"] / calm["seconds"]
+    print(f"wall: calm {calm['seconds']:.0f}s, disturbed {hit['seconds']:.0f}s, ratio {ratio:.2f}x")
+    print(f"disturbed: engine restarts {hit['restarts']}, rollouts dropped {hit['dropped']}, re-admitted "
+          f"{hit['rejoined']}, prompts re-sent {hit['resent']}")
+    print("reward per iteration (calm | disturbed):")
+    for i, (a, b) in enumerate(zip(calm["reward"], hit["reward"], strict=False)):
+        print(f"  {i:3d}  {a:.3f} | {b:.3f}")
+    (args.dir / "chaos.json").write_text(json.dumps(results, indent=1))
+    return 0 if hit["iterations"] == args.iterations and hit["rc"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
