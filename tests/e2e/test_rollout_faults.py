@@ -1,18 +1,19 @@
 """End to end: rollouts fail the way they do on a cluster, and the job finishes every iteration without a restart.
 
 `tandem run` of the toy job with one hybrid pod and two rollout-only pods (real etcd, three real vLLM engines,
-megatron-core), failurePolicy.rolloutStallSeconds 10. While it runs, `chaos.Chaos` (the same injector as
-bench/chaos.py) does to the rollout-only pods' vLLM processes what an OOM kill, an Xid error or a hung GPU
-does:
+megatron-core), failurePolicy.rolloutStallSeconds 10. After the first iteration, `chaos.Chaos` (the same
+injector as bench/chaos.py) does to the vLLM processes what an OOM kill, an Xid error or a hung GPU does:
 1. pod 1: its engine stopped (SIGSTOP of the engine core and its worker), then, once a call into it is open
    (an update or a generate waiting on the stopped engine), kill -9 of the engine core: killed mid-call;
-2. pod 1 again, once restarted: kill -9 of its engine core while a generation step is open (mid-generate);
-3. pod 2: its engine stopped for longer than the stall limit (a hang), SIGCONT much later.
-One run asserts what the issue's proof asks, folded: every iteration ran once, in order, with consecutive
-versions; each iteration's samples came from the version published just before it (on-policy, as the
-version check demands); the driver dropped rollouts and re-sent their prompts and re-admitted them; each
-rollout-only sidecar restarted its engine and logged why; the hung call was cut after the stall limit, not
-after the HTTP timeout; and nothing was left running or in shared memory.
+2. pod 2: kill -9 of its engine core while a generation step is open (mid-generate);
+3. pod 0 (the hybrid pod, whose trainer is untouched): its engine stopped for three stall limits (a hang).
+For a while no rollout is healthy: the driver waits for one (with the reason in its progress record) until
+the first restarted engine is back at the current version. One run asserts what the issue's proof asks,
+folded: every iteration ran once, in order, with consecutive versions; each iteration's samples came from
+the version published just before it (on-policy: the version check drops a stale rollout); the driver
+dropped the rollouts, re-sent the killed generation's prompts, waited, and re-admitted them; each sidecar
+restarted its engine and logged why; the hang was cut after the stall limit, not the HTTP timeout; no job
+restart happened; and nothing was left running or in shared memory.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 from chaos import Chaos  # noqa: E402  (bench/chaos.py: the injector the benchmark uses too)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.mark.etcd]
-ITERATIONS = 8
+ITERATIONS = 10
 STALL_S = 10
 
 
@@ -52,10 +53,8 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
         try:
             chaos.wait_rows(1, done)
             injected.append(chaos.stop_then_kill("e2e-faults-1", done))  # 1: stopped, killed mid-call
-            chaos.wait_restarted("e2e-faults-1", 1, done)
-            injected.append(chaos.kill_mid_step("e2e-faults-1", done))  # 2: mid-generate
-            chaos.wait_rows(len(chaos.rows()) + 1, done)
-            injected.append(chaos.hang("e2e-faults-2", seconds=3 * STALL_S, stop=done))  # 3: hung past the limit
+            injected.append(chaos.kill_mid_step("e2e-faults-2", done))  # 2: mid-generate
+            injected.append(chaos.hang("e2e-faults-0", seconds=3 * STALL_S, stop=done))  # 3: hung past the limit
         except BaseException as e:  # noqa: BLE001 - reported by the test
             failures.append(e)
 
@@ -67,7 +66,7 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
     assert proc.returncode == 0, out[-4000:]
     assert not failures, failures
     assert len(injected) == 3, injected
-    assert injected[1] == "step", f"the second kill landed on {injected[1]!r}, not a generation step"
+    assert injected[1:] == ["step", "hung"], injected
 
     rows = chaos.rows()
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS))  # every iteration, once, in order
@@ -79,16 +78,21 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
     dropped = sum(r.get("rollouts_dropped", 0) for r in rows)
     assert dropped >= 3, [r.get("rollout_faults") for r in rows]
     assert sum(r.get("prompts_resent", 0) for r in rows) >= 1  # the mid-generate kill's prompts went elsewhere
-    assert sum(r.get("rollouts_rejoined", 0) for r in rows) >= 2
+    assert sum(r.get("rollouts_rejoined", 0) for r in rows) >= 1
+    assert sum(r.get("rollouts_unavailable_s", 0) for r in rows) > 0  # none healthy for a while: it waited
     causes = " ".join(c for r in rows for c in r.get("rollout_faults", []))
-    assert "e2e-faults-1" in causes and "e2e-faults-2" in causes, causes
-    for pod, restarts in (("e2e-faults-1", 2), ("e2e-faults-2", 1)):
-        log = (run_dir / "logs" / f"{pod}-rollout.log").read_text()
-        assert log.count("vLLM engine restarted") >= restarts, log[-3000:]
-    hang_log = (run_dir / "logs" / "e2e-faults-2-rollout.log").read_text()
-    assert "vLLM hung: its" in hang_log and "made no progress" in hang_log
-    assert "survived SIGKILL" not in out + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
-    assert "restarting" not in out.lower() or "gang" not in out.lower()
+    assert all(f"e2e-faults-{i}" in causes for i in range(3)), causes
+    logs = {i: (run_dir / "logs" / f"e2e-faults-{i}-rollout.log").read_text() for i in range(3)}
+    for log in logs.values():
+        assert "vLLM engine failed (" in log, log[-3000:]
+    assert sum(log.count("vLLM engine restarted") for log in logs.values()) >= 2
+    assert "vLLM hung: its" in logs[0] and "made no progress" in logs[0]
+    assert "a vLLM process died during its step" in logs[2]
+    trainer = (run_dir / "logs" / "e2e-faults-0-trainer.log").read_text()
+    assert "waiting for a healthy rollout" in trainer
+    every_log = out + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert "survived SIGKILL" not in every_log and "Traceback" not in trainer
+    assert (run_dir / "generation").read_text() == "0"  # no restart of the job
     assert not Path("/dev/shm/tandem-default-e2e-faults").exists(), "shared memory left behind"
     assert not processes_of(runs), "processes left running"
     summary = json.dumps({"dropped": dropped, "injected": injected})

@@ -48,6 +48,7 @@ class EngineSupervisor:
     stall_s: float
     ready: Callable[[bool], None] = field(default=lambda _: None)  # the endpoint's readiness in etcd
     has_version: Callable[[], bool] = field(default=lambda: True)  # a version is registered to load
+    stopping: threading.Event = field(default_factory=threading.Event)  # set: the sidecar shuts down
     cpu_progress: bool = True  # count the engine's processes computing as progress (CPU engines; not on GPUs)
     failed_restarts: int = 0
     gave_up: str | None = None
@@ -88,6 +89,8 @@ class EngineSupervisor:
             self.restart()
 
     def restart(self) -> None:
+        if self.stopping.is_set():  # the sidecar is shutting down: nothing to serve
+            return
         engine = self.engine
         cause = engine.error or "unknown"
         log.warning("vLLM engine failed (%s): restarting it (restart %d)", cause, engine.restarts + 1)
@@ -102,6 +105,8 @@ class EngineSupervisor:
             self._failed(cause, e)
             return
         except Exception as e:  # noqa: BLE001 - vLLM raises what it raises; the engine stays FAILED
+            if self.stopping.is_set():
+                return
             self._failed(cause, e)
             return
         engine.restarts += 1
@@ -129,6 +134,8 @@ class EngineSupervisor:
 
     def run(self, stop: threading.Event, on_give_up: Callable[[str], None]) -> threading.Thread:
         """A daemon thread checking every POLL_S until `stop`; `on_give_up(reason)` when it gives up."""
+
+        self.stopping = stop
 
         def loop() -> None:
             while not stop.wait(POLL_S):
