@@ -167,7 +167,6 @@ def test_rendered_manifests_pass_server_side_dry_run(k8s: ControlPlane) -> None:
         ("create", "poddisruptionbudgets.policy", True),
         ("delete", "poddisruptionbudgets.policy", True),
         ("update", "poddisruptionbudgets.policy", False),
-        ("create", "pods/eviction", False),
     ],
 )
 def test_operator_rbac_is_least_privilege(

@@ -226,7 +226,7 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
         assert sorted(p["metadata"]["name"] for p in pods) == [f"{name}-{i}" for i in range(3)]
         wait_for(f"{name} Running", lambda n=name: phase_is(k8s, ns, n, "Running", restarts=0), 30)
 
-    fail_pod(k8s, ns, f"{names[0]}-2")  # now kill it again right after it begins a gang restart
+    fail_pod(k8s, ns, f"{names[0]}-1")  # now kill it again right after it begins a gang restart (a hybrid pod)
     wait_for("Restarting", lambda: status_of(k8s, ns, names[0]).get("restarts") == 1, 30, every=0.05)
     operator.kill()
     operator.start()

@@ -196,8 +196,9 @@ def test_lost_rollout_only_pods_are_replaced_alone_and_a_hybrid_failure_restarts
 
     fail_pod(k8s, ns, f"{name}-1")  # the kubelet evicted it: phase Failed, reason Evicted
     after = wait_for("the failed pod replaced", lambda: replaced(k8s, ns, name, first, f"{name}-1"), 60)
-    st = wait_for("Running, one replacement", lambda: phase_is(k8s, ns, name, "Running", rolloutReplacements=1), 30)
-    assert st["restarts"] == 0 and st["message"] == "3 pods running"
+    st = wait_for("Running, one replacement", lambda: phase_is(k8s, ns, name, "Running", rolloutReplacements=1,
+                                                               message="3 pods running"), 30)
+    assert st["restarts"] == 0 and st["reason"] == "PodsRunning"
     assert [after[f"{name}-{i}"] for i in (0, 2)] == [first[f"{name}-{i}"] for i in (0, 2)]  # the others untouched
     assert ("Warning", "RolloutReplaced") in wait_for("the Event", lambda: events_of(k8s, ns, name), 30)
 

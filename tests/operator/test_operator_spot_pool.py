@@ -68,7 +68,8 @@ def test_the_budget_covers_the_hybrid_pods_only_and_blocks_their_eviction() -> N
     job = JobWrapper("demo").replicas(2).rollout_only(1).job()
     pdb = disruption.build_pod_disruption_budget(job, owner_uid="uid-1")
     assert pdb["metadata"]["name"] == "demo-hybrid" and pdb["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    assert pdb["spec"]["maxUnavailable"] == 0 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["minAvailable"] == 2 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert "maxUnavailable" not in pdb["spec"]  # counted through the RLHFJob's /scale: the pool, not the gang
     selector = pdb["spec"]["selector"]["matchLabels"]
     for generation in (0, 3):
         covered = [all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())
@@ -111,16 +112,17 @@ def test_a_spot_pool_is_evicted_and_replaced_alone_while_the_budget_keeps_the_tr
         assert pods[f"{name}-1"]["spec"]["nodeName"] == node and pods[f"{name}-0"]["spec"]["nodeName"] != node
         pdb = wait_for("the budget counts the trainer pod", lambda: (b := get_json(
             cp, "pdb", f"{name}-hybrid", "-n", ns)) and (b.get("status") or {}).get("currentHealthy") == 1 and b, 60)
-        assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid and pdb["status"]["disruptionsAllowed"] == 0
+        assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert (pdb["status"]["desiredHealthy"], pdb["status"]["disruptionsAllowed"]) == (1, 0)
         before = uids(cp, ns, name)
 
         refused = evict(cp, ns, f"{name}-0")  # a drain's eviction of the trainer pod waits
         assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
         assert evict(cp, ns, f"{name}-1").returncode == 0  # the spot pod goes: replaced alone, on a spot node
         wait_for("the pool pod replaced", lambda: replaced(cp, ns, name, before, f"{name}-1"), 60)
-        st = wait_for("Running, one replacement", lambda: phase_is(cp, ns, name, "Running", rolloutReplacements=1,
-                                                                   restarts=0), 30)
-        assert st["message"] == "2 pods running" and uids(cp, ns, name)[f"{name}-0"] == before[f"{name}-0"]
+        wait_for("Running, one replacement", lambda: phase_is(cp, ns, name, "Running", rolloutReplacements=1,
+                                                              restarts=0, message="2 pods running"), 30)
+        assert uids(cp, ns, name)[f"{name}-0"] == before[f"{name}-0"]
         assert get_json(cp, "pod", f"{name}-1", "-n", ns)["spec"]["nodeName"] == node
 
         cp.kubectl("patch", "rlhfjob", name, "-n", ns, "--type=merge", "-p", '{"spec":{"podDisruptionBudget":false}}')

@@ -6,8 +6,12 @@ the budget, so the owner of a stuck drain can let it through without deleting th
 
 Why: evicting one hybrid pod kills a trainer rank, which restarts the whole gang (every pod goes,
 and without checkpointEngine.persist training starts over). So the budget covers the hybrid pods
-only, `<job>-hybrid`, with maxUnavailable 0 (whatever the replica count, across restart
-generations: the selector names the role, not the generation). Voluntary disruptions (`kubectl
+only, `<job>-hybrid`, with minAvailable = spec.replicas (immutable), an integer: across restart
+generations (the selector names the role, not the generation), no healthy hybrid pod may be evicted.
+Not maxUnavailable 0: with maxUnavailable (or a percentage) the disruption controller counts the
+expected pods through the /scale subresource of the pods' controller, and an RLHFJob's /scale is its
+rollout-only pool (spec.rolloutOnlyReplicas), the wrong number (0 for a job without a pool: every
+eviction allowed); an integer minAvailable needs no controller lookup. Voluntary disruptions (`kubectl
 drain`, the cluster autoscaler's scale-down, node upgrades that honour budgets) then wait for the
 job to end or for the field to be set false; involuntary ones (a node lost, a spot VM reclaimed)
 are not stopped by any budget and restart the gang as any failure does. unhealthyPodEvictionPolicy
@@ -41,7 +45,7 @@ def build_pod_disruption_budget(job: RLHFJob, *, owner_uid: str | None = None) -
         "kind": "PodDisruptionBudget",
         "metadata": builders.object_metadata(job, budget_name(name), owner_uid, builders.job_labels(name)),
         "spec": {
-            "maxUnavailable": 0,
+            "minAvailable": job.spec.replicas,
             "selector": {"matchLabels": {builders.LABEL_JOB: name, builders.LABEL_ROLE: builders.ROLE_HYBRID}},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },

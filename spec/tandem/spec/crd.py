@@ -128,6 +128,8 @@ def build_crd() -> dict[str, Any]:
         {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta",
          "description": "Estimated time until the last iteration"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+        {"name": "Replaced", "type": "integer", "jsonPath": ".status.rolloutReplacements", "priority": 1,
+         "description": "Rollout-only pods replaced alone"},
         {"name": "Version", "type": "integer", "jsonPath": ".status.weightVersion", "priority": 1},
         {"name": "Algorithm", "type": "string", "jsonPath": ".status.algorithm", "priority": 1,
          "description": "The algorithm as it runs, its preset expanded"},

@@ -374,7 +374,7 @@ class JobSpec(Base):
                                              "volumes, and env/envFrom/volumeMounts per container; rolloutOnly "
                                              "schedules the rollout-only pods apart (e.g. on spot nodes).")
     pod_disruption_budget: bool = Field(default=True, description="A PodDisruptionBudget `<job>-hybrid` (owned by "
-                                        "the job) with maxUnavailable 0 over the hybrid pods: a node drain or "
+                                        "the job) with minAvailable = replicas over the hybrid pods: a node drain or "
                                         "scale-down waits instead of evicting a trainer, which would restart the "
                                         "gang; pods not Ready may still be evicted (unhealthyPodEvictionPolicy "
                                         "AlwaysAllow). Set false to let drains take them (the operator deletes the "
