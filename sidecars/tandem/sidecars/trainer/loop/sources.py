@@ -219,7 +219,8 @@ class AsyncSource(SyncSource):
         return b.groups, {"batch_index": b.index, "batch_version": b.version, "wait_seconds": taken.waited,
                           "batch_generate_seconds": b.seconds,
                           "dropped_completions": sum(len(g.members) for d in taken.dropped for g in d.groups),
-                          "wasted_tokens": sum(g.tokens for d in taken.dropped for g in d.groups)}
+                          "wasted_tokens": sum(g.tokens for d in taken.dropped for g in d.groups),
+                          **{f"producer_{k}": v for k, v in self.producer.client.faults.take().items()}}
 
     def record(self, version: int) -> inflight.Inflight:
         return inflight.Inflight(version, next_batch=self.producer.next_batch())
