@@ -342,3 +342,23 @@ def test_pod_state_from_manifest() -> None:
 
 def test_plan_restart_generation_is_the_restart_count() -> None:
     assert Plan(status=StatusWrapper().restarts(4).get()).restart_generation == 4
+
+
+def test_a_driver_waiting_for_a_healthy_rollout_shows_in_the_status() -> None:
+    """Every rollout dead or restarting: the driver's wait (its progress message) becomes condition
+    RolloutsAvailable False with the message and one Warning Event; once a rollout is back, True."""
+    message = ("waiting for a healthy rollout (12s of 600s): no healthy rollout (pod demo-1 (10.0.0.5:8700): "
+               "HTTP 503 engine_not_running)")
+    waiting = Progress(phase="rollout", iteration=4, message=message)
+    first = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1), waiting))
+    cond = next(c for c in first.status.conditions if c.type == "RolloutsAvailable")
+    assert (cond.status, cond.reason, cond.message) == ("False", "NoHealthyRollout", message)
+    posted = [(e.type, e.reason) for e in first.events if e.reason == "NoHealthyRollout"]
+    assert posted == [("Warning", "NoHealthyRollout")]
+    again = decide(observe(JobWrapper(), first.status, pods("demo", 1), waiting))
+    assert not [e for e in again.events if e.reason == "NoHealthyRollout"]  # one Event per wait
+    back = decide(observe(JobWrapper(), again.status, pods("demo", 1), Progress(phase="train", iteration=4)))
+    assert next(c for c in back.status.conditions if c.type == "RolloutsAvailable").status == "True"
+    calm = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1),
+                          Progress(phase="train", iteration=4)))
+    assert not [c for c in calm.status.conditions if c.type == "RolloutsAvailable"]  # only once it has happened

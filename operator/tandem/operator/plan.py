@@ -179,6 +179,9 @@ def decide(obs: Observation) -> Plan:
     spec = obs.job.spec
     new.algorithm = spec.algorithm.summary(spec.rollout.max_tokens)  # the preset expanded, for all to see
     status.apply_progress(new, obs.progress)
+    no_rollout = status.rollouts_available(new, obs.progress, now)  # the driver waits for a healthy rollout
+    if no_rollout is not None:
+        plan.events.append(no_rollout)
     new.progress = eta.progress_block(new.progress, obs.progress, status.gang_generation(new))
     _durability(obs.job, plan, before, now)
 

@@ -17,6 +17,9 @@ when the condition's status flips (Kubernetes API conventions):
               the kubelet's; lastTransitionTime: when it began, which failurePolicy.waitingTimeoutSeconds counts from)
   DurableCheckpoints  a gang restart resumes from a durable copy (checkpointEngine.persist; False, reason
               NoDurableCheckpoints: it starts over from the initial model)
+  RolloutsAvailable  set once the driver first waits for a healthy rollout (every engine dead, hung or
+              restarting): False (reason NoHealthyRollout, the driver's message naming each rollout) while it
+              waits, True (RolloutsHealthy) once one is back; an Event NoHealthyRollout when it turns False
 Reasons (every condition carries the reason of the current phase; `REASONS` has the defaults):
 PodsPending, AwaitingAdmission, PodsRunning, GangRestart, SpecSuspended, Preempted, DriverDone,
 TrainersSucceeded, DriverFailed, MaxRestartsReached, InvalidSpec, PodCreateRefused (the API server
@@ -39,11 +42,13 @@ from tandem.spec.progress import Progress
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
 CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed",
-                   "ContainersWaiting", "DurableCheckpoints")
+                   "ContainersWaiting", "DurableCheckpoints", "RolloutsAvailable")
 CONTAINERS_WAITING = "ContainersWaiting"
 DURABLE_CHECKPOINTS = "DurableCheckpoints"
 NO_DURABLE_CHECKPOINTS = "NoDurableCheckpoints"
 POD_CREATE_REFUSED = "PodCreateRefused"
+ROLLOUTS_AVAILABLE = "RolloutsAvailable"
+NO_HEALTHY_ROLLOUT = "NoHealthyRollout"
 REASONS: dict[str, str] = {
     "Pending": "PodsPending", "Queued": "AwaitingAdmission", "Running": "PodsRunning",
     "Restarting": "GangRestart", "Suspended": "SpecSuspended", "Succeeded": "DriverDone",
@@ -185,6 +190,18 @@ def apply_progress(status: JobStatus, progress: Progress | None) -> None:
     if progress.eval is not None:
         e = progress.eval
         status.eval = EvalStatus(iteration=e.iteration, pass_at_1=e.pass_at_1, pass_at_k=e.pass_at_k, k=e.k)
+
+
+def rollouts_available(status: JobStatus, progress: Progress | None, now: datetime) -> Event | None:
+    """Condition RolloutsAvailable from the driver's progress record (see the module docstring); the
+    Event to post when it turns False."""
+    old = condition(status, ROLLOUTS_AVAILABLE)
+    if progress is not None and progress.waiting_for_rollouts:
+        set_condition(status, ROLLOUTS_AVAILABLE, False, NO_HEALTHY_ROLLOUT, progress.message, now)
+        return Event("Warning", NO_HEALTHY_ROLLOUT, progress.message) if old is None or old.status == "True" else None
+    if old is not None and old.status == "False":
+        set_condition(status, ROLLOUTS_AVAILABLE, True, "RolloutsHealthy", "", now)
+    return None
 
 
 def transition_event(before: str, after: JobStatus) -> Event | None:

@@ -26,6 +26,9 @@ class EvalSummary(BaseModel):
     prompts: int
 
 
+WAITING_FOR_ROLLOUTS = "waiting for a healthy rollout"  # the driver's message while no rollout is healthy
+
+
 class Progress(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
     phase: Phase = "starting"
@@ -38,8 +41,13 @@ class Progress(BaseModel):
     turns_mean: float | None = None  # multi-turn rollouts: model turns per trajectory, last iteration
     tool_calls_mean: float | None = None  # multi-turn rollouts: tool calls per trajectory, last iteration
     eval: EvalSummary | None = None  # the latest held-out evaluation (spec.eval)
-    message: str = ""
+    message: str = ""  # why it failed; while no rollout is healthy, the driver's wait (WAITING_FOR_ROLLOUTS ...)
     updated_at: float = Field(default=0.0, description="Unix time of this record.")
+
+    @property
+    def waiting_for_rollouts(self) -> bool:
+        """The driver waits for a healthy rollout (`RolloutClient`): the operator's RolloutsAvailable False."""
+        return self.phase not in ("done", "failed") and self.message.startswith(WAITING_FOR_ROLLOUTS)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)

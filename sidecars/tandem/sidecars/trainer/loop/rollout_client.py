@@ -36,6 +36,7 @@ from tandem.sidecars.trainer.loop.rollout_health import (
     Watch,
     classify,
 )
+from tandem.spec.progress import WAITING_FOR_ROLLOUTS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -151,7 +152,7 @@ class RolloutClient:
                 raise RolloutError(f"{reason}; none came back within {self.unavailable_s:.0f}s "
                                    "(failurePolicy.rolloutUnavailableSeconds)")
             if self.on_wait is not None:
-                self.on_wait(f"waiting for a healthy rollout ({time.monotonic() - t:.0f}s of "
+                self.on_wait(f"{WAITING_FOR_ROLLOUTS} ({time.monotonic() - t:.0f}s of "
                              f"{self.unavailable_s:.0f}s): {reason}")
             time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
 
