@@ -21,6 +21,7 @@ rollout_client.py.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,16 @@ from typing import Any
 import httpx
 
 CONTROL = ("/update", "/start", "/dummy_start", "/sleep", "/wake_up", "/terminate")
+
+
+class _QuietProbes(logging.Filter):
+    """httpx logs every request at INFO: the /health probes of a long request would fill the trainer's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/health" not in record.getMessage()
+
+
+logging.getLogger("httpx").addFilter(_QuietProbes())
 
 
 class RolloutError(RuntimeError):
