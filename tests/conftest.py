@@ -6,12 +6,13 @@ control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per se
 
 `make test` runs pytest with two workers (pytest-xdist, `--dist loadgroup`): the end-to-end runs mostly wait
 on process start-up and I/O, so two of them side by side take little more than one. `group_of` keeps
-together what must not run side by side: every test of the Kubernetes control plane (one per session), the
-code sandbox's tests (they count the processes of the sandbox's uid machine-wide), the checkpoint engine's
-(one shared vLLM engine), and the end-to-end runs that take most memory (HEAVY: three vLLM engines or the
-pretrained model; two of those side by side would not fit in 24 GiB). Every other end-to-end file is a group
-of its own. At the end, each test directory's summed seconds and the run's wall time are printed
-(README: the suite's budget).
+together what must not run side by side: every test of the Kubernetes control plane (one per session); the
+checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
+sandbox's uid (whose process limit and process list are machine-wide: a fork bomb in one test would starve
+another's sandbox) together with the runs that take most memory (HEAVY: three vLLM engines, two trainer pods
+or the pretrained model, which the multi-turn tests also load; two of those side by side would not fit in
+24 GiB). Every other end-to-end file is a group of its own. At the end, each test directory's summed
+seconds and the run's wall time are printed (tests/README.md: the suite's budget).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def etcd_server() -> Iterator[EtcdServer]:
 
 SANDBOX = ("tests/rewards/", "tests/envs/", "tests/e2e/test_multiturn_run.py")
 HEAVY = ("tests/e2e/test_rollout_faults.py", "tests/e2e/test_pretrained.py", "tests/e2e/test_two_pods.py",
-         "tests/e2e/test_hf_engine_run.py")
+         "tests/e2e/test_hf_engine_run.py", "tests/e2e/test_multiturn_run.py")
 STARTED = time.monotonic()
 
 
@@ -62,9 +63,7 @@ def group_of(item: pytest.Item) -> str:
     path = item.nodeid.split("::", 1)[0]
     if item.get_closest_marker("k8s") is not None:
         return "k8s"
-    if path.startswith(SANDBOX):
-        return "sandbox"
-    if path.startswith(HEAVY):
+    if path.startswith(SANDBOX + HEAVY):
         return "heavy"
     if path.startswith("tests/e2e/"):
         return path
