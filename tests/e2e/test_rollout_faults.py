@@ -19,6 +19,7 @@ restart happened; and nothing was left running or in shared memory.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -60,8 +61,13 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
 
     injector = threading.Thread(target=inject, daemon=True)
     injector.start()
-    out, _ = proc.communicate(timeout=1500)
-    done.set()
+    try:
+        out, _ = proc.communicate(timeout=1500)
+    finally:  # a failed or timed-out test leaves no run behind (SIGINT: tandem run stops its processes)
+        done.set()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(180)
     injector.join(60)
     assert proc.returncode == 0, out[-4000:]
     assert not failures, failures
