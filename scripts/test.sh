@@ -13,7 +13,7 @@ echo "== import-linter"; lint-imports
 workers=${TANDEM_TEST_WORKERS:-2}
 echo "== pytest ($workers workers)"
 if [[ $workers -gt 1 ]]; then
-  python -m pytest -n "$workers" --dist loadgroup "$@"
+  python -m pytest -n "$workers" "$@"
 else
   python -m pytest "$@"
 fi

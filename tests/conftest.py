@@ -4,7 +4,7 @@ split between two workers, and its time per directory.
 Heavier shared fixtures live beside their users (tests/operator/conftest.py starts the Kubernetes
 control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per session).
 
-`make test` runs pytest with two workers (pytest-xdist, `--dist loadgroup`): the end-to-end runs mostly wait
+`make test` runs pytest with two workers (pytest-xdist, scheduled by `group_of`): the end-to-end runs mostly wait
 on process start-up and I/O, so two of them side by side take little more than one. `group_of` keeps
 together what must not run side by side: every test of the Kubernetes control plane (one per session); the
 checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
@@ -58,22 +58,30 @@ HEAVY = ("tests/e2e/test_rollout_faults.py", "tests/e2e/test_pretrained.py", "te
 STARTED = time.monotonic()
 
 
-def group_of(item: pytest.Item) -> str:
-    """The xdist group of a test (see the module docstring)."""
-    path = item.nodeid.split("::", 1)[0]
-    if item.get_closest_marker("k8s") is not None:
-        return "k8s"
+def group_of(nodeid: str) -> str:
+    """The worker group of a test (see the module docstring): tests of one group run on one worker."""
+    path = nodeid.split("::", 1)[0]
     if path.startswith(SANDBOX + HEAVY):
         return "heavy"
     if path.startswith("tests/e2e/"):
         return path
-    return "/".join(path.split("/")[:2])  # tests/<dir>: its session fixtures started once
+    return "/".join(path.split("/")[:2])  # tests/<dir>: its session fixtures (the control plane) started once
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # one process (a GPU machine without xdist): nothing to schedule
+    pass
+else:
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduling with `group_of` as the scope (its xdist_group marks are not applied under
+        this pytest: the node ids they rewrite are not the ones scheduled)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling:
+        return GroupScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
