@@ -85,7 +85,8 @@ def fetch(name: str, root: Path | None = None, *, force: bool = False,
     if is_fetched(target) and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{name}.lock", "w") as lock:  # one fetch at a time (tests side by side)
+    lock_path = Path(tempfile.gettempdir()) / f"tandem-model-{hashlib.sha1(str(target).encode()).hexdigest()[:16]}.lock"
+    with open(lock_path, "w") as lock:  # one fetch at a time (tests side by side); the cache holds models only
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_fetched(target) and not force:
             return target

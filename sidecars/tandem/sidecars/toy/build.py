@@ -19,6 +19,7 @@ swapped in, so an interrupted build never looks complete. Callers: `python -m ta
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -103,7 +104,8 @@ def build_toy(out_dir: str | Path, *, seed: int = 0, warmup_steps: int = 300, th
         return _paths(root, cached)
     root.parent.mkdir(parents=True, exist_ok=True)
     # one builder at a time (tests side by side, two runs): the second finds the first's build complete
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
+    lock_path = Path(tempfile.gettempdir()) / f"tandem-toy-{hashlib.sha1(str(root).encode()).hexdigest()[:16]}.lock"
+    with open(lock_path, "w") as lock:  # outside out_dir's folder, which holds builds only
         fcntl.flock(lock, fcntl.LOCK_EX)
         cached = _complete(root, wanted)
         if cached is not None:
