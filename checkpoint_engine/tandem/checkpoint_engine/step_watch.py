@@ -4,7 +4,7 @@ Role: a hung accelerator (an Xid error, a stuck NCCL call) or a stopped engine p
 vLLM's client blocked in `LLMEngine.step()` (or a reload's `collective_rpc`) with no error: only a clock
 tells it apart from work. `StepWatch.wrap(engine)` times every step of vLLM's engine loop, the one
 `LLM.generate` and the multi-turn loop (turns.py) both drive; `busy(what)` times other calls into the
-engine (weight reloads, prefix-cache resets). `stalled_s()` is how long the call now in progress has run
+engine (weight reloads, prefix-cache resets). `stalled()` is the call now in progress and how long it has run
 (0 between calls: an engine waiting for tools or for work is not hung), `steps` how many returned, the
 progress a client can watch. A step is milliseconds to seconds, so a call open for failurePolicy.rolloutStallSeconds
 is a hung engine. Callers: `rollout_engine.RolloutEngine` (wraps at start), the rollout sidecar's
@@ -67,7 +67,3 @@ class StepWatch:
                 return None
             what, since = min(self._open.values(), key=lambda o: o[1])
         return what, time.monotonic() - since
-
-    def stalled_s(self) -> float:
-        open_call = self.stalled()
-        return 0.0 if open_call is None else open_call[1]

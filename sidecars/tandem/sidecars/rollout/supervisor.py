@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.models import Phase
 from tandem.checkpoint_engine.rollout_engine import RolloutEngine
 
@@ -101,10 +100,7 @@ class EngineSupervisor:
             engine.start(self.model_dir, dummy=True)
             if self.has_version():
                 engine.update(None)
-        except errors.CheckpointEngineError as e:
-            self._failed(cause, e)
-            return
-        except Exception as e:  # noqa: BLE001 - vLLM raises what it raises; the engine stays FAILED
+        except Exception as e:  # noqa: BLE001 - typed errors and whatever vLLM raises: the engine stays FAILED
             if self.stopping.is_set():
                 return
             self._failed(cause, e)
