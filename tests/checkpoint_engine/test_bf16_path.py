@@ -106,3 +106,18 @@ def test_bf16_train_publish_and_vllm_decode_like_transformers(tmp_path: Path) ->
     finally:
         engine.terminate()
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def _has_amx() -> bool:
+    return "amx_tile" in Path("/proc/cpuinfo").read_text()
+
+
+@pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX tiles: vLLM's bf16 kernels never use them here")
+def test_a_vllm_worker_holds_the_amx_state_before_its_first_kernel() -> None:
+    """Linux clears AMX permission at exec, so a fresh worker has none until something asks; the extension
+    module vLLM imports in each worker asks, so vLLM's AMX attention cannot die with SIGILL (exit -4)."""
+    probe = ("import ctypes; libc = ctypes.CDLL(None); v = ctypes.c_ulong(0)\n"
+             "def perm():\n    libc.syscall(158, 0x1022, ctypes.byref(v)); return bool(v.value & (1 << 18))\n"
+             "before = perm()\nimport tandem.checkpoint_engine.vllm_ext\nprint(before, perm())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr

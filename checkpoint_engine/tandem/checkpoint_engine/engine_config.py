@@ -29,8 +29,8 @@ class EngineConfig:
     shm_root: Path
     job: str
     tensor_parallel: int = 1
-    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 picks AMX kernels
-    # that die with SIGILL where the kernel does not enable AMX)
+    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 works there too: vllm_ext
+    # asks for the AMX state vLLM's bf16 CPU kernels need)
     max_model_len: int = 1024
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
     gpu_memory_utilization: float = 0.85  # spec.rollout.gpuMemoryUtilization (tandem.spec.devices)

@@ -24,6 +24,12 @@ worker's tp_rank before copying. Since the full tensor is only a view of the map
 worker of a TP=N rollout reads and copies only its own slice; no pre-slicing is needed.
 Verified on CPU at TP=2 (tests/checkpoint_engine/test_rollout_engine.py): q/o/MLP split,
 the single KV head replicated, greedy output equal to transformers' own decode.
+
+AMX on CPU: vLLM's bf16 CPU attention picks AMX tile kernels where the CPU has them, but never asks
+Linux for the AMX state (arch_prctl XCOMP_PERM); oneDNN does so only once it runs a bf16 GEMM itself.
+A worker whose first AMX instruction came from vLLM's kernel died with SIGILL (exit -4) on its first
+generate; whether it did depended on what the process had run before. Importing this module (vLLM
+does, in each worker, before the model loads) asks for it once (`_request_amx`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine.layout import MappedVersion, VersionIndex
+
+
+def _request_amx() -> bool:
+    """Ask the kernel for AMX tile state where the CPU has AMX (idempotent; False where it has none)."""
+    import torch
+
+    cpu = getattr(torch, "cpu", None)
+    if cpu is None or not hasattr(cpu, "_is_amx_tile_supported") or not cpu._is_amx_tile_supported():
+        return False
+    return bool(cpu._init_amx())
+
+
+_request_amx()
 
 
 class ShmWeightLoader:
