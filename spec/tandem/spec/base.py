@@ -36,7 +36,7 @@ class Rule:
 class Base(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True,
-        frozen=False,
+        frozen=False, strict=True,  # as the API server: "8" is no integer, "false" no boolean (an int is a number)
     )
     rules: ClassVar[tuple[Rule, ...]] = ()
 

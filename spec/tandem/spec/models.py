@@ -495,6 +495,7 @@ IMMUTABLE_FIELDS: tuple[str, ...] = (
 
 
 class Condition(Base):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=False)
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
@@ -504,7 +505,7 @@ class Condition(Base):
 
 
 class EvalStatus(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     iteration: int = Field(description="Iterations completed when evaluated (0: the initial model).")
     pass_at_1: float | None = None
     pass_at_k: float | None = None
@@ -514,7 +515,7 @@ class EvalStatus(Base):
 class ProgressStatus(Base):
     """Progress of the run, from the driver's progress record (`tandem.operator.eta`)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     percent: float = Field(default=0.0, description="Iterations done of algorithm.iterations, in percent.")
     iterations_per_second: float | None = None
     eta_seconds: int | None = Field(default=None, description="Estimated seconds until the last iteration.")
@@ -525,7 +526,7 @@ class ProgressStatus(Base):
 
 
 class ReplacingPod(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     pod: str
     uid: str = Field(default="", description="The lost pod's metadata.uid (empty: it was gone when seen).")
     generation: int = 0
@@ -534,7 +535,7 @@ class ReplacingPod(Base):
 class RolloutPoolStatus(Base):
     """The operator's record of replacing lost rollout-only pods (`tandem.operator.pool_policy`)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     replacing: list[ReplacingPod] = Field(default_factory=list, description="Lost pods already counted whose "
                                           "replacement does not exist yet.")
     window_start: str = Field(default="", description="Start of the current hour of replacements (RFC 3339).")
@@ -542,7 +543,7 @@ class RolloutPoolStatus(Base):
 
 
 class JobStatus(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     phase: Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended",
                    "InvalidSpec"] = "Pending"
     iteration: int = 0
