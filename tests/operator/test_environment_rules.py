@@ -59,8 +59,11 @@ ACCEPTED: Accepted = [
 
 
 def test_an_unknown_tool_is_refused_naming_it() -> None:
-    with pytest.raises(SpecError, match=r"spec.rollout.environment.tools.0: String should match pattern"):
+    with pytest.raises(SpecError, match=r"spec.rollout.environment.tools.0: 'shell' is not a tool: calculator, python"):
         parse_job(W().set("rollout.environment", {"type": "tools", "tools": ["shell"]}).obj(), "x")
+    dotted = {"type": "tools", "tools": ["python", "my_tools.web.search"]}  # a dot for the colon: the fix is named
+    with pytest.raises(SpecError, match=r"tools.1: 'my_tools.web.search' .*did you mean my_tools.web:search\?"):
+        parse_job(W().set("rollout.environment", dotted).obj(), "x")
     with pytest.raises(SpecError, match=r"spec.rollout.environment.pythonPath.0: String should match pattern '\^/'"):
         parse_job(W().set("rollout.environment", {**CUSTOM, "pythonPath": ["envs"]}).obj(), "x")
 

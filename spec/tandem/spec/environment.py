@@ -19,15 +19,32 @@ Caller: models.Rollout (the job spec), the rollout sidecar (builds the environme
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from tandem.spec.base import Base, Rule
 
 BUILT_IN_TOOLS = ("calculator", "python")
 ENTRY_POINT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 TOOL = r"^(calculator|python|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
+DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+
+
+def _tool_words(value: Any) -> Any:
+    """`value`, or the reason a string the TOOL pattern refuses is not a tool, in words (the verdict is the
+    pattern's, as in the API server; `package.module.function`, a dot for the colon, gets the fix)."""
+    if not isinstance(value, str) or re.fullmatch(TOOL, value):
+        return value
+    if re.fullmatch(DOTTED, value):
+        module, _, name = value.rpartition(".")
+        raise ValueError(f"{value!r} is not a tool; did you mean {module}:{name}? (a user tool is "
+                         "package.module:function, a colon before the function)")
+    raise ValueError(f"{value!r} is not a tool: calculator, python, or package.module:function")
+
+
+ToolName = Annotated[str, Field(pattern=TOOL, max_length=256), BeforeValidator(_tool_words)]  # the pattern: the CRD's
 
 
 class Environment(Base):
@@ -36,7 +53,7 @@ class Environment(Base):
         "messages, over several turns; only the model's tokens train (the tool messages are masked). custom: "
         "the environment class `entryPoint`. agent: the agent function `entryPoint`, driving the rollout's "
         "OpenAI-compatible endpoint."))
-    tools: Annotated[list[Annotated[str, Field(pattern=TOOL, max_length=256)]], Field(max_length=16, description=(
+    tools: Annotated[list[ToolName], Field(max_length=16, description=(
         "Tools the model may call (type tools): calculator (exact arithmetic), python (a program run in the "
         "codeExec sandbox; what it prints comes back), or package.module:function, a function with type hints "
         "and a docstring."))] = Field(default_factory=list)
