@@ -2,25 +2,32 @@
 
 Role: a `Tool` is a function whose signature and Google-style docstring become the JSON schema that the
 chat template renders (transformers' `get_json_schema`: a tool without a docstring or with an untyped
-argument is refused when the tool is made, naming it). `ToolBox.run` executes a call in a bounded thread
-pool with a per-call timeout and caps what comes back, so a slow tool never blocks the rollout's loop and
-every failure (an unknown tool, bad arguments, an exception, a timeout) becomes a message to the model.
-A timed-out call's thread cannot be killed; it keeps its worker until it returns, which the pool's bound
-contains (tools that may run away belong in a process: the sandbox). Built in: `calculator`.
-Caller: `base.ToolEnvironment`.
+argument is refused when the tool is made, naming it), and whose annotations check each call's arguments
+(`tool_types.Signature`: strict, a wrong type is an error message to the model, never coerced). `ToolBox.run`
+executes a call within a per-call timeout and caps what comes back, so a slow tool never blocks the rollout's
+loop and every failure (an unknown tool, bad arguments, an exception, a timeout, a result JSON cannot hold)
+becomes a message to the model; a result that is not a string is sent as JSON (`tool_types.as_text`).
+Plain functions run in a bounded thread pool; a timed-out call's thread cannot be killed and keeps its
+worker until it returns, which the pool's bound contains (tools that may run away belong in a process: the
+sandbox). `async def` tools (and plain functions that return an awaitable, such as a decorator's wrapper)
+are awaited on the box's one event loop, in a thread of its own, so async clients a module keeps work across
+calls; a timed-out one is cancelled. Built in: `calculator`. Caller: `base.ToolEnvironment`, `factory`.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import inspect
 import operator
+import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.sidecars.envs.tool_types import BadArguments, Signature, as_text
 from tandem.sidecars.envs.toolcalls import ToolCall
 
 
@@ -28,21 +35,35 @@ class ToolError(ValueError):
     """A function cannot be a tool (no docstring, an argument without a type, a duplicate name)."""
 
 
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling `fn` gives a coroutine to await (`async def`, a partial of one, or an object whose
+    `__call__` is one)."""
+    return inspect.iscoroutinefunction(fn) or (not inspect.isroutine(fn) and
+                                                inspect.iscoroutinefunction(type(fn).__call__))
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
     schema: dict[str, Any]  # {"type": "function", "function": {name, description, parameters}}
     fn: Callable[..., Any]
+    signature: Signature
+    awaited: bool  # an async function: its calls run on the box's event loop
 
     @classmethod
     def of(cls, fn: Callable[..., Any]) -> Tool:
         from transformers.utils import get_json_schema
 
+        label = repr(getattr(fn, "__name__", fn))
+        try:
+            signature = Signature.of(fn)
+        except ValueError as e:
+            raise ToolError(f"{label} cannot be a tool: {e}") from e
         try:
             schema = get_json_schema(fn)
         except Exception as e:  # noqa: BLE001 - transformers raises its own DocstringParsingException & co
-            raise ToolError(f"{getattr(fn, '__name__', fn)!r} cannot be a tool: {e}") from e
-        return cls(schema["function"]["name"], schema, fn)
+            raise ToolError(f"{label} cannot be a tool: {e}") from e
+        return cls(schema["function"]["name"], schema, fn, signature, is_async(fn))
 
 
 @dataclass(frozen=True)
@@ -53,9 +74,54 @@ class ToolResult:
     seconds: float
 
 
+async def _awaited(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+    value = fn(**arguments)
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _await(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """Run `loop` until stopped; then cancel what still runs on it and close it."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+class EventLoop:
+    """One asyncio loop in a daemon thread, started on first use; coroutines from any thread run on it."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> Future[Any]:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=_serve, args=(loop,), name="tool-loop", daemon=True).start()
+                self._loop = loop
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+
 class ToolBox:
-    """Tools by name, run `workers` at a time, each call within `timeout_seconds`, answers cut to
-    `max_output_chars`."""
+    """Tools by name, plain ones run `workers` at a time and async ones on one event loop, each call within
+    `timeout_seconds`, answers cut to `max_output_chars`."""
 
     def __init__(self, tools: Iterable[Tool | Callable[..., Any]], *, workers: int = 4, timeout_seconds: float = 10.0,
                  max_output_chars: int = 2000) -> None:
@@ -67,17 +133,35 @@ class ToolBox:
             self.tools[tool.name] = tool
         self.timeout_seconds, self.max_output_chars = timeout_seconds, max_output_chars
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool")
+        self._loop = EventLoop()
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema for t in self.tools.values()]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop.close()
 
     def _cap(self, text: str) -> str:
         if len(text) <= self.max_output_chars:
             return text
         return text[:self.max_output_chars] + f"... [{len(text) - self.max_output_chars} more characters cut]"
+
+    def _value(self, tool: Tool, arguments: dict[str, Any], deadline: float) -> Any:
+        """The call's value, awaited if it is awaitable; TimeoutError past `deadline` (the call cancelled)."""
+        def wait(future: Future[Any]) -> Any:
+            try:
+                return future.result(timeout=max(deadline - time.perf_counter(), 0.0))
+            except TimeoutError:
+                future.cancel()  # an async call's task is cancelled; a thread runs on until it returns
+                raise
+
+        if tool.awaited:
+            return wait(self._loop.submit(_awaited(tool.fn, arguments)))
+        value = wait(self._pool.submit(tool.fn, **arguments))
+        if inspect.isawaitable(value):  # a plain function that returned a coroutine (a decorator's wrapper)
+            value = wait(self._loop.submit(_await(value)))
+        return value
 
     def run(self, call: ToolCall) -> ToolResult:
         start = time.perf_counter()
@@ -89,22 +173,21 @@ class ToolBox:
         if tool is None:
             return answer(f"error: no tool named {call.name!r} (tools: {', '.join(sorted(self.tools)) or 'none'})",
                           True)
-        wanted = tool.schema["function"]["parameters"]
-        unknown = sorted(set(call.arguments) - set(wanted.get("properties", {})))
-        missing = sorted(set(wanted.get("required", [])) - set(call.arguments))
-        if unknown or missing:
-            return answer(f"error: bad arguments for {call.name}: " + "; ".join(
-                ([f"unknown {', '.join(unknown)}"] if unknown else []) + ([f"missing {', '.join(missing)}"]
-                                                                          if missing else [])), True)
-        future = self._pool.submit(tool.fn, **call.arguments)
         try:
-            value = future.result(timeout=self.timeout_seconds)
-        except FutureTimeout:
-            future.cancel()
+            arguments = tool.signature.check(call.arguments)
+        except BadArguments as e:
+            return answer(f"error: bad arguments for {call.name}: {e}", True)
+        try:
+            value = self._value(tool, arguments, start + self.timeout_seconds)
+        except TimeoutError:
             return answer(f"error: {call.name} timed out after {self.timeout_seconds:g} s", True)
         except Exception as e:  # noqa: BLE001 - the tool's failure is the model's information, not ours
             return answer(f"error: {call.name} raised {type(e).__name__}: {self._cap(str(e))}", True)
-        return answer(self._cap(value if isinstance(value, str) else str(value)), False)
+        try:
+            text = as_text(value)
+        except ValueError as e:
+            return answer(f"error: {call.name} {e}", True)
+        return answer(self._cap(text), False)
 
 
 _OPS: dict[type[ast.AST], Callable[[Any, Any], Any]] = {
