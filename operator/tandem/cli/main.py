@@ -26,8 +26,12 @@ CRD_TARGETS = (Path("manifests/crd/rlhfjobs.tandem.dev.yaml"), Path("helm/tandem
 
 
 def _model_dirs(job: RLHFJob, source: str, *, missing_ok: bool) -> RLHFJob:
-    """`job`, or SpecError naming each unusable model directory (`tandem.spec.model_dir`)."""
+    """`job`, or SpecError naming each unusable model directory (`tandem.spec.model_dir`) and each user tool
+    the rollout could not load (`tandem.sidecars.envs.loader`: its module imported here)."""
+    from tandem.sidecars.envs.loader import tool_problems
+
     problems = model_dir.job_problems(job.spec, missing_ok=missing_ok)
+    problems += tool_problems(job.spec.rollout.environment, missing_ok=missing_ok)
     if problems:
         raise load.SpecError(source, problems)
     return job
@@ -35,8 +39,9 @@ def _model_dirs(job: RLHFJob, source: str, *, missing_ok: bool) -> RLHFJob:
 
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="RLHFJob YAML files.")) -> None:
-    """Check RLHFJob files against the schema, defaults and cross-field rules, and the model directories
-    that exist on this machine (config.json, tokenizer files); exit 1 on any error."""
+    """Check RLHFJob files against the schema, defaults and cross-field rules, the model directories
+    that exist on this machine (config.json, tokenizer files) and the user's tool modules found here
+    (imported); exit 1 on any error."""
     bad = 0
     for f in files:
         try:

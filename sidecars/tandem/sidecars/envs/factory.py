@@ -3,61 +3,30 @@
 Role: one ToolBox per job (its bounded worker pool and per-call timeout shared by every trajectory), a fresh
 environment per trajectory: `ToolEnvironment` over the built-in tools (`calculator`, the sandboxed `python`)
 and the user's tool functions (`package.module:function`), or the user's environment class (`custom`,
-built with `kwargs`); `agent_function` for type agent. Module paths are imported here, once, with
-`pythonPath` searched first; what cannot be imported or is not what the type needs is refused with
+built with `kwargs`); `agent_function` for type agent. Module paths are imported once, with `pythonPath`
+searched first (`loader.load`); what cannot be imported or is not what the type needs is refused with
 `EnvironmentLoadError`, naming the field. `Limits` come from the environment's fields and rollout.maxTokens
 (a model turn's tokens). Caller: `tandem.sidecars.rollout.__main__` (the drivers), tests.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import sys
 from collections.abc import Callable
 from typing import Any, cast
 
 from tandem.sidecars.envs.base import Environment, SingleTurn, ToolEnvironment
 from tandem.sidecars.envs.driver import Limits
-from tandem.sidecars.envs.tools import ToolBox, ToolError, calculator
+from tandem.sidecars.envs.loader import FIELD, load, tool_functions
+from tandem.sidecars.envs.loader import EnvironmentLoadError as EnvironmentLoadError
+from tandem.sidecars.envs.tools import ToolBox, ToolError
 from tandem.spec.environment import Environment as EnvironmentSpec
 
-FIELD = "spec.rollout.environment"
 SANDBOX_START_SECONDS = 5.0
 
 
-class EnvironmentLoadError(ValueError):
-    """An entryPoint or tool that cannot be imported, or is not a class/function of the right shape."""
-
-
-def load(path: str, field: str, python_path: list[str] | None = None) -> Any:
-    """The object at `package.module:Name`, importing the module with `python_path` searched first."""
-    for extra in reversed(python_path or []):
-        if extra not in sys.path:
-            sys.path.insert(0, extra)
-    module_name, _, name = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
-        raise EnvironmentLoadError(f"{field}: cannot import {module_name!r} ({type(e).__name__}: {e}); "
-                                   f"searched {FIELD}.pythonPath {python_path or []} and the image") from e
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise EnvironmentLoadError(f"{field}: module {module_name!r} has no {name!r}") from None
-
-
-def built_in_tool(name: str, spec: EnvironmentSpec) -> Callable[..., Any]:
-    if name == "calculator":
-        return calculator
-    from tandem.sidecars.envs.python_tool import make_python_tool
-
-    return make_python_tool(timeout_seconds=spec.tool_timeout_seconds)
-
-
 def tool_box(spec: EnvironmentSpec) -> ToolBox:
-    fns = [load(t, f"{FIELD}.tools[{i}]", spec.python_path) if ":" in t else built_in_tool(t, spec)
-           for i, t in enumerate(spec.tools)]
+    fns = tool_functions(spec)
     # the python tool's program gets tool_timeout_seconds and says when it ran out; the box allows its start
     margin = SANDBOX_START_SECONDS if "python" in spec.tools else 0.0
     try:
