@@ -71,9 +71,10 @@ def agent_job(model: Path) -> dict[str, Any]:
     for key, rel in (("dataset", "arith-tools/train.jsonl"),):
         spec[key]["path"] = str(EXAMPLES / rel)
     spec["eval"] = {"dataset": {"path": str(EXAMPLES / "arith-tools" / "test.jsonl"), "promptField": "messages"},
-                    "every": 1, "prompts": 4, "samples": 1, "temperature": 0.0}
+                    "every": 1, "prompts": 2, "samples": 1, "temperature": 0.0}
     spec["algorithm"].update(iterations=1)
-    spec["rollout"].update(promptsPerIteration=4, maxTokens=48)
+    # 2 prompts x 4: SmolLM2's train step on CPU costs ~5 s per trajectory (most of this run's time)
+    spec["rollout"].update(promptsPerIteration=2, maxTokens=48)
     environment = spec["rollout"]["environment"]
     environment.update(pythonPath=[str(EXAMPLES / "arith-agent")], kwargs={"max_calls": 2}, maxTurns=2,
                        maxTotalTokens=160)
@@ -86,7 +87,7 @@ def test_multi_turn_grpo_with_an_openai_agent(tmp_path: Path) -> None:
     run_ok(run_cmd(agent_job(models.fetch("smollm2-135m")), tmp_path))
     out = tmp_path / "runs" / "e2e-agent"
     [row] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert row["completions"] == 16 and 1.0 <= row["turns_mean"] <= 2.0, row
+    assert row["completions"] == 8 and 1.0 <= row["turns_mean"] <= 2.0, row
     assert row["mismatch_mean"] < MISMATCH, row
     assert set(row["reward_components"]) == {"environment"}, row  # the agent's own reward
     evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
