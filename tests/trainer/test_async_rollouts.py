@@ -86,7 +86,8 @@ class GatedClient:
         out = [[{"prompt_ids": [1], "completion_ids": [7, 7, 7, 5, 5, 8],
                  "logprobs": [-1.0, -1.0, -1.0, 0.0, 0.0, -2.0], "mask": [1, 1, 1, 0, 0, 1],
                  "text": f"{row[-1]['content']} {(data or [{}])[i].get('answer')}",
-                 "finish": "stop", "turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_seconds": 0.5, "reward": None}
+                 "finish": "stop", "turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_seconds": 0.5,
+                 "tool_results": 1, "reward": None}
                 for _ in range(n)] for i, row in enumerate(rows)]
         return out, {self.loaded}
 
@@ -179,8 +180,8 @@ def test_a_multi_turn_producer_batches_whole_trajectories_of_one_version(make: A
     assert member.mask == [1, 1, 1, 0, 0, 1] and [s.version for s in member.segments] == [3]
     assert member.text == "b0p1 0"  # the prompt's own conversation and fields reached the environment
     assert len(taken.batch.groups) == 2 and all(len(g.members) == 2 for g in taken.batch.groups)
-    assert turn_stats(taken.batch.groups) == {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_error_frac": 0.0,
-                                              "tool_seconds": 2.0}
+    assert turn_stats(taken.batch.groups) == {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_results_mean": 1.0,
+                                              "tool_error_frac": 0.0, "tool_seconds": 2.0}
     samples, _ = to_samples(taken.batch.groups, eos_id=2, decode=lambda ids: "")
     assert samples[0].completion_ids == [7, 7, 7, 5, 5, 8] and samples[0].completion_mask == [1, 1, 1, 0, 0, 1]
 

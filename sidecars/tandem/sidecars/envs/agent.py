@@ -78,8 +78,9 @@ class AgentDriver:
         if record.unused_calls:
             log.info("agent trajectory %s: %d calls in earlier chains do not train (its history was rewritten)",
                      tid, record.unused_calls)
-        stats = TurnStats(turns=traj.model_turns, tool_calls=record.tool_calls)  # the agent runs its tools
-        last = record.last
+        last = record.last  # the agent runs its tools: their answers are the tool messages its last call sent
+        stats = TurnStats(turns=traj.model_turns, tool_calls=record.tool_calls,
+                          tool_results=sum(m.get("role") == "tool" for m in last.messages) if last else 0)
         return Result(traj, stats, final_text=last.completion.text if last else "", reward=reward,
                       finish=_finish(record, late, error), messages=[*start, *([last.reply] if last else [])])
 

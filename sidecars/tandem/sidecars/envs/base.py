@@ -8,7 +8,7 @@ trajectory is over. `SingleTurn` is today's task: one reply, done. `ToolEnvironm
 of each reply (`toolcalls.parse` in the template family's style, `tools.ToolBox`) and answers each with
 a `tool` message; a reply without calls is the final answer; a malformed call is answered with its error
 as the tool's message; the trajectory ends at `max_turns` replies. Stats per trajectory (turns, calls, tool
-errors, tool seconds) feed the metrics.
+errors, tool seconds, and the answers that reached the model) feed the metrics.
 Caller: the rollout's multi-turn driver (one environment per trajectory, `reset` then `step` per reply).
 """
 
@@ -38,6 +38,9 @@ class TurnStats:
     tool_errors: int = 0  # calls that gave an error: malformed, unknown tool, raised, timed out
     tool_seconds: float = 0.0
     per_turn: list[int] = field(default_factory=list)  # calls made in each reply
+    # answers that reached the model: in its context before a later turn (the driver counts them; a call in
+    # the last turn runs, but nothing reads its answer), errors the environment counted left out
+    tool_results: int = 0
 
 
 class Environment(Protocol):

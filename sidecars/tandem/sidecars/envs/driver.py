@@ -11,7 +11,9 @@ Limits (`Limits`): model turns, tokens per model turn, completion tokens of a wh
 environment tokens together, within vLLM's context), and tokens of each tool message (a longer one is cut and
 says so). A trajectory ends with a final answer (the environment's done), at max turns, when a model turn is
 cut at its token limit (the template's end of turn is missing, so nothing can follow it), or when the next
-turn would not fit the budget. Caller: the rollout sidecar (rollout/server.py), tests.
+turn would not fit the budget. The tool answers that reached the model (appended before its next turn, not
+errors) are counted in the trajectory's stats (`tool_results`). Caller: the rollout sidecar (rollout/server.py),
+tests.
 """
 
 from __future__ import annotations
@@ -111,8 +113,10 @@ class MultiTurnDriver:
         if completion.finish_reason != "stop" or not ended:
             result.finish = "length"  # cut mid-turn: the template's end of turn is missing
             return []
+        errors = state.env.stats.tool_errors
         step = state.env.step(completion.text)
         result.stats = state.env.stats
+        errors = result.stats.tool_errors - errors  # this step's: each one answered by one tool message
         result.turn_rewards.append(step.reward)
         if step.reward is not None:  # per-turn rewards add up to the trajectory's (its undiscounted return)
             result.reward = (result.reward or 0.0) + step.reward
@@ -130,6 +134,7 @@ class MultiTurnDriver:
             return []
         traj.add_env(ids)
         result.messages.extend(new)
+        result.stats.tool_results += max(sum(m.get("role") == "tool" for m in new) - errors, 0)
         return [Turn(turn.key, traj.prompt_ids + traj.completion_ids, min(self.limits.max_turn_tokens, left))]
 
     def capped(self, message: Message) -> Message:

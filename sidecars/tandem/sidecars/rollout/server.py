@@ -28,7 +28,8 @@ def _out(r: Result) -> TrajectoryOut:
     return TrajectoryOut(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, mask=t.loss_mask,
                          logprobs=t.rollout_logprobs, text=r.final_text, reward=r.reward, finish=r.finish,
                          turns=r.stats.turns or t.model_turns, tool_calls=r.stats.tool_calls,
-                         tool_errors=r.stats.tool_errors, tool_seconds=r.stats.tool_seconds)
+                         tool_errors=r.stats.tool_errors, tool_seconds=r.stats.tool_seconds,
+                         tool_results=r.stats.tool_results)
 
 
 class GenerateRequest(BaseModel):
@@ -59,6 +60,7 @@ class TrajectoryOut(BaseModel):
     tool_calls: int
     tool_errors: int
     tool_seconds: float
+    tool_results: int = 0  # tool answers (not errors) that reached the model, in its context before a later turn
 
 
 class TrajectoriesResponse(BaseModel):

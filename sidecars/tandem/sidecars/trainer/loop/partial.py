@@ -50,7 +50,7 @@ class Pending:
     finish_reason: str | None = None
     done: bool = False
     mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
-    turns: dict[str, float] | None = None  # multi-turn: turns, tool_calls, tool_errors, tool_seconds
+    turns: dict[str, float] | None = None  # multi-turn: turns, tool_calls, tool_errors, tool_seconds, tool_results
     env_reward: float | None = None  # multi-turn: the environment's own reward (the `environment` reward)
 
     def versions(self) -> list[int]:

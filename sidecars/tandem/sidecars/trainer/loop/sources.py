@@ -126,7 +126,7 @@ class DelayedSource(SyncSource):
         return groups, {"batch_index": iteration, "batch_version": groups[0].born if groups else version}
 
 
-TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds")
+TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds", "tool_results")
 
 
 class MultiTurnSource(SyncSource):
@@ -152,7 +152,7 @@ def trajectory_groups(group_size: int) -> Generate:
             members = [Pending(t["prompt_ids"], t["completion_ids"], t["logprobs"],
                                [Segment(v, len(t["completion_ids"]))], t["text"],
                                "length" if t["finish"] == "length" else "stop", done=True, mask=t["mask"],
-                               turns={k: float(t[k]) for k in TURN_STATS}, env_reward=t.get("reward"))
+                               turns={k: float(t.get(k, 0.0)) for k in TURN_STATS}, env_reward=t.get("reward"))
                        for t in trajectories]
             groups.append(Group(prompt, members, born=v))
         return groups, versions
@@ -160,12 +160,14 @@ def trajectory_groups(group_size: int) -> Generate:
 
 
 def turn_stats(groups: Sequence[Group]) -> dict[str, float]:
-    """Per iteration: model turns and tool calls per trajectory, tool errors per call, tool seconds in all."""
+    """Per iteration: model turns, tool calls and tool answers that reached the model per trajectory, tool
+    errors per call, tool seconds in all."""
     rows = [m.turns for g in groups for m in g.members if m.turns is not None]
     if not rows:
         return {}
     calls = sum(r["tool_calls"] for r in rows)
     return {"turns_mean": sum(r["turns"] for r in rows) / len(rows), "tool_calls_mean": calls / len(rows),
+            "tool_results_mean": sum(r.get("tool_results", 0.0) for r in rows) / len(rows),
             "tool_error_frac": sum(r["tool_errors"] for r in rows) / calls if calls else 0.0,
             "tool_seconds": sum(r["tool_seconds"] for r in rows)}
 
