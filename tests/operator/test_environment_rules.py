@@ -25,7 +25,7 @@ REJECTED: Rejected = [
      .set("rollout.partial", {"tokenBudget": 64}).set("algorithm.tisCap", 2.0),
      "spec.rollout.environment", "no rollout.partial"),
     ("tools-dynamic-sampling", lambda: W().set("rollout.environment", TOOLS)
-     .set("algorithm.dynamicSampling", {"maxRounds": 2}), "spec.rollout.environment", "no dynamicSampling"),
+     .set("algorithm.dynamicSampling", {"maxRounds": 2}), "spec.algorithm.dynamicSampling", "multi-turn rollouts"),
     ("zero-turns", lambda: W().set("rollout.environment", {**TOOLS, "maxTurns": 0}),
      "spec.rollout.environment.maxTurns", ""),
     ("custom-without-entry-point", lambda: W().set("rollout.environment", {"type": "custom"}),

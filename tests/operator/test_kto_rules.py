@@ -30,12 +30,12 @@ REJECTED: Rejected = [
      "spec.eval.dataset", "do not apply"),
     ("kto-partial", lambda: kto().set("rollout.maxTokens", 64).set("rollout.partial", {"tokenBudget": 8}),
      "spec.rollout.partial", "kto generates no training completions"),
-    ("kto-max-staleness", lambda: kto().set("algorithm.maxStaleness", 1), "spec.algorithm.name",
-     "maxStaleness do not apply"),
-    ("kto-clip", lambda: kto().set("algorithm.clipC", 3.0), "spec.algorithm.name", "clipC"),
+    ("kto-max-staleness", lambda: kto().set("algorithm.maxStaleness", 1), "spec.algorithm.maxStaleness",
+     "does not apply to kto"),  # the field the job wrote, not algorithm.name
+    ("kto-clip", lambda: kto().set("algorithm.clipC", 3.0), "spec.algorithm.clipC", "does not apply to kto"),
     ("kto-empty-label-field", lambda: kto().set("dataset.labelField", ""), "spec.dataset.labelField", ""),
     ("weights-for-dpo", lambda: W().set("algorithm.name", "dpo").set("algorithm.desirableWeight", 1.33),
-     "spec.algorithm.desirableWeight", "apply to kto"),
+     "spec.algorithm.desirableWeight", "applies to kto"),
 ]
 ACCEPTED: Accepted = [
     ("kto", kto),

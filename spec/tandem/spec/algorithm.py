@@ -12,41 +12,21 @@ Callers: `tandem.spec.models` (JobSpec), `tandem.spec.crd` (no schema default fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic.config import JsonDict
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
+from tandem.spec import presets
 from tandem.spec.base import Base, Rule
+from tandem.spec.presets import NAME_DEFAULTS as NAME_DEFAULTS  # re-exported: the tables live in spec.presets
+from tandem.spec.presets import PRESET_MARK, Preset
+from tandem.spec.presets import PRESETABLE as PRESETABLE
+from tandem.spec.presets import PRESETS as PRESETS
 
-Preset = Literal["dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "cispo"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-PRESET_MARK: JsonDict = {"x-tandem-preset": True}  # crd.py: no schema default (the preset's to fill)
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # DAPO (Yu et al. 2025): clip-higher, token-level loss, no KL, soft overlong punishment
-    "dapo": {"clip": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "loss_agg": "token-mean",
-             "overlong": {"penalty": 1.0}, "dynamic_sampling": {"max_rounds": 3}},
-    # Dr. GRPO (Liu et al. 2025): no std normalisation, no length normalisation, no KL
-    "dr_grpo": {"norm_std": False, "loss_agg": "seq-mean-token-sum-norm", "kl_coef": 0.0},
-    # GSPO (Zheng et al. 2025): sequence-level ratio, clip range 3e-4 / 4e-4, sequence-mean loss
-    "gspo": {"policy_loss": "gspo", "clip": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean",
-             "kl_coef": 0.0},
-    # RLOO (Ahmadian et al. 2024): leave-one-out baseline, KL as a reward penalty
-    "rloo": {"advantage": "rloo", "kl_penalty": "reward", "kl_estimator": "k1"},
-    # REINFORCE++ (Hu 2025): token returns with the KL penalty in the rewards, whitened over the batch
-    "reinforce_pp": {"advantage": "reinforce_pp", "kl_penalty": "reward", "kl_estimator": "k1"},
-    # CISPO (MiniMax-M1 2025): clipped importance weight as a coefficient, no lower bound, token-mean
-    "cispo": {"policy_loss": "cispo", "clip": 1.0, "clip_high": 0.28, "loss_agg": "token-mean"},
-}
-NAME_DEFAULTS: dict[str, dict[str, Any]] = {
-    "grpo": {"advantage": "grpo", "kl_estimator": "k3", "kl_penalty": "loss"},
-    "ppo": {"advantage": "gae", "kl_estimator": "k1", "kl_penalty": "reward"},
-    "dpo": {},
-    "kto": {},
-}
-PRESETABLE = ("kl_coef", "clip", "clip_high", "policy_loss", "advantage", "norm_std", "loss_agg", "kl_estimator",
-              "kl_penalty", "overlong", "mask_truncated", "dynamic_sampling")
+_FILLED: ContextVar[tuple[str, ...]] = ContextVar("preset_filled", default=())  # while an Algorithm validates
 
 
 class Overlong(Base):
@@ -66,11 +46,6 @@ class DynamicSampling(Base):
                                      "first included; short after them, the iteration trains on what it kept.")] = 3
 
 
-def _present(data: dict[str, Any], name: str) -> bool:
-    camel = name.split("_")[0] + "".join(p.title() for p in name.split("_")[1:])
-    return name in data or camel in data
-
-
 class Distillation(Base):
     """On-policy distillation: the student's own samples scored by a teacher model, the negative reverse
     KL log pi_teacher - log pi_student per token as (part of) the advantage or the reward."""
@@ -87,6 +62,23 @@ class Distillation(Base):
     task_reward: bool = Field(default=True, description=(
         "Keep the rewards' advantage beside the distillation term (false, with form advantage: pure "
         "distillation, the rewards only reported)."))
+
+
+# A field the other algorithms use, left out or at its neutral value: CEL, Python (the values expanded).
+_NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "policyLoss": ("!has(self.policyLoss) || self.policyLoss == 'clip'", lambda a: a.policy_loss == "clip"),
+    "clipC": ("!has(self.clipC)", lambda a: a.clip_c is None),
+    "overlong": ("!has(self.overlong)", lambda a: a.overlong is None),
+    "maskTruncated": ("!has(self.maskTruncated) || !self.maskTruncated", lambda a: not a.mask_truncated),
+    "tisCap": ("!has(self.tisCap)", lambda a: a.tis_cap is None),
+    "maxStaleness": ("self.maxStaleness == 0", lambda a: a.max_staleness == 0),
+}
+
+
+def _not_for(name: str, field: str, why: str) -> Rule:
+    """`field` left out (or neutral) when algorithm.name is `name`; the refusal blames the field itself."""
+    cel, neutral = _NEUTRAL[field]
+    return Rule(f"self.name != '{name}' || ({cel})", why, f".{field}", lambda a: a.name != name or neutral(a))
 
 
 class Algorithm(Base):
@@ -174,53 +166,51 @@ class Algorithm(Base):
              lambda a: a.preset is None or a.name == "grpo"),
         Rule("!has(self.advantage) || (self.name == 'ppo') == (self.advantage == 'gae')",
              "gae is ppo's advantage, and ppo's only (grpo takes grpo, rloo, reinforce_pp, reinforce_pp_baseline)",
-             ".advantage",
-             lambda a: a.advantage is None or a.name == "dpo" or (a.name == "ppo") == (a.advantage == "gae")),
+             ".advantage", lambda a: a.advantage is None or (a.name == "ppo") == (a.advantage == "gae")),
         Rule("!has(self.klPenalty) || self.klPenalty == 'reward' || self.name != 'ppo'",
              "ppo takes the KL as a reward penalty only", ".klPenalty",
              lambda a: a.kl_penalty != "loss" or a.name != "ppo"),
-        Rule("self.name != 'dpo' || ((!has(self.policyLoss) || self.policyLoss == 'clip') && !has(self.clipC) && "
-             "!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated))",
-             "policyLoss, clipC, overlong and maskTruncated apply to grpo and ppo, not dpo", ".policyLoss",
-             lambda a: a.name != "dpo" or (a.policy_loss == "clip" and a.clip_c is None and a.overlong is None
-                                           and not a.mask_truncated)),
-        Rule("self.name != 'ppo' || (!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated))",
-             "overlong and maskTruncated apply to grpo", ".overlong",
-             lambda a: a.name != "ppo" or (a.overlong is None and not a.mask_truncated)),
-        Rule("!has(self.dynamicSampling) || (self.name == 'grpo' && self.maxStaleness == 0)",
+        *(_not_for("dpo", f, "applies to grpo and ppo, not dpo (which trains on preference pairs)")
+          for f in ("policyLoss", "clipC", "overlong", "maskTruncated")),
+        *(_not_for("ppo", f, "applies to grpo") for f in ("overlong", "maskTruncated")),
+        Rule(f"!{presets.cel_set('dynamicSampling')} || (self.name == 'grpo' && self.maxStaleness == 0)",
              "dynamic sampling applies to grpo with synchronous rollouts (maxStaleness 0)", ".dynamicSampling",
-             lambda a: a.dynamic_sampling is None or (a.name == "grpo" and a.max_staleness == 0)),
+             lambda a: a.dynamic_sampling is None or (a.name == "grpo" and a.max_staleness == 0),
+             preset_field="dynamicSampling"),
         Rule("!has(self.distillation) || self.name == 'grpo'", "on-policy distillation applies to grpo",
              ".distillation", lambda a: a.distillation is None or a.name == "grpo"),
-        Rule("self.name == 'kto' || (self.desirableWeight == 1.0 && self.undesirableWeight == 1.0)",
-             "desirableWeight and undesirableWeight apply to kto", ".desirableWeight",
-             lambda a: a.name == "kto" or (a.desirable_weight == 1.0 and a.undesirable_weight == 1.0)),
-        Rule("self.name != 'kto' || ((!has(self.policyLoss) || self.policyLoss == 'clip') && !has(self.clipC) && "
-             "!has(self.overlong) && (!has(self.maskTruncated) || !self.maskTruncated) && !has(self.tisCap) && "
-             "self.maxStaleness == 0)",
-             "kto trains on a labelled dataset: policyLoss, clipC, overlong, maskTruncated, tisCap and maxStaleness "
-             "do not apply", ".name",
-             lambda a: a.name != "kto" or (a.policy_loss == "clip" and a.clip_c is None and a.overlong is None
-                                           and not a.mask_truncated and a.tis_cap is None and a.max_staleness == 0)),
-        Rule("!has(self.lossAggNorm) || (has(self.lossAgg) && self.lossAgg == 'seq-mean-token-sum-norm')",
+        Rule("self.name == 'kto' || self.desirableWeight == 1.0", "applies to kto", ".desirableWeight",
+             lambda a: a.name == "kto" or a.desirable_weight == 1.0),
+        Rule("self.name == 'kto' || self.undesirableWeight == 1.0", "applies to kto", ".undesirableWeight",
+             lambda a: a.name == "kto" or a.undesirable_weight == 1.0),
+        *(_not_for("kto", f, "does not apply to kto, which trains on a labelled dataset")
+          for f in ("policyLoss", "clipC", "overlong", "maskTruncated", "tisCap", "maxStaleness")),
+        Rule(f"!has(self.lossAggNorm) || {presets.cel_value('lossAgg', 'token-mean')} == 'seq-mean-token-sum-norm'",
              "applies only to lossAgg seq-mean-token-sum-norm", ".lossAggNorm",
-             lambda a: a.loss_agg_norm is None or a.loss_agg == "seq-mean-token-sum-norm"),
+             lambda a: a.loss_agg_norm is None or a.loss_agg == "seq-mean-token-sum-norm", preset_field="lossAgg"),
     )
+    _filled: tuple[str, ...] = PrivateAttr(default=())
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _expand(cls, data: Any) -> Any:
-        """The preset's values, then the name's defaults, for every field the job leaves out."""
+    def _expand(cls, data: Any, handler: ModelWrapValidatorHandler[Algorithm]) -> Algorithm:
+        """The preset's values (grpo), then the name's defaults, for every field the job leaves out."""
         if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        preset = out.get("preset")
-        name = out.get("name", "grpo")
-        for source in (PRESETS.get(preset, {}) if isinstance(preset, str) else {}, NAME_DEFAULTS.get(name, {})):
-            for key, value in source.items():
-                if not _present(out, key):
-                    out[key] = value
-        return out
+            return handler(data)
+        expanded, filled = presets.expand(data)
+        token = _FILLED.set(tuple(filled))
+        try:
+            algo = handler(expanded)
+        finally:
+            _FILLED.reset(token)
+        algo._filled = tuple(filled)
+        return algo
+
+    def preset_note(self, rule: Rule) -> str:
+        filled = _FILLED.get() or self._filled
+        if rule.preset_field and presets.snake(rule.preset_field) in filled:
+            return presets.note(self.preset, rule.preset_field)
+        return ""
 
     @property
     def clip_low_value(self) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tandem.spec import base, models, podtemplate
+from tandem.spec import base, models, podtemplate, presets
 from tandem.spec.models import GROUP, IMMUTABLE_FIELDS, KIND, PLURAL, VERSION
 
 _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
@@ -25,8 +25,21 @@ def _rules_by_title() -> dict[str, list[dict[str, str]]]:
     out: dict[str, list[dict[str, str]]] = {}
     for obj in [*vars(models).values(), *vars(podtemplate).values()]:
         if isinstance(obj, type) and issubclass(obj, base.Base) and obj.rules:
-            out[obj.__name__] = [{"rule": r.cel, "message": f"{r.field.lstrip('.')}: {r.message}",
-                                  "fieldPath": r.field} for r in obj.rules]
+            out[obj.__name__] = [_validation(r) for r in obj.rules]
+    return out
+
+
+def _cel_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _validation(r: base.Rule) -> dict[str, str]:
+    """A Rule as an x-kubernetes-validations entry; one a preset may cause names the preset, as offline."""
+    message = f"{r.field.lstrip('.')}: {r.message}"
+    out = {"rule": r.cel, "message": message, "fieldPath": r.field}
+    if r.preset_field:
+        out["messageExpression"] = (f"{presets.cel_filled(r.preset_field, r.algorithm)} ? {_cel_string(message)} + "
+                                    f"{presets.cel_note(r.preset_field, r.algorithm)} : {_cel_string(message)}")
     return out
 
 
@@ -40,7 +53,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, list[d
         if len(variants) != 1:
             raise ValueError(f"unsupported union in schema: {node}")
         base = _convert(variants[0], defs, rules)
-        base.update({k: v for k, v in node.items() if k in _KEEP and k != "type"})
+        base.update({k: v for k, v in node.items() if (k in _KEEP and k != "type") or k.startswith("x-kubernetes-")})
         base["nullable"] = True
         if node.get("x-tandem-preset"):
             base.pop("default", None)
@@ -71,6 +84,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, list[d
             out["x-kubernetes-validations"] = rules[title]
     if node.get("type") == "array":
         out["items"] = _convert(node["items"], defs, rules)
+    if out.get("x-kubernetes-int-or-string"):  # an integer or a string, as Kubernetes' quantities: no type
+        out.pop("type", None)
     if out.get("type") == "number" and isinstance(out.get("default"), int):
         out["default"] = float(out["default"])
     for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):

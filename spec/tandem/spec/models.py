@@ -15,8 +15,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from tandem.spec import presets
 from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
-from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE, QUANTITY, Base, Rule
+from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE, Base, Quantity, Rule
 from tandem.spec.environment import Environment
 from tandem.spec.parallel import PARALLEL_RULES
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
@@ -192,7 +193,7 @@ class Persist(Base):
 
 
 class CheckpointEngine(Base):
-    shm_size: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
+    shm_size: Quantity = "64Gi"
     transport: Literal["auto", "rdma", "tcp"] = "auto"
     shard_size_mi_b: Annotated[int, Field(ge=1, le=65_536, alias="shardSizeMiB")] = 512
     port: Annotated[int, Field(ge=1024, le=65_534, description="The trainer's checkpoint-engine API port; the "
@@ -329,8 +330,12 @@ KTO_ONLY = ("applies to kto only (a labelled dataset); the other algorithms gene
 
 def _multi_turn_ok(s: JobSpec) -> bool:
     env = s.rollout.environment
-    return env is None or env.type == "single" or (
-        s.rollout.partial is None and s.algorithm.dynamic_sampling is None and s.algorithm.name not in ("dpo", "kto"))
+    return env is None or env.type == "single" or (s.rollout.partial is None and s.algorithm.name not in ("dpo", "kto"))
+
+
+# algorithm.dynamicSampling as the job or its preset (dapo) sets it; a refusal names the preset
+_DYNAMIC = presets.cel_set("dynamicSampling", "self.algorithm")
+_DYNAMIC_PRESET = {"preset_field": "dynamicSampling", "algorithm": "self.algorithm"}
 
 
 class JobSpec(Base):
@@ -414,12 +419,14 @@ class JobSpec(Base):
         Rule("!has(self.rollout.partial) || self.algorithm.maxStaleness == 0",
              "partial rollouts and asynchronous rollouts (maxStaleness > 0) are exclusive; choose one",
              ".algorithm.maxStaleness", lambda s: s.rollout.partial is None or s.algorithm.max_staleness == 0),
-        Rule("!has(self.algorithm.dynamicSampling) || (!has(self.rollout.partial) && "
-             "!self.rewards.exists(r, r.type == 'model'))",
-             "dynamic sampling needs whole synchronous rollouts (no rollout.partial) and rule-based rewards (a "
-             "reward model would load beside the rollout to score each round)", ".algorithm.dynamicSampling",
-             lambda s: s.algorithm.dynamic_sampling is None or (s.rollout.partial is None
-                                                                and not any(r.type == "model" for r in s.rewards))),
+        Rule(f"!{_DYNAMIC} || !has(self.rollout.partial)",
+             "dynamic sampling needs whole synchronous rollouts (no rollout.partial)", ".algorithm.dynamicSampling",
+             lambda s: s.algorithm.dynamic_sampling is None or s.rollout.partial is None, **_DYNAMIC_PRESET),
+        Rule(f"!{_DYNAMIC} || !self.rewards.exists(r, r.type == 'model')",
+             "dynamic sampling needs rule-based rewards (a reward model would load beside the rollout to score each "
+             "round)", ".algorithm.dynamicSampling",
+             lambda s: s.algorithm.dynamic_sampling is None or not any(r.type == "model" for r in s.rewards),
+             **_DYNAMIC_PRESET),
         Rule("self.algorithm.name != 'kto' || has(self.dataset.completionField)",
              "kto trains on labelled completions: name the field holding each row's completion",
              ".dataset.completionField", lambda s: s.algorithm.name != "kto" or s.dataset.completion_field is not None),
@@ -446,9 +453,14 @@ class JobSpec(Base):
                                                              and s.algorithm.max_staleness == 0)
              or s.algorithm.tis_cap is not None),
         Rule("self.trainer.engine != 'hf' || self.algorithm.name != 'ppo' || !self.algorithm.critic",
-             "PPO's learned critic (a value head on the policy's transformer) runs on the megatron engine",
+             "PPO's learned critic (a value head on the policy's transformer) runs on the megatron engine, which "
+             "hf is not: use engine megatron (or auto on a model family it maps), or drop algorithm.critic",
              ".trainer.engine", lambda s: s.trainer.engine != "hf" or s.algorithm.name != "ppo"
              or not s.algorithm.critic),
+        Rule("!has(self.trainer.lora) || self.algorithm.name != 'ppo' || !self.algorithm.critic",
+             "LoRA trains on the hf engine, which has no value head for PPO's learned critic: drop trainer.lora, "
+             "or algorithm.critic (PPO then takes its group baseline)", ".trainer.lora",
+             lambda s: s.trainer.lora is None or s.algorithm.name != "ppo" or not s.algorithm.critic),
         Rule("!has(self.trainer.lora) || self.trainer.lora.sync != 'adapter' || "
              "string(self.rollout.sleepLevel) != '2'",
              "sleep level 2 drops the base weights that trainer.lora.sync adapter serves its adapters on: use 1 "
@@ -460,12 +472,15 @@ class JobSpec(Base):
              ".rewards", lambda s: not any(r.type == "environment" for r in s.rewards) or (
                  s.rollout.environment is not None and s.rollout.environment.type in ("custom", "agent"))),
         Rule("!has(self.rollout.environment) || self.rollout.environment.type == 'single' || "
-             "(!has(self.rollout.partial) && "
-             "!has(self.algorithm.dynamicSampling) && !(self.algorithm.name in ['dpo', 'kto']))",
+             "(!has(self.rollout.partial) && !(self.algorithm.name in ['dpo', 'kto']))",
              "multi-turn rollouts (environment types tools, custom, agent) are generated whole, synchronously or "
              "asynchronously (maxStaleness), and trained by the policy-gradient algorithms: no rollout.partial, "
-             "no dynamicSampling, not dpo or kto",
-             ".rollout.environment", _multi_turn_ok),
+             "not dpo or kto", ".rollout.environment", _multi_turn_ok),
+        Rule(f"!has(self.rollout.environment) || self.rollout.environment.type == 'single' || !{_DYNAMIC}",
+             "dynamic sampling regenerates single replies: multi-turn rollouts (rollout.environment types tools, "
+             "custom, agent) take none", ".algorithm.dynamicSampling",
+             lambda s: s.rollout.environment is None or s.rollout.environment.type == "single"
+             or s.algorithm.dynamic_sampling is None, **_DYNAMIC_PRESET),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
     )
@@ -479,6 +494,9 @@ class JobSpec(Base):
                              f"{self.model.path}/config.json (mapped: {', '.join(ModelRef.FAMILIES)}); "
                              "use hf, or auto, which picks hf for it")
         return self
+
+    def preset_note(self, rule: Rule) -> str:
+        return self.algorithm.preset_note(rule)
 
     def trainer_ranks_per_pod(self) -> int:
         """Trainer processes in one pod: one per GPU, or TP x PP on CPU (gpusPerPod: 0)."""

@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, Base, Rule
+from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, INT_OR_STRING, Base, Quantity, Rule, int_as_string
 
 RESERVED_ENV_PREFIXES = ("TANDEM_", "MASTER_")  # the pod env contract (tandem.spec.podenv.PodEnv)
 RESERVED_ENV = ("NVIDIA_VISIBLE_DEVICES",)  # set on the rollout of a hybrid pod to share the GPUs
@@ -209,7 +209,7 @@ class FieldRef(Base):
 class ResourceFieldRef(Base):
     container_name: Literal["trainer", "rollout"] | None = None
     resource: Annotated[str, Field(min_length=1, max_length=64)]
-    divisor: Annotated[str | None, Field(pattern=QUANTITY)] = None
+    divisor: Quantity | None = None
 
 
 SOURCES = ("secret_key_ref", "config_map_key_ref", "field_ref", "resource_field_ref")
@@ -275,18 +275,31 @@ class Capabilities(Base):
                   lambda c: all(x in ALLOWED_CAPABILITIES for x in c.add)),)
 
 
+RESTRICTED = ("the job's pods run as Pod Security restricted asks (tandem.operator.pod_security: non-root user, "
+              "group and fsGroup 10001, which the images are built for, seccomp RuntimeDefault, no host namespaces, "
+              "no service-account token)")
+
+
 class SecurityContext(Base):
     """What a container may ask beyond the operator's restricted context (`tandem.operator.pod_security`)."""
 
     capabilities: Capabilities | None = None
     privileged: bool | None = Field(default=None, description="Refused when true.")
     allow_privilege_escalation: bool | None = Field(default=None, description="Refused when true.")
+    run_as_user: Annotated[int | None, Field(ge=0, le=2**31 - 1, description="Refused: the operator's.")] = None
+    run_as_group: Annotated[int | None, Field(ge=0, le=2**31 - 1, description="Refused: the operator's.")] = None
+    run_as_non_root: bool | None = Field(default=None, description="Refused when false.")
     rules = (
         Rule("!has(self.privileged) || !self.privileged", "must not be true: the job's pods are never privileged",
              ".privileged", lambda s: s.privileged is not True),
         Rule("!has(self.allowPrivilegeEscalation) || !self.allowPrivilegeEscalation",
              "must not be true: the job's containers run with allowPrivilegeEscalation false",
              ".allowPrivilegeEscalation", lambda s: s.allow_privilege_escalation is not True),
+        Rule("!has(self.runAsUser)", f"is the operator's: {RESTRICTED}", ".runAsUser", lambda s: s.run_as_user is None),
+        Rule("!has(self.runAsGroup)", f"is the operator's: {RESTRICTED}", ".runAsGroup",
+             lambda s: s.run_as_group is None),
+        Rule("!has(self.runAsNonRoot) || self.runAsNonRoot", f"must not be false: {RESTRICTED}", ".runAsNonRoot",
+             lambda s: s.run_as_non_root is not False),
     )
 
 
@@ -300,20 +313,30 @@ def extended_resource(name: str) -> bool:
             and not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io")))
 
 
+WHOLE = r"^[1-9][0-9]*(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"  # a whole, positive quantity (no m, no fraction)
+DeviceCount = Annotated[str, Field(max_length=32, json_schema_extra=INT_OR_STRING), BeforeValidator(int_as_string)]
+
+
 class ContainerResources(Base):
     """Device-plugin resources a container adds, e.g. an RDMA HCA (`rdma/hca_shared_devices_a`,
     `nvidia.com/hostdev`); the requests equal these limits (extended resources are never overcommitted)."""
 
-    limits: Annotated[dict[str, Annotated[int, Field(ge=1, le=1024)]], Field(max_length=8, description=(
+    limits: Annotated[dict[str, DeviceCount], Field(max_length=8, description=(
         "Extended resources by name ([domain]/[name]; not nvidia.com/gpu, which spec.gpusPerPod sets, nor "
-        "cpu or memory, which spec.trainer/spec.rollout resources set), whole numbers."))] = Field(
-        default_factory=dict)
-    rules = (Rule("!has(self.limits) || self.limits.all(k, k.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]"
-                  "([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && k != 'nvidia.com/gpu' && "
-                  "!k.matches('^([^/]*[.])?kubernetes[.]io/'))",
-                  "only extended resources ([domain]/[name], e.g. rdma/hca_shared_devices_a) may be added; "
-                  "nvidia.com/gpu is spec.gpusPerPod's, cpu and memory are spec.trainer/spec.rollout resources",
-                  ".limits", lambda r: all(extended_resource(k) for k in r.limits)),)
+        "cpu or memory, which spec.trainer/spec.rollout resources set): whole quantities, as integers (1) or "
+        "strings (\"1\", \"2k\")."))] = Field(default_factory=dict)
+    rules = (
+        Rule("!has(self.limits) || self.limits.all(k, k.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]"
+             "([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && k != 'nvidia.com/gpu' && "
+             "!k.matches('^([^/]*[.])?kubernetes[.]io/'))",
+             "only extended resources ([domain]/[name], e.g. rdma/hca_shared_devices_a) may be added; "
+             "nvidia.com/gpu is spec.gpusPerPod's, cpu and memory are spec.trainer/spec.rollout resources",
+             ".limits", lambda r: all(extended_resource(k) for k in r.limits)),
+        Rule(f"!has(self.limits) || self.limits.all(k, string(self.limits[k]).matches('{WHOLE}'))",
+             "extended resources count whole devices: 1, 2, \"1\", \"2k\" (Kubernetes refuses 0, fractions and "
+             "milli-units such as 500m for them)", ".limits",
+             lambda r: all(re.match(WHOLE, v) for v in r.limits.values())),
+    )
 
 
 class ContainerOverride(Base):
@@ -370,7 +393,7 @@ class ConfigMapSource(Base):
 
 class EmptyDirSource(Base):
     medium: Literal["", "Memory"] = ""
-    size_limit: Annotated[str | None, Field(pattern=QUANTITY)] = None
+    size_limit: Quantity | None = None
 
 
 class PodVolume(Base):
@@ -395,6 +418,11 @@ def _names_unique(field: str, attr: str, key: str = "name") -> Rule:
                 lambda s: len({getattr(x, key) for x in getattr(s, attr)}) == len(getattr(s, attr)))
 
 
+def _never_true(field: str, attr: str) -> Rule:
+    return Rule(f"!has(self.{field}) || !self.{field}", f"must not be true: {RESTRICTED}", f".{field}",
+                lambda s: getattr(s, attr) is not True)
+
+
 class PodSpecOverride(Base):
     node_selector: Labels = Field(default_factory=dict, description="Node labels the pods require "
                                   "(e.g. a GPU type).")
@@ -409,7 +437,23 @@ class PodSpecOverride(Base):
         **MAP, "x-kubernetes-list-map-keys": ["name"]})] = Field(default_factory=list)
     containers: Annotated[list[ContainerOverride], Field(max_length=2, json_schema_extra={
         **MAP, "x-kubernetes-list-map-keys": ["name"]})] = Field(default_factory=list)
-    rules = (_names_unique("volumes", "volumes"), _names_unique("containers", "containers"))
+    # Pod Security restricted, named so that a refusal says why (not "unknown field"): never true, or never set
+    host_network: bool | None = Field(default=None, description="Refused when true.")
+    host_pid: bool | None = Field(default=None, alias="hostPID", description="Refused when true.")
+    host_ipc: bool | None = Field(default=None, alias="hostIPC", description="Refused when true.")
+    automount_service_account_token: bool | None = Field(default=None, description="Refused when true.")
+    security_context: dict[str, Any] | None = Field(default=None, description="Refused: the operator's.",
+                                                    json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    rules = (
+        _names_unique("volumes", "volumes"), _names_unique("containers", "containers"),
+        *(_never_true(f, attr) for f, attr in (("hostNetwork", "host_network"), ("hostPID", "host_pid"),
+                                               ("hostIPC", "host_ipc"))),
+        Rule("!has(self.automountServiceAccountToken) || !self.automountServiceAccountToken",
+             f"must not be true: {RESTRICTED}; the sidecars never call the Kubernetes API",
+             ".automountServiceAccountToken", lambda s: s.automount_service_account_token is not True),
+        Rule("!has(self.securityContext)", f"is the operator's: {RESTRICTED}", ".securityContext",
+             lambda s: s.security_context is None),
+    )
 
 
 class SchedulingOverride(Base):

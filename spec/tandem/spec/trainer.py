@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tandem.spec.base import IMAGE, QUANTITY, Base, Rule
+from tandem.spec.base import IMAGE, Base, Quantity, Rule
 
 
 def model_type(path: str) -> str | None:
@@ -76,8 +76,8 @@ class ModelRef(Base):
 
 
 class Resources(Base):
-    cpu: Annotated[str, Field(pattern=QUANTITY)] = "8"
-    memory: Annotated[str, Field(pattern=QUANTITY)] = "64Gi"
+    cpu: Quantity = "8"
+    memory: Quantity = "64Gi"
 
 
 class Lora(Base):
