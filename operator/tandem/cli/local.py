@@ -32,14 +32,14 @@ from typing import Any
 
 import aetcd
 import yaml
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
 from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
-from tandem.cli import local_sandbox, plot
+from tandem.cli import local_sandbox, plot, say
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis
 from tandem.operator import builders
@@ -47,7 +47,7 @@ from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress
 
-console = Console(stderr=True)
+console = say.console(stderr=True)
 
 
 class _Stop(Exception):
@@ -117,13 +117,14 @@ def _prepare(job: RLHFJob, run_dir: Path, etcd: LocalEtcd, resume: bool, pin_pod
     containers = processes_for(pods, job, run_dir, etcd.endpoint, token=secrets.token_hex(16),
                                shm_root=shm_root_of(job), extra=extra)
     if (note := local_sandbox.isolation_note(containers)) is not None:
-        console.print(f"[yellow]{note}[/yellow]")
+        console.print(say.styled(note, "yellow"))
     pods_here = sorted({c.pod for c in containers})
     if pin_pods:
         share = pod_cpus(pods_here, sorted(os.sched_getaffinity(0)))
         for c in containers:
             c.cpus = share[c.pod]
-        console.print("pods pinned: " + ", ".join(f"{pod} cores {sorted(cpus)}" for pod, cpus in share.items()))
+        console.print("pods pinned: " + ", ".join(f"{pod} cores {sorted(cpus)}" for pod, cpus in share.items()),
+                      markup=False)
     elif len(pods_here) > 1:  # pods share every core: no vLLM may take them all (sidecars/rollout/cores.py)
         for c in containers:
             c.env.setdefault(CPU_RESERVED_ENV, "1")  # vLLM's default reservation
@@ -211,20 +212,20 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
     result: Progress | None = None
     try:
         containers = _prepare(job, run_dir, etcd, resume, pin_pods)
-        console.print(f"[bold]tandem run[/bold] {job.metadata.name}: {len(containers)} processes, etcd "
-                      f"{etcd.endpoint}, logs in {run_dir / 'logs'}")
+        console.print(Text.assemble(("tandem run", "bold"), f" {job.metadata.name}: {len(containers)} processes, "
+                                    f"etcd {etcd.endpoint}, logs in {run_dir / 'logs'}"))
         for c in containers:
             c.start()
         result = asyncio.run(_follow(job, etcd, containers))
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: stopping sidecars[/yellow]")
+        console.print(say.styled("interrupted: stopping sidecars", "yellow"))
     finally:
         try:
             killed = stop_all(containers, grace=30.0)  # vLLM takes a while to shut down on a busy machine
             if killed:
-                console.print(f"[yellow]killed after 30 s: {', '.join(killed)}[/yellow]")
+                console.print(say.styled(f"killed after 30 s: {', '.join(killed)}", "yellow"))
         except RuntimeError as e:
-            console.print(f"[red]{e}[/red]")
+            console.print(say.styled(str(e), "red"))
         etcd.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -234,7 +235,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
     ok = result is not None and result.phase == "done"
     for c in containers:
         if c.exit_code() not in (0, None, -signal.SIGTERM, 128 + signal.SIGTERM) or not ok:
-            console.print(f"[dim]--- {c.label} (exit {c.exit_code()}), last lines of {c.log_path}:[/dim]")
+            console.print(say.styled(f"--- {c.label} (exit {c.exit_code()}), last lines of {c.log_path}:", "dim"))
             console.print(c.tail(15), markup=False, highlight=False)
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists() and metrics.stat().st_size:
@@ -243,12 +244,12 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         evals = [json.loads(line) for line in evals_file.read_text().splitlines() if line.strip()] \
             if evals_file.exists() else []
         png = plot.plot_metrics(rows, run_dir / "progress.png", title=job.metadata.name, evals=evals)
-        console.print(f"metrics: {metrics}  plot: {png}")
+        console.print(f"metrics: {metrics}  plot: {png}", markup=False)
         plot.print_summary(rows, console, evals)
     state = result.phase if result else "no progress"
     if ok:
         console.print("[green]done[/green]")
     else:
-        console.print(f"[red]job did not finish[/red] ({state}): ", end="")
+        console.print(Text.assemble(("job did not finish", "red"), f" ({state}): "), end="")
         console.print(diagnosis(result, containers), markup=False, highlight=False)
     return 0 if ok else 1

@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from tandem.cli import say
 from tandem.spec import crd as crd_gen
 from tandem.spec import load, model_dir
 from tandem.spec.models import RLHFJob
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tandem: hybrid-deployment RLHF on Kubernetes.")
-err = Console(stderr=True)
-out = Console()
+err = say.console(stderr=True)  # text, never markup; never wrapped (a pipe, a file, a test's capture)
+out = say.console()
 
 CRD_TARGETS = (Path("manifests/crd/rlhfjobs.tandem.dev.yaml"), Path("helm/tandem/crds/rlhfjobs.tandem.dev.yaml"))
 
@@ -48,10 +48,10 @@ def validate(files: list[Path] = typer.Argument(..., help="RLHFJob YAML files.")
             job = _model_dirs(load.load_job(f), str(f), missing_ok=True)  # a cluster's exist only in its pods
         except load.SpecError as e:
             bad += 1
-            err.print(f"[red]✗[/red] {e}", highlight=False)
+            err.print(say.failed(str(e)))
             continue
-        out.print(f"[green]✓[/green] {f}: RLHFJob {job.metadata.name} is valid", highlight=False)
-        out.print(f"  algorithm: {job.spec.algorithm.summary(job.spec.rollout.max_tokens)}", highlight=False)
+        out.print(say.passed(f"{f}: RLHFJob {job.metadata.name} is valid"))
+        out.print(f"  algorithm: {job.spec.algorithm.summary(job.spec.rollout.max_tokens)}", markup=False)
     raise typer.Exit(1 if bad else 0)
 
 
@@ -67,7 +67,7 @@ def crd(write: bool = typer.Option(False, "--write", help="Write manifests/crd a
         path = root / target
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        err.print(f"wrote {path}")
+        err.print(f"wrote {path}", markup=False)
 
 
 @app.command()
@@ -87,7 +87,7 @@ def run(
     try:
         job = _model_dirs(volumes.localize(load.load_job(job_file), str(job_file)), str(job_file), missing_ok=False)
     except load.SpecError as e:
-        err.print(f"[red]✗[/red] {e}", highlight=False)
+        err.print(say.failed(str(e)))
         raise typer.Exit(2) from None
     if iterations is not None:
         job.spec.algorithm.iterations = iterations
@@ -107,7 +107,7 @@ def models_list() -> None:
     for known in models.KNOWN.values():
         path = models.model_dir(known.name)
         state = f"cached at {path}" if models.is_fetched(path) else "not fetched"
-        out.print(f"{known.name}: {known.description} — {state}", highlight=False)
+        out.print(f"{known.name}: {known.description} — {state}", markup=False)
 
 
 @models_app.command("fetch")
@@ -117,9 +117,9 @@ def models_fetch(name: str = typer.Argument(..., help="A name from `tandem model
     from tandem.cli import models
 
     try:
-        path = models.fetch(name, force=force, progress=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False))
+        path = models.fetch(name, force=force, progress=lambda m: err.print(say.styled(m, "dim")))
     except models.ModelFetchError as e:
-        err.print(f"[red]✗[/red] {e}", highlight=False)
+        err.print(say.failed(str(e)))
         raise typer.Exit(1) from None
     print(path)
 
@@ -141,16 +141,16 @@ def export(
     from tandem.checkpoint_engine import errors, hf_export
 
     if dtype != "auto" and dtype not in hf_export.DTYPES:
-        err.print(f"[red]✗[/red] --dtype: {dtype!r} is not one of auto, {', '.join(hf_export.DTYPES)}", highlight=False)
+        err.print(say.failed(f"--dtype: {dtype!r} is not one of auto, {', '.join(hf_export.DTYPES)}"))
         raise typer.Exit(2)
     try:
         path = hf_export.resolve_source(source, version)
-        err.print(f"exporting {path} ...", highlight=False)
+        err.print(f"exporting {path} ...", markup=False)
         done = hf_export.export_version(path, model, target, hf_export.DTYPES.get(dtype), max_shard_size)
     except (errors.CheckpointEngineError, OSError, ValueError) as e:
-        err.print(f"[red]✗[/red] {e}", highlight=False)
+        err.print(say.failed(str(e)))
         raise typer.Exit(1) from None
-    out.print(f"[green]✓[/green] {done}", highlight=False)
+    out.print(say.passed(str(done)))
 
 
 if __name__ == "__main__":

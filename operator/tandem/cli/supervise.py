@@ -16,6 +16,7 @@ import re
 import signal
 
 from rich.console import Console
+from rich.text import Text
 
 from tandem.cli.procs import LocalContainer, stop_all
 from tandem.spec.progress import Progress
@@ -37,8 +38,8 @@ class RolloutRestarts:
             return False
         stop_all([c], grace=10.0)  # what it left running (vLLM's engine core and workers) goes first
         c.restarts += 1
-        self.console.print(f"[yellow]{c.label} exited with {code}: started again ({c.restarts}/{MAX_RESTARTS}); "
-                           f"{last_error(c) or 'no error in its log'}[/yellow]", highlight=False)
+        self.console.print(Text(f"{c.label} exited with {code}: started again ({c.restarts}/{MAX_RESTARTS}); "
+                                f"{last_error(c) or 'no error in its log'}", style="yellow"), highlight=False)
         c.start()
         return True
 
