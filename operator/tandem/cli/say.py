@@ -9,13 +9,16 @@ Callers: `tandem.cli.main` (validate, crd, export, models), `tandem.cli.local` a
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.text import Text
 
 
-def console(stderr: bool = False) -> Console:
-    """A console that wraps nothing and highlights nothing; tables still fit the terminal."""
-    return Console(stderr=stderr, soft_wrap=True, highlight=False)
+def console(stderr: bool = False, **options: Any) -> Console:
+    """A console that wraps nothing and highlights nothing (tables still fit the terminal); `options` are
+    rich's (a test's file, force_terminal, width)."""
+    return Console(stderr=stderr, soft_wrap=True, highlight=False, **options)
 
 
 def failed(text: str) -> Text:
