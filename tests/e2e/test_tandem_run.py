@@ -122,7 +122,12 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
 
     job = demo_job(toy, "e2e-resume")
     iterations = 40  # a toy iteration takes ~0.3 s now: 5 could all finish before the Ctrl-C lands
+    # grpo's rloo preset (the KL to the reference as a reward penalty, from the trainer's own old log-probs)
+    # runs here rather than in a run of its own: its checks need two iterations, like this test's
     job["spec"]["algorithm"]["iterations"] = iterations
+    for key in ("klCoef", "clip"):
+        job["spec"]["algorithm"].pop(key)
+    job["spec"]["algorithm"]["preset"] = "rloo"
     job["spec"]["rollout"]["promptsPerIteration"] = 4
     job["spec"]["trainer"]["tensorParallel"] = 2  # two gloo trainer ranks: collective export, resume on both
     runs = tmp_path / "runs"
@@ -138,8 +143,11 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     proc.send_signal(signal.SIGINT)
     assert proc.wait(120) != 0  # interrupted: not done
     assert not processes_of(runs), "sidecars left running after Ctrl-C"  # tandem run waited for them all
-    done_before = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
+    first = [json.loads(line) for line in metrics.read_text().splitlines()]
+    done_before = [r["iteration"] for r in first]
     assert done_before[:2] == [0, 1]
+    assert first[0]["prepare_kl_reward"] == 0.0  # rloo: the first policy is the reference
+    assert first[1]["prepare_kl_reward"] != 0.0 and not any("kl" in r for r in first), first  # in the rewards only
     generation = runs / "e2e-resume" / "generation"
     assert generation.read_text() == "0"
 
@@ -162,13 +170,13 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(toy: Path, tmp_path: Path) ->
     assert first_resumed["rollout_version"] >= rows[len(done_before) - 1]["weight_version"]
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo", "grpo-rloo", "grpo-gspo", "grpo-dapo"])
+@pytest.mark.parametrize("algorithm", ["ppo-critic", "dpo", "grpo-gspo", "grpo-dapo"])
 def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: str) -> None:
-    """PPO (old-policy log-probs from the trainer, ratio clipping over 2 epochs), PPO with a learned
-    critic (a value-head Megatron engine trained on the returns), DPO (pairs from each prompt's
-    best and worst completions), and three grpo presets: rloo (the KL to the reference as a reward
-    penalty, from the trainer's own old log-probs), gspo (the sequence ratio, clipped at 4e-4) and dapo
-    (dynamic sampling: groups whose rewards tie dropped and refilled) through the same loop."""
+    """PPO with a learned critic (old-policy log-probs from the trainer, ratio clipping over 2 epochs, a
+    value-head Megatron engine trained on the returns), DPO (pairs from each prompt's best and worst
+    completions), and two grpo presets: gspo (the sequence ratio, clipped at 4e-4) and dapo (dynamic
+    sampling: groups whose rewards tie dropped and refilled) through the same loop. PPO without a critic
+    runs in test_durable_checkpoint_outlives_shared_memory, the rloo preset in the Ctrl-C test."""
     job = demo_job(toy, f"e2e-{algorithm}")
     name, _, preset = algorithm.partition("-")
     job["spec"]["algorithm"].update(name=name, iterations=2, epochs=2, lr=1e-3, critic=preset == "critic")
@@ -188,11 +196,6 @@ def test_other_algorithms_run_end_to_end(toy: Path, tmp_path: Path, algorithm: s
         assert rows[0]["prepare_value_mean"] == 0.0  # a fresh value head
         assert all(r["value_loss"] > 0 and r["critic_grad_norm"] > 0 for r in rows), rows
         assert rows[1]["prepare_value_mean"] != 0.0  # the critic trained on iteration 0's returns
-    elif algorithm == "ppo":
-        assert "value_loss" not in rows[0]
-    elif algorithm == "grpo-rloo":
-        assert rows[0]["prepare_kl_reward"] == 0.0  # the first policy is the reference
-        assert rows[1]["prepare_kl_reward"] != 0.0 and not any("kl" in r for r in rows), rows  # in the rewards only
     elif algorithm == "grpo-dapo":  # dynamic sampling: only groups whose rewards differ are trained on
         group, prompts = job["spec"]["algorithm"]["groupSize"], job["spec"]["rollout"]["promptsPerIteration"]
         for r in rows:
@@ -209,14 +212,16 @@ def test_durable_checkpoint_outlives_shared_memory(toy: Path, tmp_path: Path) ->
     """With checkpointEngine.persist, a run whose shared memory and etcd are gone (what a gang
     restart in a cluster leaves: new pods, empty /dev/shm) resumes from the durable copy.
 
-    The volume is a hostPath (tandem run rewrites /ckpt/... to it, as a bind mount would)."""
+    The volume is a hostPath (tandem run rewrites /ckpt/... to it, as a bind mount would). The job is PPO
+    without a critic (old-policy log-probs from the trainer, ratio clipping over 2 epochs), which runs here
+    rather than in a run of its own."""
     import torch
 
     from tandem.checkpoint_engine import layout
     from tandem.checkpoint_engine.durable import DurableStore
 
     job = demo_job(toy, "e2e-durable")
-    job["spec"]["algorithm"].update(iterations=3, lr=3e-3)
+    job["spec"]["algorithm"].update(name="ppo", iterations=3, epochs=2, lr=3e-3)
     job["spec"]["rollout"]["promptsPerIteration"] = 4
     job["spec"]["volumes"] = [{"name": "ckpt", "mountPath": "/ckpt", "hostPath": str(tmp_path / "pvc")}]
     job["spec"]["checkpointEngine"]["persist"] = {"path": "/ckpt/tandem", "every": 2, "keep": 2}
@@ -227,6 +232,8 @@ def test_durable_checkpoint_outlives_shared_memory(toy: Path, tmp_path: Path) ->
     uid = (runs / "e2e-durable" / "job-uid").read_text().strip()
     store = DurableStore(tmp_path / "pvc" / "tandem", "default", "e2e-durable", uid, keep=2)
     rows = [json.loads(line) for line in (runs / "e2e-durable" / "metrics.jsonl").read_text().splitlines()]
+    # PPO: the second epoch sees a moved policy (ratios leave 1 only if old log-probs were supplied); no critic
+    assert any(abs(r["ratio_mean"] - 1.0) > 1e-6 for r in rows) and not any("value_loss" in r for r in rows), rows
     # copies after 2 iterations (every: 2) and after the last one, of the versions those iterations published
     assert [store.read(v).iteration for v in store.versions()] == [2, 3]
     assert store.versions() == [rows[1]["weight_version"], rows[2]["weight_version"]]
