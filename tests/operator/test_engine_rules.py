@@ -90,3 +90,20 @@ def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: P
     with pytest.raises(SpecError) as err:  # an explicit family must still match the file
         parse_job(W().set("model.path", gemma).set("model.family", "llama").obj(), "x")
     assert "does not match model_type 'gemma'" in str(err.value)
+
+
+def test_ppo_critic_where_auto_picks_hf_is_refused_offline(tmp_path: Path) -> None:
+    """Engine auto picks hf for a model megatron cannot map (config.json, readable here): no value head for
+    PPO's critic. The CEL rules cannot read the file; LoRA, which also makes auto pick hf, both refuse."""
+    gemma, llama = _model(tmp_path, "gemma"), _model(tmp_path, "llama")
+    def ppo() -> JobWrapper:
+        return W().set("algorithm.name", "ppo").set("algorithm.critic", True)
+
+    with pytest.raises(SpecError) as err:
+        parse_job(ppo().set("model.path", gemma).obj(), "x")
+    assert "spec.algorithm.critic" in err.value.fields and "picks hf (no value head)" in str(err.value)
+    assert parse_job(ppo().set("model.path", llama).obj(), "x").spec.algorithm.critic
+    with pytest.raises(SpecError) as err:
+        parse_job(ppo().set("trainer.lora", {}).obj(), "x")
+    assert "spec.trainer.lora" in err.value.fields and "no value head" in str(err.value)
+    assert "megatron" not in str(err.value).split("spec.trainer.lora:")[1].split("drop")[1]  # advice LoRA allows

@@ -6,7 +6,10 @@ user left out, then the name's own defaults fill the estimator choices (`NAME_DE
 k3 KL in the loss, ppo k1 KL in the rewards and GAE). The expanded values are what the trainer runs
 (`tandem.sidecars.algorithms.registry`), what `tandem validate` prints and what the operator shows in
 `status.algorithm`. The fields a preset sets carry no default in the CRD (`PRESETABLE`), so that a
-field the API server would otherwise default is still the preset's to fill.
+field the API server would otherwise default is still the preset's to fill. The API server stores the
+job unexpanded, so the CEL of each rule reads the expanded values through `tandem.spec.presets`
+(`cel_set`, `cel_value`), and a refusal a preset caused names it (offline: `preset_note`; the CRD: a
+messageExpression). Each rule blames the field the job wrote (clipC on kto blames clipC).
 Callers: `tandem.spec.models` (JobSpec), `tandem.spec.crd` (no schema default for PRESETABLE).
 """
 
@@ -89,7 +92,8 @@ class Algorithm(Base):
         "token-mean, overlong shaping; dr_grpo: normStd false, seq-mean-token-sum-norm, klCoef 0; gspo: "
         "policyLoss gspo, clip 3e-4, clipHigh 4e-4, seq-mean-token-mean, klCoef 0; rloo: advantage rloo, KL k1 in "
         "the reward; reinforce_pp: advantage reinforce_pp, KL k1 in the reward; cispo: policyLoss cispo, clip 1 "
-        "(no lower bound), clipHigh 0.28. grpo only."))
+        "(no lower bound), clipHigh 0.28. grpo only. A field given null counts as left out (the preset fills it): "
+        "to leave out what a preset sets, write its fields without the preset."))
     group_size: Annotated[int, Field(ge=2, le=1024, description="Completions sampled per prompt.")] = 8
     kl_coef: Annotated[float, Field(ge=0, le=10, json_schema_extra=PRESET_MARK, description=(
         "Weight of the KL to the reference (default 0.001; 0: no reference model is run)."))] = 0.001

@@ -487,12 +487,19 @@ class JobSpec(Base):
 
     @model_validator(mode="after")
     def _check_engine_family(self) -> JobSpec:
-        """trainer.engine megatron on a model whose config.json (where readable here) has no weight mapping."""
+        """trainer.engine megatron on a model whose config.json (where readable here) has no weight mapping, and
+        PPO's critic where engine auto picks hf for such a model (Python only: CEL cannot read config.json)."""
         found = model_type(self.model.path)
         if self.trainer.engine == "megatron" and found is not None and found not in ModelRef.FAMILIES:
             raise ValueError(f"trainer.engine: megatron has no weight mapping for model_type {found!r} of "
                              f"{self.model.path}/config.json (mapped: {', '.join(ModelRef.FAMILIES)}); "
                              "use hf, or auto, which picks hf for it")
+        if (self.algorithm.name == "ppo" and self.algorithm.critic and self.trainer.engine == "auto"
+                and self.model.family == "auto" and found is not None and found not in ModelRef.FAMILIES):
+            raise ValueError(f"algorithm.critic: PPO's learned critic runs on the megatron engine, and engine auto "
+                             f"picks hf (no value head) for model_type {found!r} of {self.model.path}/config.json, "
+                             "which megatron has no weight mapping for: drop algorithm.critic (PPO then takes its "
+                             "group baseline)")
         return self
 
     def preset_note(self, rule: Rule) -> str:
