@@ -68,6 +68,23 @@ def group_of(nodeid: str) -> str:
     return "/".join(path.split("/")[:2])  # tests/<dir>: its session fixtures (the control plane) started once
 
 
+# Groups in the order two workers take them, longest first (measured, sequential seconds: "heavy" ~1200,
+# the toy runs of test_tandem_run ~700, the control plane's ~550, ...): xdist hands each worker two groups at
+# the start, so the long poles begin at once and the many short groups fill in behind them.
+LONGEST_FIRST = ("heavy", "tests/e2e/test_tandem_run.py", "tests/operator", "tests/e2e/test_rollout_modes.py",
+                 "tests/checkpoint_engine", "tests/trainer", "tests/e2e/test_distillation_run.py",
+                 "tests/e2e/test_kto_run.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """On an xdist worker, the collection in `LONGEST_FIRST` order (test.sh turns xdist's own reordering by
+    test count off); one process keeps the files' order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))
+
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # one process (a GPU machine without xdist): nothing to schedule

@@ -42,7 +42,7 @@ def tools_job(model: Path) -> dict[str, Any]:
     spec["dataset"]["path"] = str(EXAMPLES / "arith-tools" / "train.jsonl")
     del spec["eval"]
     spec["algorithm"].update(iterations=ITERATIONS, maxStaleness=1, tisCap=2.0)
-    spec["rollout"].update(promptsPerIteration=4, maxTokens=48)
+    spec["rollout"].update(promptsPerIteration=2, maxTokens=48)  # 2 x 4: the train step is most of the time
     spec["rollout"]["environment"].update(maxTurns=2, maxTotalTokens=160)
     return job
 
@@ -54,7 +54,7 @@ def test_asynchronous_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> Non
     rows = [json.loads(x) for x in (tmp_path / "runs" / NAME / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS))
     for r in rows:
-        assert r["completions"] == 16 and 1.0 <= r["turns_mean"] <= 2.0, r
+        assert r["completions"] == 8 and 1.0 <= r["turns_mean"] <= 2.0, r
         assert r["tool_results_mean"] <= r["tool_calls_mean"] and 0.0 <= r["tool_error_frac"] <= 1.0, r
         assert r["staleness_max"] <= 1 and "batch_version" in r, r
         assert r["mismatch_mean"] < (MISMATCH if r["staleness_max"] == 0 else STALE_MISMATCH), r
