@@ -27,6 +27,7 @@ from tandem.spec.presets import NAME_DEFAULTS as NAME_DEFAULTS  # re-exported: t
 from tandem.spec.presets import PRESET_MARK, Preset
 from tandem.spec.presets import PRESETABLE as PRESETABLE
 from tandem.spec.presets import PRESETS as PRESETS
+from tandem.spec.rollout_correction import MismatchGuard, RolloutCorrection
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 _FILLED: ContextVar[tuple[str, ...]] = ContextVar("preset_filled", default=())  # while an Algorithm validates
@@ -74,6 +75,8 @@ _NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "overlong": ("!has(self.overlong)", lambda a: a.overlong is None),
     "maskTruncated": ("!has(self.maskTruncated) || !self.maskTruncated", lambda a: not a.mask_truncated),
     "tisCap": ("!has(self.tisCap)", lambda a: a.tis_cap is None),
+    "rolloutCorrection": ("!has(self.rolloutCorrection)", lambda a: a.rollout_correction is None),
+    "mismatchGuard": ("!has(self.mismatchGuard)", lambda a: a.mismatch_guard is None),
     "maxStaleness": ("self.maxStaleness == 0", lambda a: a.max_staleness == 0),
 }
 
@@ -153,10 +156,20 @@ class Algorithm(Base):
                                            "each token's policy loss by min(p_trainer / p_rollout, tisCap), "
                                            "correcting for the rollout engine's numeric mismatch "
                                            "(GRPO, PPO); with stale samples (rollout.partial, maxStaleness) "
-                                           "p_rollout is the policy version that sampled each token.")] = None
+                                           "p_rollout is the policy version that sampled each token. The "
+                                           "shorthand of rolloutCorrection {level: token, mode: tisMode, high: "
+                                           "tisCap}.")] = None
     tis_mode: Literal["truncate", "mask"] = Field(
         default="truncate", description="What tisCap does to a token whose weight p_trainer / p_rollout exceeds "
         "it: truncate weighs it by tisCap; mask drops it from the loss (weight 0).")
+    rollout_correction: RolloutCorrection | None = Field(default=None, description=(
+        "Importance sampling against the rollout's log-probs beyond tisCap (grpo, ppo): token or sequence level "
+        "(product or geometric mean of the model tokens' ratios), truncated (TIS), masked outside [low, high] "
+        "(MIS) or IcePop's two-sided token mask. Metrics: mismatch_kl, mismatch_ess, is_ess and the shares of "
+        "tokens and sequences clipped or masked."))
+    mismatch_guard: MismatchGuard | None = Field(default=None, description=(
+        "Warn, pause or fail when the rollout/trainer mismatch exceeds a threshold for some consecutive "
+        "iterations (grpo, ppo)."))
     max_staleness: Annotated[int, Field(ge=0, le=64, description="Asynchronous RL: rollout-only pods generate "
                                         "continuously while the trainer trains, and the trainer never consumes a "
                                         "sample more than maxStaleness weight versions old. 0 is the synchronous "
@@ -166,6 +179,12 @@ class Algorithm(Base):
              lambda a: a.name == "ppo" or not a.critic),
         Rule("!has(self.tisCap) || self.name != 'dpo'", "tisCap applies to grpo and ppo", ".tisCap",
              lambda a: a.tis_cap is None or a.name != "dpo"),
+        Rule("!has(self.rolloutCorrection) || !has(self.tisCap)",
+             "tisCap (with tisMode) is rolloutCorrection's token-level shorthand: set one of them",
+             ".rolloutCorrection",
+             lambda a: a.rollout_correction is None or a.tis_cap is None),
+        *(_not_for(name, f, "applies to grpo and ppo (the algorithms that train on the rollouts' samples)")
+          for name in ("dpo", "kto") for f in ("rolloutCorrection", "mismatchGuard")),
         Rule("!has(self.preset) || self.name == 'grpo'", "presets are recipes of grpo (name: grpo)", ".preset",
              lambda a: a.preset is None or a.name == "grpo"),
         Rule("!has(self.advantage) || (self.name == 'ppo') == (self.advantage == 'gae')",
@@ -217,6 +236,13 @@ class Algorithm(Base):
         return ""
 
     @property
+    def correction(self) -> RolloutCorrection | None:
+        """The importance weights the trainer applies: rolloutCorrection, or tisCap/tisMode's token level."""
+        if self.rollout_correction is not None or self.tis_cap is None:
+            return self.rollout_correction
+        return RolloutCorrection(level="token", mode=self.tis_mode, high=self.tis_cap)
+
+    @property
     def clip_low_value(self) -> float:
         return self.clip
 
@@ -248,6 +274,10 @@ class Algorithm(Base):
             parts.append("truncated masked")
         if self.dynamic_sampling is not None:
             parts.append(f"dynamic sampling {self.dynamic_sampling.max_rounds} rounds")
+        if self.correction is not None:
+            parts.append(self.correction.summary())
+        if self.mismatch_guard is not None:
+            parts.append(self.mismatch_guard.summary())
         if self.distillation is not None:
             d = self.distillation
             parts.append(f"distillation coef {d.coef:g} in {d.form}" + ("" if d.task_reward else " (no task reward)"))

@@ -21,6 +21,8 @@ from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE
 from tandem.spec.environment import Environment
 from tandem.spec.parallel import PARALLEL_RULES
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
+from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
+from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
 from tandem.spec.trainer import Lora as Lora  # re-exported, with the rest of spec.trainer's shape
 from tandem.spec.trainer import ModelRef as ModelRef
 from tandem.spec.trainer import Resources as Resources
@@ -446,12 +448,13 @@ class JobSpec(Base):
              "kto generates no training completions to cut (its rollouts serve evaluation only)", ".rollout.partial",
              lambda s: s.algorithm.name != "kto" or s.rollout.partial is None),
         Rule("self.algorithm.name in ['dpo', 'kto'] || (!has(self.rollout.partial) && "
-             "self.algorithm.maxStaleness == 0) || has(self.algorithm.tisCap)",
-             "stale samples (rollout.partial or maxStaleness > 0) need tisCap: the importance weights "
-             "against the policy version that sampled each token", ".algorithm.tisCap",
+             "self.algorithm.maxStaleness == 0) || has(self.algorithm.tisCap) || "
+             "has(self.algorithm.rolloutCorrection)",
+             "stale samples (rollout.partial or maxStaleness > 0) need tisCap (or rolloutCorrection): the "
+             "importance weights against the policy version that sampled each token", ".algorithm.tisCap",
              lambda s: s.algorithm.name in ("dpo", "kto") or (s.rollout.partial is None
                                                              and s.algorithm.max_staleness == 0)
-             or s.algorithm.tis_cap is not None),
+             or s.algorithm.correction is not None),
         Rule("self.trainer.engine != 'hf' || self.algorithm.name != 'ppo' || !self.algorithm.critic",
              "PPO's learned critic (a value head on the policy's transformer) runs on the megatron engine, which "
              "hf is not: use engine megatron (or auto on a model family it maps), or drop algorithm.critic",

@@ -140,3 +140,15 @@ def per_token(samples: Sequence[Sample], attr: str) -> list[list[float]] | None:
             raise AlgorithmError(f"sample {i}: {attr} must have one value per completion token")
         out.append(list(v))
     return out
+
+
+def model_tokens(samples: Sequence[Sample]) -> list[list[float]]:
+    """Per completion token, 1.0 where the model chose it and 0.0 on an environment's (multi-turn:
+    `Sample.completion_mask`); all ones for a single reply."""
+    return [[float(x) for x in s.completion_mask] if s.completion_mask is not None else [1.0] * len(s.completion_ids)
+            for s in samples]
+
+
+def last_model_token(model: Sequence[float]) -> int:
+    """The index of the last token the model chose (where an outcome reward lands), or the last token."""
+    return max((j for j, m in enumerate(model) if m > 0), default=len(model) - 1)

@@ -29,7 +29,16 @@ import torch
 
 from tandem.sidecars.algorithms import estimators as est
 from tandem.sidecars.algorithms import functional as F
-from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample, pack_samples, per_token
+from tandem.sidecars.algorithms import rollout_correction as RC
+from tandem.sidecars.algorithms.base import (
+    AlgorithmError,
+    Metrics,
+    Sample,
+    last_model_token,
+    model_tokens,
+    pack_samples,
+    per_token,
+)
 from tandem.sidecars.algorithms.packing import PackedBatch
 
 if TYPE_CHECKING:
@@ -46,6 +55,7 @@ class GRPO:
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
     tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
+    correction: RC.Correction | None = None  # algorithm.rolloutCorrection (tis_cap/tis_mode: its token level)
     share_prompts: bool = False  # a group's prompt packed once per row (packing.py)
     policy_loss: F.PolicyLoss = "clip"  # clip (PPO's), gspo, cispo
     clip_c: float | None = None  # dual-clip bound on negative-advantage tokens
@@ -66,6 +76,7 @@ class GRPO:
     def from_spec(cls, spec: AlgorithmSpec, *, pad_id: int = 0, share_prompts: bool = False,
                   max_tokens: int | None = None) -> GRPO:
         return cls(clip=spec.clip_low_value, kl_coef=spec.kl_coef, pad_id=pad_id, tis_cap=spec.tis_cap,
+                   correction=RC.Correction.from_spec(spec.rollout_correction),
                    tis_mode=spec.tis_mode, share_prompts=share_prompts, scale_advantages=spec.norm_std,
                    reduction=spec.loss_agg, clip_high=spec.clip_high_value, policy_loss=spec.policy_loss,
                    clip_c=spec.clip_c, advantage=spec.advantage or "grpo", gamma=spec.gamma,
@@ -116,18 +127,20 @@ class GRPO:
         ref = per_token(samples, "ref_logprobs")
         if self.needs_reference and ref is None:
             raise AlgorithmError("grpo with kl_coef > 0 needs ref_logprobs on every sample")
-        kl_tokens = self._reward_kl(samples, ref)
+        model = model_tokens(samples)
+        kl_tokens = self._reward_kl(samples, ref, model)
+        n_model = max(sum(sum(m) for m in model), 1.0)
         if kl_tokens is not None:
-            stats["kl_reward"] = sum(sum(k) for k in kl_tokens) / max(sum(len(k) for k in kl_tokens), 1)
-        distill = self._distillation(samples)
+            stats["kl_reward"] = sum(sum(k) for k in kl_tokens) / n_model
+        distill = self._distillation(samples, model)
         if distill is not None:
-            stats["distill_reverse_kl"] = -sum(sum(d) for d in distill) / max(sum(len(d) for d in distill), 1)
+            stats["distill_reverse_kl"] = -sum(sum(d) for d in distill) / n_model
             task = rewards if self.task_reward else torch.zeros_like(rewards)
             if self.distill_form == "reward":
                 rewards = task + self.distill_coef * torch.tensor([sum(d) for d in distill])
             else:
                 rewards = task
-        per_sample = self._advantages(samples, rewards, groups, kl_tokens)
+        per_sample = self._advantages(samples, rewards, groups, kl_tokens, model)
         if distill is not None and self.distill_form == "advantage":
             per_sample = [[a + self.distill_coef * d for a, d in zip(adv, dist, strict=True)]
                           for adv, dist in zip(per_sample, distill, strict=True)]
@@ -149,19 +162,21 @@ class GRPO:
         batch.stats.update(stats, truncated_frac=sum(cut) / max(len(cut), 1))
         return batch
 
-    def _reward_kl(self, samples: Sequence[Sample], ref: list[list[float]] | None) -> list[list[float]] | None:
-        """Per-token KL of the sampling policy to the reference, when it is a reward penalty."""
+    def _reward_kl(self, samples: Sequence[Sample], ref: list[list[float]] | None,
+                   model: list[list[float]]) -> list[list[float]] | None:
+        """Per-token KL of the sampling policy to the reference, when it is a reward penalty: on the
+        model's tokens only (0 on an environment's, which the policy did not choose)."""
         if not (self.kl_coef > 0 and self.kl_penalty == "reward"):
             return None
         old = per_token(samples, "old_logprobs") or per_token(samples, "rollout_logprobs")
         if old is None or ref is None:
             raise AlgorithmError("klPenalty reward needs old_logprobs (or the rollout's) and ref_logprobs")
-        return [est.kl(self.kl_estimator, torch.tensor(o), torch.tensor(r)).tolist()
-                for o, r in zip(old, ref, strict=True)]
+        return [(est.kl(self.kl_estimator, torch.tensor(o), torch.tensor(r)) * torch.tensor(m)).tolist()
+                for o, r, m in zip(old, ref, model, strict=True)]
 
-    def _distillation(self, samples: Sequence[Sample]) -> list[list[float]] | None:
+    def _distillation(self, samples: Sequence[Sample], model: list[list[float]]) -> list[list[float]] | None:
         """Per token, log pi_teacher - log pi_student: the negative reverse KL's sample estimate (the
-        student's log-probs: the trainer's before this step, else the rollout's)."""
+        student's log-probs: the trainer's before this step, else the rollout's); 0 on an environment's tokens."""
         if self.distill_coef <= 0:
             return None
         teacher = per_token(samples, "teacher_logprobs")
@@ -169,10 +184,11 @@ class GRPO:
         if teacher is None or student is None:
             raise AlgorithmError("on-policy distillation needs teacher_logprobs and old_logprobs (or the "
                                  "rollout's) on every sample")
-        return [[t - p for t, p in zip(ts, ps, strict=True)] for ts, ps in zip(teacher, student, strict=True)]
+        return [[(t - p) * k for t, p, k in zip(ts, ps, ms, strict=True)]
+                for ts, ps, ms in zip(teacher, student, model, strict=True)]
 
     def _advantages(self, samples: Sequence[Sample], rewards: torch.Tensor, groups: list[int],
-                    kl_tokens: list[list[float]] | None) -> list[list[float]]:
+                    kl_tokens: list[list[float]] | None, model: list[list[float]]) -> list[list[float]]:
         lengths = [len(s.completion_ids) for s in samples]
         if self.advantage in est.OUTCOME:  # one value per sample, on each of its tokens
             if kl_tokens is not None:
@@ -185,12 +201,12 @@ class GRPO:
         width = max(lengths, default=0)
         tokens = torch.zeros(len(samples), width)
         mask = torch.zeros(len(samples), width)
-        for i, n in enumerate(lengths):
-            mask[i, :n] = 1.0
+        for i, n in enumerate(lengths):  # returns and whitening over the model's tokens only
+            mask[i, :n] = torch.tensor(model[i])
             if kl_tokens is not None and n:
                 tokens[i, :n] = -self.kl_coef * torch.tensor(kl_tokens[i])
             if n:
-                tokens[i, n - 1] += score[i]
+                tokens[i, last_model_token(model[i])] += score[i]
         adv = est.reinforce_pp(tokens, mask, self.gamma)
         return [adv[i, :n].tolist() for i, n in enumerate(lengths)]
 
@@ -208,7 +224,8 @@ class GRPO:
         metrics: Metrics = {}
         behaviour = batch.token_fields.get("rollout_logprobs")
         if behaviour is not None:
-            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap, self.tis_mode)
+            tis, mismatch = RC.weights(old, behaviour, mask, batch.seq_index,
+                                       RC.Correction.of(self.correction, self.tis_cap, self.tis_mode))
             pg = pg * tis
             metrics.update(mismatch)
         per_tok = pg

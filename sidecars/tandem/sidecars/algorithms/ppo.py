@@ -20,7 +20,16 @@ import torch
 
 from tandem.sidecars.algorithms import estimators as est
 from tandem.sidecars.algorithms import functional as F
-from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample, pack_samples, per_token
+from tandem.sidecars.algorithms import rollout_correction as RC
+from tandem.sidecars.algorithms.base import (
+    AlgorithmError,
+    Metrics,
+    Sample,
+    last_model_token,
+    model_tokens,
+    pack_samples,
+    per_token,
+)
 from tandem.sidecars.algorithms.packing import PackedBatch
 
 if TYPE_CHECKING:
@@ -40,6 +49,7 @@ class PPO:
     pad_id: int = 0
     tis_cap: float | None = None  # truncated importance sampling against the rollout's log-probs
     tis_mode: str = "truncate"  # or "mask": drop the tokens whose weight exceeds tis_cap
+    correction: RC.Correction | None = None  # algorithm.rolloutCorrection (tis_cap/tis_mode: its token level)
     share_prompts: bool = False  # a group's prompt packed once per row (packing.py)
     clip_high: float | None = None  # asymmetric upper clip; None: = clip
     clip_c: float | None = None  # dual-clip bound on negative-advantage tokens
@@ -52,6 +62,7 @@ class PPO:
                   max_tokens: int | None = None) -> PPO:
         return cls(clip=spec.clip_low_value, kl_coef=spec.kl_coef, gamma=spec.gamma, lam=spec.lam,
                    critic=spec.critic, pad_id=pad_id, tis_cap=spec.tis_cap,
+                   correction=RC.Correction.from_spec(spec.rollout_correction),
                    tis_mode=spec.tis_mode, share_prompts=share_prompts, clip_high=spec.clip_high_value,
                    clip_c=spec.clip_c, policy_loss=spec.policy_loss, kl_estimator=spec.kl_estimator or "k1",
                    reduction=spec.loss_agg, agg_norm=spec.loss_agg_norm or max_tokens)
@@ -73,19 +84,21 @@ class PPO:
         return self.critic
 
     def token_rewards(self, samples: Sequence[Sample]) -> list[list[float]]:
-        """Per-token rewards: -kl_coef * (old - ref) on each token, plus the score on the last one."""
+        """Per-token rewards: -kl_coef * KL(old, ref) on each of the model's tokens (0 on an environment's),
+        plus the score on the last token the model chose."""
         old = per_token(samples, "old_logprobs")
         ref = per_token(samples, "ref_logprobs")
         if self.kl_coef > 0 and (old is None or ref is None):
             raise AlgorithmError("ppo with kl_coef > 0 needs old_logprobs and ref_logprobs on every sample")
         out: list[list[float]] = []
-        for i, s in enumerate(samples):
+        for i, (s, model) in enumerate(zip(samples, model_tokens(samples), strict=True)):
             n = len(s.completion_ids)
             r = [0.0] * n
             if self.kl_coef > 0 and old is not None and ref is not None:
-                r = (-self.kl_coef * est.kl(self.kl_estimator, torch.tensor(old[i]), torch.tensor(ref[i]))).tolist()
+                kl = est.kl(self.kl_estimator, torch.tensor(old[i]), torch.tensor(ref[i])) * torch.tensor(model)
+                r = (-self.kl_coef * kl).tolist()
             if n:
-                r[-1] += s.reward
+                r[last_model_token(model)] += s.reward
             out.append(r)
         return out
 
@@ -108,7 +121,7 @@ class PPO:
         t_max = max((len(s.completion_ids) for s in samples), default=0)
         r = _padded(rewards, t_max)
         v = _padded(values, t_max)
-        m = _padded([[1.0] * len(s.completion_ids) for s in samples], t_max)
+        m = _padded(model_tokens(samples), t_max)  # GAE and whitening over the model's tokens only
         adv, ret = F.gae(r, v, m, self.gamma, self.lam)
         if self.whiten and m.sum() > 1:
             adv = F.masked_whiten(adv, m)
@@ -144,7 +157,8 @@ class PPO:
         mismatch: Metrics = {}
         behaviour = batch.token_fields.get("rollout_logprobs")
         if behaviour is not None:
-            tis, mismatch = F.rollout_mismatch(old, behaviour, mask, self.tis_cap, self.tis_mode)
+            tis, mismatch = RC.weights(old, behaviour, mask, batch.seq_index,
+                                       RC.Correction.of(self.correction, self.tis_cap, self.tis_mode))
             pg = pg * tis
         loss = torch.where(mask > 0, pg * batch.weights, 0.0).sum()
         return loss, mismatch | {
