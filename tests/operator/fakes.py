@@ -1,8 +1,8 @@
 """Stand-ins for the API server in unit tests of `tandem.operator.reconcile.run`: the Kube calls a
 pass makes, answered as a cluster that accepts them all, each create recorded as "Kind/name", each
 delete as the pod's name (a PodDisruptionBudget's as "PodDisruptionBudget/name"), each status write
-with the resourceVersion it was conditional on. A cluster whose object moved on since the pass's view
-answers status writes with 409 (`moved_on`)."""
+with the resourceVersion it was conditional on, each pod relabelled as (name, labels). A cluster whose
+object moved on since the pass's view answers status writes with 409 (`moved_on`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class RecordingKube:
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.status_writes: list[tuple[str, dict[str, Any]]] = []
+        self.labelled: list[tuple[str, dict[str, str]]] = []
         self.moved_on = moved_on
 
     async def create(self, manifest: dict[str, Any]) -> bool:
@@ -24,6 +25,10 @@ class RecordingKube:
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         self.deleted.append(name)
+        return True
+
+    async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
+        self.labelled.append((name, dict(labels)))
         return True
 
     async def delete_pod_disruption_budget(self, namespace: str, name: str) -> None:

@@ -1,13 +1,15 @@
 """Table tests of the rollout-only pool policy through the pure reconcile decision: a lost rollout-only
 pod is replaced alone (counted once, an Event, the job still Running), a hybrid pod's failure still
-restarts the gang, a refusal still fails the job, a crash-looping pool is a stuck verdict, Kueue-queued
-jobs keep the gang behaviour, and a job without durable copies says at creation what a restart costs.
+restarts the gang but keeps the running rollout-only pods (relabelled into the new generation), a
+refusal still fails the job, a crash-looping pool is a stuck verdict, Kueue-queued jobs keep the gang
+behaviour, and a job without durable copies says at creation what a restart costs.
 On the real control plane: a rollout-only pod marked Failed as the kubelet would, then one deleted, each
 come back alone (restarts 0, the other pods keep their UIDs, an Event, the counter), and a hybrid pod's
-failure still restarts the whole gang."""
+failure restarts the gang: a new hybrid pod, the rollout-only pods kept (same UIDs, the new generation)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
@@ -110,12 +112,32 @@ def test_a_pool_pod_failing_before_the_job_runs_is_replaced_alone_too() -> None:
     assert plan.status.rollout_replacements == 1
 
 
-def test_a_hybrid_pods_failure_still_restarts_the_gang_with_its_pool() -> None:
+def test_a_hybrid_pods_failure_restarts_the_gang_and_keeps_its_running_pool() -> None:
+    """The running rollout-only pods hold the newest version: relabelled into the next generation, not deleted."""
     pod_list = [pod(0).failed().state(), pod(1).running().state(), pod(2).running().state()]
     plan = step(pod_list)
     assert plan.status.phase == "Restarting" and plan.status.restarts == 1
-    assert plan.delete == ["demo-0", "demo-1", "demo-2"] and plan.status.rollout_replacements == 0
-    assert "pod demo-0 failed (Error)" in plan.status.message and events(plan) == []
+    assert plan.delete == ["demo-0"] and plan.adopt == ["demo-1", "demo-2"] and plan.restart_generation == 1
+    assert plan.status.rollout_replacements == 0 and events(plan) == []
+    assert "pod demo-0 failed (Error)" in plan.status.message
+    assert "the kept rollout-only pods (demo-1, demo-2)" in plan.status.message
+    # the next pass: the kept pods are generation 1's, only the hybrid pod is created again
+    kept = [pod(0).failed().deleting().state()] + [replace(p, generation=1) for p in pod_list[1:]]
+    after = step(kept, plan.status, now=later(30))
+    assert after.delete == [] and after.create == [0], (after.delete, after.create)
+    created = step([replace(p, generation=1) for p in [pod(0).phase("Pending").state(), *pod_list[1:]]],
+                   after.status, now=later(31))
+    assert created.delete == [] and created.create == [] and created.status.restarts == 1
+
+
+def test_a_gang_restart_keeps_only_running_pool_pods_and_a_queued_job_none() -> None:
+    pod_list = [pod(0).failed().state(), pod(1).phase("Pending").state(), pod(2).running().state()]
+    plan = step(pod_list)
+    assert plan.delete == ["demo-0", "demo-1"] and plan.adopt == ["demo-2"]
+    queued = step([pod(0).failed().state(), pod(1).running().state(), pod(2).running().state()],
+                  job=pool_job().queue("gpu-team"))
+    assert queued.delete == ["demo-0", "demo-1", "demo-2"] and queued.adopt == []  # Kueue: the group goes whole
+    assert "starts over from the initial model" in queued.status.message
 
 
 def test_a_refusing_rollout_only_pod_still_fails_the_job() -> None:
@@ -209,10 +231,13 @@ def test_lost_rollout_only_pods_are_replaced_alone_and_a_hybrid_failure_restarts
     assert again[f"{name}-0"] == first[f"{name}-0"]
     assert all(p["metadata"]["labels"]["tandem.dev/restart-generation"] == "0" for p in pods_of(k8s, ns, name))
 
-    fail_pod(k8s, ns, f"{name}-0")  # a trainer pod: the gang restarts, pool and all
+    fail_pod(k8s, ns, f"{name}-0")  # a trainer pod: the gang restarts; the running pool is kept
     wait_for("gen 1 running", lambda: running(k8s, ns, name, 3, generation=1), 60)
     wait_for("Running after the restart", lambda: phase_is(k8s, ns, name, "Running", restarts=1,
                                                            rolloutReplacements=2), 30)
+    final = uids(k8s, ns, name)
+    assert final[f"{name}-0"] != again[f"{name}-0"]  # a new hybrid pod
+    assert [final[f"{name}-{i}"] for i in (1, 2)] == [again[f"{name}-{i}"] for i in (1, 2)]  # the pool kept
 
 
 def uids(cp: ControlPlane, ns: str, name: str) -> dict[str, str]:

@@ -9,6 +9,8 @@ earlier one's records, and an etcd role granting `/tandem/jobs/<ns>/<name>/` cov
 incarnation of one job name (`<job>` below stands for `<name>/<uid>`).
 
     /tandem/jobs/<ns>/<job>/progress                   driver: phase, iteration, metrics (JSON)
+    /tandem/jobs/<ns>/<job>/gang                       driver: the gang generation now training (lease-free;
+                                                       rollout-only pods kept through a gang restart follow it)
     /tandem/jobs/<ns>/<job>/versions/<v:012d>          version record, committed with its shards
     /tandem/jobs/<ns>/<job>/latest                     the newest complete version number
     /tandem/jobs/<ns>/<job>/shards/<v:012d>/<i:06d>    shard record (holder pod, file, bytes, checksum)
@@ -42,6 +44,11 @@ def job_prefix(namespace: str, name: str) -> str:
 
 def progress(namespace: str, name: str) -> str:
     return job_prefix(namespace, name) + "progress"
+
+
+def gang(namespace: str, name: str) -> str:
+    """The restart generation of the gang now training, written by its driver at start (lease-free)."""
+    return job_prefix(namespace, name) + "gang"
 
 
 def inflight(namespace: str, name: str) -> str:

@@ -148,6 +148,16 @@ class Kube:
         resp.release()
         return True
 
+    async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
+        """Merge-patch a pod's labels; False when the pod is gone."""
+        call = self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": dict(labels)}},
+                                              _content_type=MERGE_PATCH, _preload_content=False)
+        resp = await self._send(f"label Pod {namespace}/{name}", call, tolerate=404)
+        if resp is None:
+            return False
+        resp.release()
+        return True
+
     async def delete_pod_disruption_budget(self, namespace: str, name: str) -> None:
         call = self.policy.delete_namespaced_pod_disruption_budget(name, namespace, _preload_content=False)
         resp = await self._send(f"delete PodDisruptionBudget {namespace}/{name}", call, tolerate=404)

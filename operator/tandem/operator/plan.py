@@ -63,6 +63,7 @@ class Plan:
     status: JobStatus
     create: list[int] = field(default_factory=list)  # pod indices to create (current generation)
     delete: list[str] = field(default_factory=list)  # pod names to delete
+    adopt: list[str] = field(default_factory=list)  # pods relabelled into the restart generation (kept pods)
     ensure_objects: bool = False  # Service, ConfigMap, Secret must exist
     events: list[Event] = field(default_factory=list)
 
@@ -110,21 +111,26 @@ def _containers_waiting(obs: Observation, plan: Plan) -> None:
     status.set_condition(new, status.CONTAINERS_WAITING, True, first.reason, first.describe(), obs.now)
 
 
-def _resumes(job: RLHFJob) -> str:
-    """Where a restarted gang's driver continues from (the pods' shared memory goes with them)."""
-    if job.spec.checkpoint_engine.persist is None:
-        return ("no checkpointEngine.persist, so training starts over from the initial model at iteration 0 "
-                "(the published versions were in the deleted pods' shared memory)")
-    return "resuming from the newest durable copy in checkpointEngine.persist.path"
+def _resumes(job: RLHFJob, kept: Sequence[str] = ()) -> str:
+    """Where a restarted gang's driver continues from (the hybrid pods' shared memory goes with them)."""
+    if job.spec.checkpoint_engine.persist is not None:
+        return "resuming from the newest durable copy in checkpointEngine.persist.path"
+    if kept:
+        return (f"resuming from the newest version the kept rollout-only pods ({', '.join(kept)}) hold (no "
+                "checkpointEngine.persist)")
+    return ("no checkpointEngine.persist and no running rollout-only pod to keep, so training starts over from "
+            "the initial model at iteration 0 (the published versions were in the deleted pods' shared memory)")
 
 
 def _durability(job: RLHFJob, plan: Plan, before: str, now: datetime) -> None:
     """Condition DurableCheckpoints, and at creation a warning when a gang restart would lose everything."""
     persist = job.spec.checkpoint_engine.persist
     if persist is None:
-        message = ("checkpointEngine.persist is not set: a gang restart (a hybrid pod failed, evicted or lost) "
-                   "starts training over from the initial model at iteration 0; set it to a directory on a "
-                   "writable volume to resume from the newest durable copy")
+        kept = ("resumes from the newest version the rollout-only pods hold (they are kept through it), and only "
+                "if none is running " if job.spec.rollout_only_replicas else "")
+        message = (f"checkpointEngine.persist is not set: a gang restart (a hybrid pod failed, evicted or lost) "
+                   f"{kept}starts training over from the initial model at iteration 0; set it to a directory "
+                   "on a writable volume to resume from the newest durable copy")
         if before == "New":
             plan.events.append(Event("Warning", status.NO_DURABLE_CHECKPOINTS, message))
         status.set_condition(plan.status, status.DURABLE_CHECKPOINTS, False, status.NO_DURABLE_CHECKPOINTS,
@@ -148,13 +154,20 @@ def _replace_alone(plan: Plan, pool: pool_policy.Replacement) -> None:
 
 def _gang_failed(obs: Observation, job: RLHFJob, plan: Plan, before: str, what: str, reason: str,
                  decision: str) -> Plan:
-    """Every pod goes (their GPUs with them); then a gang restart, or the job fails."""
+    """Every pod goes (their GPUs with them), but on a restart the running rollout-only pods of a job Kueue does
+    not queue: they hold what was learnt (`pool_policy.kept`); then a gang restart, or the job fails."""
     new, policy = plan.status, job.spec.failure_policy
     plan.delete, plan.create = _alive(obs.pods), []
     limit = policy.max_restarts
     if decision == "restart":
+        kept: list[str] = []
+        if not kueue.queue_name(job.metadata.labels):
+            kept = pool_policy.kept(obs.pods, job.spec.replicas, len(builders.pod_names(job)),
+                                    status.gang_generation(new))
+        plan.delete = [name for name in plan.delete if name not in kept]
         new.restarts += 1
-        status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}; {_resumes(job)}",
+        plan.adopt = kept  # into the new generation (restarts counts in it)
+        status.set_phase(new, "Restarting", f"gang restart {new.restarts}/{limit}: {what}; {_resumes(job, kept)}",
                          obs.now, reason=reason)
     else:
         why = "failurePolicy.action FailJob" if reason and policy.action == "FailJob" else \
@@ -229,7 +242,8 @@ def decide(obs: Observation) -> Plan:
         if stale or wait > 0:
             return _finish(obs, plan, before)
         status.set_phase(new, "Pending", f"restart {new.restarts}: creating pods", now)
-        plan.create = list(range(len(expected)))
+        kept = {p.name for p in current if not p.deleting}  # rollout-only pods kept through the restart
+        plan.create = [i for i, name in enumerate(expected) if name not in kept]
         return _finish(obs, plan, before)
 
     queue = kueue.queue_name(obs.job.metadata.labels)

@@ -25,6 +25,10 @@ Rules:
 - While the job is Running, the rollout-only pods are left out of the stuck-gang verdicts
   (`gang_view`): a spot pool without capacity (Unschedulable) or a rollout-only pod that cannot pull its
   image shortens the pool, it does not restart the trainers; the status still shows it.
+- A gang restart (a hybrid pod failed) keeps the rollout-only pods that run (`kept`): they hold the newest
+  version they pulled, which the restarted trainers resume from when checkpointEngine.persist is not set
+  (`tandem.sidecars.rollout.kept`, `tandem.sidecars.trainer.loop.resume`). The restart relabels them into
+  the new generation (plan.adopt) instead of deleting them; their sidecars follow the new gang through etcd.
 Jobs queued by Kueue keep the gang behaviour: Kueue keeps its finalizer on a failed pod of a pod group
 until it sees a replacement pod, which therefore needs a new name, and a pod group never shrinks (its
 total count is fixed on every pod; Kueue stops a group by deleting all its pods). See `tandem.operator.kueue`.
@@ -135,3 +139,10 @@ def gang_view(pods: Iterable[PodState], replicas: int, generation: int, *, job_r
 def replacing(record: RolloutPoolStatus | None) -> list[str]:
     """Names of the pods being replaced (for the status message)."""
     return [r.pod for r in record.replacing] if record is not None else []
+
+
+def kept(pods: Iterable[PodState], replicas: int, count: int, generation: int) -> list[str]:
+    """Rollout-only pods of `generation` a gang restart keeps: running, not being deleted, still in the pool
+    (index below `count`, the job's pod count)."""
+    return sorted(p.name for p in pods if p.generation == generation and replicas <= p.index < count
+                  and p.phase == "Running" and not p.deleting)

@@ -129,6 +129,9 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
     job = memory.job
     if plan.delete:
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
+    if plan.adopt:  # rollout-only pods kept through a gang restart join its generation (pool_policy.kept)
+        labels = {builders.LABEL_GENERATION: str(plan.restart_generation)}
+        await asyncio.gather(*(kube.label_pod(ref.namespace, n, labels) for n in plan.adopt))
     if job is not None and gang.creates_gang(job, plan.create):
         try:
             await ensure_gang(kube, job, ref, plan.restart_generation)

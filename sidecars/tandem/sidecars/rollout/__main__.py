@@ -32,6 +32,7 @@ from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.envs import factory
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.advertise import keep_advertised
+from tandem.sidecars.rollout.kept import GangFollower
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.rollout.supervisor import EngineSupervisor
 from tandem.sidecars.serve import start_server, wait_until_stopped
@@ -149,7 +150,9 @@ def main() -> int:
             server.should_exit = True
 
         registry.put_json(endpoint, record, lease=True)
-        keep_advertised(registry, advertise, stopping)  # again after a lost lease
+        follower = GangFollower(registry, node, env.shm_dir, env.job, record, endpoint) if env.rollout_only else None
+        keep_advertised(registry, advertise, stopping,  # again after a lost lease; kept pods follow a new gang
+                        tick=follower.tick if follower is not None else None)
         supervisor = EngineSupervisor(engine, spec.model.path, float(spec.failure_policy.rollout_stall_seconds),
                                       ready=ready, has_version=lambda: registry.latest() is not None,
                                       cpu_progress=spec.gpus_per_pod == 0)

@@ -5,7 +5,8 @@ under its etcd lease, so that a dead pod's records vanish with it. A live pod ca
 the machine too slow to answer its keepalives for the lease's TTL. Its records are then gone, and a trainer
 waiting for its rollouts would never see it again. `keep_advertised` watches for the loss and writes the
 records again under a new lease (`Registry.lease_id` grants one), retrying while etcd does not answer.
-Caller: `tandem.sidecars.rollout.__main__`.
+While the lease holds, the same thread calls `tick` every POLL_S (a rollout-only pod follows a restarted gang:
+`tandem.sidecars.rollout.kept`). Caller: `tandem.sidecars.rollout.__main__`.
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ POLL_S = 5.0  # how often the thread looks at `stop` while the lease holds
 RETRY_S = 1.0  # pause between attempts while etcd does not answer
 
 
-def keep_advertised(registry: SyncRegistry, advertise: Callable[[], None], stop: threading.Event) -> threading.Thread:
-    """A daemon thread that calls `advertise` again each time the registry's lease is lost, until `stop`."""
+def keep_advertised(registry: SyncRegistry, advertise: Callable[[], None], stop: threading.Event,
+                    tick: Callable[[], None] | None = None) -> threading.Thread:
+    """A daemon thread that calls `advertise` again each time the registry's lease is lost, and `tick` every
+    POLL_S while it holds, until `stop`."""
 
     def run() -> None:
         while not stop.is_set():
             try:
                 if not registry.wait_lease_lost(POLL_S):
+                    if tick is not None and not stop.is_set():
+                        tick()
                     continue
                 log.warning("etcd lease lost: advertising this rollout again under a new lease")
                 advertise()

@@ -136,6 +136,9 @@ class TrainerContext:
             ctx.prom = LoopMetrics()
             serve_control_api(ctx.publisher, env, ctx.prom)
             expected = spec.replicas + spec.rollout_only_replicas  # more may join later (scaled up)
+            # rollout-only pods kept through a gang restart advertise under this generation once they read it
+            ctx.registry.put_json(keys.gang(ctx.registry.namespace, ctx.registry.scope),
+                                  {"generation": env.restart_generation})
             addresses = resume.wait_for_rollouts(ctx.registry, expected, env.restart_generation)
             registry, generation, policy = ctx.registry, env.restart_generation, spec.failure_policy
             ctx.rollouts = RolloutClient(addresses, env.token, stall_s=float(policy.rollout_stall_seconds),

@@ -5,9 +5,11 @@ until the expected number of its own gang generation is there. On resume (a rest
 `tandem run --resume`), the newest complete version in etcd is read back from shared memory into
 the Megatron model and the loop continues after the iteration that produced it. Caller: `TrainerContext`.
 
-Where versions are found on resume: the pod's shared memory, and the durable store when the
-job sets `checkpointEngine.persist` (the only place that survives a gang restart in a cluster,
-which deletes the pods and their /dev/shm).
+Where versions are found on resume: the pod's shared memory; the durable store when the job sets
+`checkpointEngine.persist`; and, after a gang restart in a cluster (which deletes the hybrid pods and their
+/dev/shm), the rollout-only pods the operator kept through it ("peers"): each holds the newest version it
+pulled and registers it again once the dead trainer's records are gone (`tandem.sidecars.rollout.kept`);
+the hybrid pods' own rollouts pull it from them over the transport, and the trainers load it from there.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import logging
 import time
 from pathlib import Path
 from typing import Any, Protocol
+
+import httpx
 
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
@@ -79,16 +83,17 @@ def resume_point(ctx: Resumable) -> tuple[int, int] | None:
     """Load the newest verified version into the model: (version, first iteration), or None.
 
     Two places may hold one: this pod's shared memory (a trainer restarted in its pod, or
-    `tandem run --resume`) and the durable store (`checkpointEngine.persist`: survives the pods).
-    Version records in etcd are bound to the writer's lease and vanish with it, so neither is
-    looked up there. For shm the iteration comes from the (lease-free) progress record; a durable
-    copy carries its own. The newer iteration wins; must run before the publisher's start-up
-    cleanup, which removes shm versions etcd no longer lists. Collective: the driver decides,
-    every rank loads.
+    `tandem run --resume`) and the durable store (`checkpointEngine.persist`: survives the pods);
+    when neither does, the rollout-only pods kept through a gang restart (`_from_peers`). For shm and peers
+    the iteration comes from the (lease-free) progress record; a durable copy carries its own. The newer
+    iteration wins; must run before the publisher's start-up cleanup, which removes shm versions etcd no
+    longer lists. Collective: the driver decides, every rank loads.
     """
     found: tuple[int, int, str] | None = None
     if ctx.is_driver:
         candidates = [c for c in (_from_shm(ctx), _from_durable(ctx)) if c is not None]
+        if not candidates:  # a gang restarted without persist: what the kept rollout-only pods hold
+            candidates = [c for c in (_from_peers(ctx),) if c is not None]
         if candidates:
             found = max(candidates, key=lambda c: c[1])  # stable: shm first on a tie (already verified there)
             log.info("resuming from version %d (%s) at iteration %d", found[0], found[2], found[1])
@@ -111,6 +116,73 @@ def _from_shm(ctx: Resumable) -> tuple[int, int, str] | None:
     # stopped after publishing iteration p.iteration's weights: that iteration is done
     iteration = p.iteration + (1 if newest > p.weight_version and raw else 0)
     return newest, iteration, str(layout.version_dir(ctx.env.shm_dir, ctx.env.job, newest))
+
+
+PEER_WAIT_S = 300.0  # for a kept pod to register its version (the dead trainer's lease expires first), and for
+# this gang's rollouts to pull it
+
+
+def _kept_rollouts(registry: SyncRegistry, generation: int) -> list[str]:
+    """Pods of rollout-only sidecars alive now that an earlier gang started (they adopt `generation` only once
+    this driver writes it, after resuming: `TrainerContext`)."""
+    prefix = keys.endpoints_prefix(registry.namespace, registry.scope)
+    return sorted(str(v.get("pod", k)) for k, v in registry.list_json(prefix).items()
+                  if k.endswith("/rollout") and v.get("rolloutOnly") and int(v.get("generation", 0)) < generation)
+
+
+def _from_peers(ctx: Resumable) -> tuple[int, int, str] | None:
+    """The newest version the rollout-only pods kept through a gang restart hold, pulled into this gang's
+    hybrid pods by their own rollouts; (version, first iteration, path in this pod's shm), or None."""
+    registry, env = ctx.registry, ctx.env
+    if registry is None or env.restart_generation == 0:
+        return None
+    raw = registry.get_json(keys.progress(registry.namespace, registry.scope))
+    kept = _kept_rollouts(registry, env.restart_generation)
+    if not raw or not kept:
+        return None
+    p = Progress.model_validate(raw)
+    deadline = time.monotonic() + PEER_WAIT_S
+    version = registry.latest()
+    while version is None and time.monotonic() < deadline:  # the old trainer's lease expires, a kept pod registers
+        time.sleep(1.0)
+        version = registry.latest()
+    if version is None:
+        log.warning("no kept rollout-only pod (%s) registered a version within %.0fs: starting over", ", ".join(kept),
+                    PEER_WAIT_S)
+        return None
+    _pull_into_hybrid_pods(ctx, version, deadline)
+    # one version per iteration: the progress record names the version its iteration published
+    iteration = max(0, p.iteration + (version - p.weight_version))
+    log.info("a gang restart without persist: version %d, held by the kept rollout-only pods %s, continues the job",
+             version, ", ".join(kept))
+    return version, iteration, str(layout.version_dir(env.shm_dir, env.job, version))
+
+
+def _pull_into_hybrid_pods(ctx: Resumable, version: int, deadline: float) -> None:
+    """Every hybrid pod of this gang has `version` in its shm afterwards: its rollout (once up) is asked to load
+    it, which pulls it from a holder over the transport first (as any update of a pod that did not publish)."""
+    registry, env = ctx.registry, ctx.env
+    assert registry is not None
+    asked: set[str] = set()
+    while len(asked) < env.replicas:
+        hybrid = rollout_pods(registry, env.restart_generation, rollout_only=False)
+        for address in sorted(set(hybrid) - asked):
+            try:
+                r = httpx.post(f"http://{address}/update", json={"version": version}, timeout=PEER_WAIT_S,
+                               headers={"Authorization": f"Bearer {env.token}"})
+            except httpx.HTTPError as e:
+                raise ResumeError(f"rollout {hybrid[address]} could not load version {version} to resume from: "
+                                  f"{e!r}") from e
+            if r.status_code != 200:
+                raise ResumeError(f"rollout {hybrid[address]} could not load version {version} to resume from: "
+                                  f"HTTP {r.status_code} {r.text[:300]}")
+            asked.add(address)
+        if len(asked) >= env.replicas:
+            return
+        if time.monotonic() > deadline:
+            raise ResumeError(f"only {len(asked)} of {env.replicas} hybrid pods' rollouts came up within "
+                              f"{PEER_WAIT_S:.0f}s to load version {version} to resume from")
+        time.sleep(0.5)
 
 
 def _from_durable(ctx: Resumable) -> tuple[int, int, str] | None:
