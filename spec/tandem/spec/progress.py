@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-Phase = Literal["starting", "rollout", "inference", "train", "publish", "sync", "eval", "done", "failed"]
+Phase = Literal["starting", "rollout", "inference", "train", "publish", "sync", "eval", "paused", "done", "failed"]
 
 
 class EvalSummary(BaseModel):
@@ -41,7 +41,11 @@ class Progress(BaseModel):
     turns_mean: float | None = None  # multi-turn rollouts: model turns per trajectory, last iteration
     tool_calls_mean: float | None = None  # multi-turn rollouts: tool calls per trajectory, last iteration
     eval: EvalSummary | None = None  # the latest held-out evaluation (spec.eval)
-    message: str = ""  # why it failed; while no rollout is healthy, the driver's wait (WAITING_FOR_ROLLOUTS ...)
+    mismatch_kl: float | None = None  # rollout vs trainer, last iteration: mean k3 per model token
+    ess: float | None = None  # the normalised effective sample size of its token ratios p_trainer / p_rollout
+    staleness_mean: float | None = None  # weight versions between a trained completion's oldest segment and the update
+    guard: str = ""  # algorithm.mismatchGuard's latest warning or pause ("" while it is quiet)
+    message: str = ""  # why it failed or paused; while no healthy rollout, the driver's wait (WAITING_FOR_ROLLOUTS ...)
     updated_at: float = Field(default=0.0, description="Unix time of this record.")
 
     @property

@@ -32,6 +32,7 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Algorithm, Sample, row_budget
 from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.registry import make_algorithm
+from tandem.sidecars.algorithms.rollout_correction import summarize as summarize_correction
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.startup import etcd_security
 from tandem.sidecars.trainer.engines import megatron_build
@@ -83,6 +84,8 @@ class TrainerContext:
     last_sync: float | None = None
     last_kl: float | None = None
     last_turns: dict[str, float] = field(default_factory=dict)  # multi-turn: turns and tool calls, last iteration
+    last_agreement: dict[str, float] = field(default_factory=dict)  # mismatch_kl, mismatch_ess, staleness_mean
+    last_guard: str = ""  # algorithm.mismatchGuard's latest warning (progress record, the job's status)
     last_eval: EvalResult | None = None
     last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
     last_publish_bytes: int = 0  # its size (driver rank; 0 on the others)
@@ -381,9 +384,11 @@ class TrainerContext:
                     sums[k] = sums.get(k, 0.0) + v
                 first = first or dict(m)
                 n += 1
-        out = {k: v / n for k, v in sums.items()} | {f"prepare_{k}": v for k, v in batch.stats.items()}
-        # the rollout/trainer mismatch is measured before any update: the first step's weights
-        out |= {k: v for k, v in first.items() if k.startswith(("mismatch_", "tis_"))}
+        out = {k: v / n for k, v in sums.items() if not k.startswith("rc_")}
+        out |= {f"prepare_{k}": v for k, v in batch.stats.items()}
+        # the rollout/trainer mismatch is measured before any update: the first step's weights (its rc_ sums
+        # become the batch's mismatch_kl, ESS and clipped/masked shares)
+        out |= summarize_correction({k: v for k, v in first.items() if k.startswith(("mismatch_", "tis_", "rc_"))})
         self.last_kl = out.get("kl")
         return out
 
@@ -416,7 +421,9 @@ class TrainerContext:
                      weight_version=version, last_sync_seconds=self.last_sync, reward_mean=reward,
                      kl=self.last_kl, message=message, updated_at=time.time(), eval=self._eval_summary(),
                      turns_mean=self.last_turns.get("turns_mean"),
-                     tool_calls_mean=self.last_turns.get("tool_calls_mean"))
+                     tool_calls_mean=self.last_turns.get("tool_calls_mean"),
+                     mismatch_kl=self.last_agreement.get("mismatch_kl"), ess=self.last_agreement.get("mismatch_ess"),
+                     staleness_mean=self.last_agreement.get("staleness_mean"), guard=self.last_guard)
         if reward is None:
             old = self.registry.get_json(keys.progress(self.registry.namespace, self.registry.scope))
             p.reward_mean = None if old is None else old.get("rewardMean")
@@ -446,6 +453,10 @@ class TrainerContext:
         if not self.is_driver:
             return
         self.last_turns = {k: info[k] for k in ("turns_mean", "tool_calls_mean") if k in info}
+        self.last_agreement = {k: float(info[k]) for k in ("mismatch_kl", "mismatch_ess", "staleness_mean")
+                               if info.get(k) is not None}
+        guard = info.get("mismatch_guard", {})
+        self.last_guard = guard.get("message", "") if guard.get("action") in ("warn", "pause") else ""
         row = {"iteration": iteration, "weight_version": version, **info,
                "seconds": timer.seconds, "total_seconds": timer.total,
                "switch_share": timer.share(("offload", "onload", "publish", "sync", "release")),

@@ -20,7 +20,7 @@ from typing import Any
 from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
-from tandem.sidecars.trainer.loop import dynamic_sampling, host_wait, inflight, resume
+from tandem.sidecars.trainer.loop import dynamic_sampling, host_wait, inflight, mismatch_guard, resume
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.dynamic_sampling import Scores
 from tandem.sidecars.trainer.loop.partial import Group, staleness_stats
@@ -80,6 +80,8 @@ def run(env: PodEnv, job: RLHFJob) -> None:
     version, it, failed = -1, ctx.first_iteration, True
     source: RolloutSource | None = None
     kto = job.spec.algorithm.name == "kto"  # trains on labelled rows: the rollouts only evaluate and probe
+    guarding = job.spec.algorithm.mismatch_guard  # judged after each train phase, before the update is published
+    guard = mismatch_guard.Guard(guarding) if guarding is not None else None
     try:
         version = ctx.start_version()  # publish the initial weights, or resume the latest version
         source = start_source(ctx, version) if ctx.is_driver and not kto else None
@@ -105,6 +107,8 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             ctx.report("train", it, version, reward=info["reward_mean"])
             with timer("train"):
                 info |= ctx.train(samples)
+            if guarding is not None:  # warn goes on; pause waits here; fail raises (its line: the job's failure)
+                mismatch_guard.enforce(ctx, guard, it, version, info)
             ctx.report("publish", it, version, reward=info["reward_mean"])
             with timer("publish"):
                 version = ctx.publish(version + 1)

@@ -3,7 +3,10 @@
 Role: `LoopMetrics.observe(row)` takes each iteration's metrics row (the one written to
 metrics.jsonl) and updates: tandem_trainer_iteration, _reward_mean, _kl, _switch_share (gauges),
 tandem_trainer_phase_seconds{phase} and tandem_trainer_iteration_seconds (histograms),
-tandem_trainer_completions_total and _completion_tokens_total (counters), _logprob_mismatch; for stale
+tandem_trainer_completions_total and _completion_tokens_total (counters), _logprob_mismatch; the rollout/trainer
+agreement (gauges): _mismatch_kl, _mismatch_ess, with algorithm.rolloutCorrection _is_ess and
+_is_removed_share{unit,how} (tokens or sequences clipped or masked), _staleness_mean and, with
+algorithm.mismatchGuard, _mismatch_guard_streak (consecutive iterations over its threshold); for stale
 samples (partial or asynchronous rollouts) tandem_trainer_sample_staleness (histogram), _carried_share,
 _wasted_tokens_total and _dropped_completions_total; tandem_trainer_peak_memory_bytes{phase,kind} (the
 driver rank's peak RSS and, on a GPU, torch's peak allocation in each phase of the latest iteration); and
@@ -53,6 +56,18 @@ class LoopMetrics:
         self.dropped = Counter("tandem_trainer_dropped_completions", "Completions dropped as too stale", registry=r)
         self.mismatch = Gauge("tandem_trainer_logprob_mismatch", "Mean |log p_rollout - log p_trainer| of the sampled "
                               "tokens in the latest iteration", registry=r)
+        self.mismatch_kl = Gauge("tandem_trainer_mismatch_kl", "Mean k3 of p_trainer / p_rollout over the model's "
+                                 "tokens in the latest iteration (KL(rollout || trainer) per token)", registry=r)
+        self.mismatch_ess = Gauge("tandem_trainer_mismatch_ess", "Normalised effective sample size (sum w)^2 / (n sum "
+                                  "w^2) of the token ratios p_trainer / p_rollout in the latest iteration", registry=r)
+        self.is_ess = Gauge("tandem_trainer_is_ess", "Normalised effective sample size of the importance weights "
+                            "algorithm.rolloutCorrection applied in the latest iteration", registry=r)
+        self.is_removed = Gauge("tandem_trainer_is_removed_share", "Share of the latest iteration's tokens or "
+                                "sequences whose importance weight was clipped or masked", ["unit", "how"], registry=r)
+        self.staleness_mean = Gauge("tandem_trainer_staleness_mean", "Mean weight versions between a trained "
+                                    "completion's oldest segment and the update, latest iteration", registry=r)
+        self.guard_streak = Gauge("tandem_trainer_mismatch_guard_streak", "Consecutive iterations over "
+                                  "algorithm.mismatchGuard's threshold", registry=r)
 
         self.memory = Gauge("tandem_trainer_peak_memory_bytes", "Peak memory of the driver rank in each phase of the "
                             "latest iteration: kind rss (host, the kernel's peak) or cuda (torch's allocator)",
@@ -65,9 +80,18 @@ class LoopMetrics:
                 if key in mem:
                     self.memory.labels(phase, kind).set(float(mem[key]) * (1 << 20))
         for gauge, key in ((self.reward, "reward_mean"), (self.kl, "kl"), (self.switch, "switch_share"),
-                           (self.mismatch, "mismatch_mean")):
+                           (self.mismatch, "mismatch_mean"), (self.mismatch_kl, "mismatch_kl"),
+                           (self.mismatch_ess, "mismatch_ess"), (self.is_ess, "is_ess"),
+                           (self.staleness_mean, "staleness_mean")):
             if row.get(key) is not None:
                 gauge.set(float(row[key]))
+        for unit in ("token", "seq"):
+            for how in ("clipped", "masked"):
+                if row.get(f"is_{unit}_{how}_frac") is not None:
+                    self.is_removed.labels("sequence" if unit == "seq" else unit, how).set(
+                        float(row[f"is_{unit}_{how}_frac"]))
+        if "mismatch_guard" in row or row.get("mismatch_kl") is not None:
+            self.guard_streak.set(float(row.get("mismatch_guard", {}).get("streak", 0)))
         for name, seconds in row.get("seconds", {}).items():
             self.phase.labels(name).observe(float(seconds))
         if row.get("total_seconds") is not None:
