@@ -195,6 +195,9 @@ def decide(obs: Observation) -> Plan:
     no_rollout = status.rollouts_available(new, obs.progress, now)  # the driver waits for a healthy rollout
     if no_rollout is not None:
         plan.events.append(no_rollout)
+    drift = status.mismatch_guard(new, obs.progress, now)  # algorithm.mismatchGuard warned or paused
+    if drift is not None:
+        plan.events.append(drift)
     new.progress = eta.progress_block(new.progress, obs.progress, status.gang_generation(new))
     _durability(obs.job, plan, before, now)
 

@@ -20,6 +20,10 @@ when the condition's status flips (Kubernetes API conventions):
   RolloutsAvailable  set once the driver first waits for a healthy rollout (every engine dead, hung or
               restarting): False (reason NoHealthyRollout, the driver's message naming each rollout) while it
               waits, True (RolloutsHealthy) once one is back; an Event NoHealthyRollout when it turns False
+  MismatchGuard  set once algorithm.mismatchGuard first fires: True while the driver's record carries its
+              warning (reason MismatchHigh) or its pause (MismatchPaused; the driver holds the pods, phase
+              Running: spec.suspend frees them), False (MismatchWithinThreshold) once it is quiet; an Event
+              with the guard's line whenever it turns True or its reason changes
 Reasons (every condition carries the reason of the current phase; `REASONS` has the defaults):
 PodsPending, AwaitingAdmission, PodsRunning, GangRestart, SpecSuspended, Preempted, DriverDone,
 TrainersSucceeded, DriverFailed, MaxRestartsReached, InvalidSpec, PodCreateRefused (the API server
@@ -42,13 +46,14 @@ from tandem.spec.progress import Progress
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
 CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed",
-                   "ContainersWaiting", "DurableCheckpoints", "RolloutsAvailable")
+                   "ContainersWaiting", "DurableCheckpoints", "RolloutsAvailable", "MismatchGuard")
 CONTAINERS_WAITING = "ContainersWaiting"
 DURABLE_CHECKPOINTS = "DurableCheckpoints"
 NO_DURABLE_CHECKPOINTS = "NoDurableCheckpoints"
 POD_CREATE_REFUSED = "PodCreateRefused"
 ROLLOUTS_AVAILABLE = "RolloutsAvailable"
 NO_HEALTHY_ROLLOUT = "NoHealthyRollout"
+MISMATCH_GUARD = "MismatchGuard"
 REASONS: dict[str, str] = {
     "Pending": "PodsPending", "Queued": "AwaitingAdmission", "Running": "PodsRunning",
     "Restarting": "GangRestart", "Suspended": "SpecSuspended", "Succeeded": "DriverDone",
@@ -187,6 +192,7 @@ def apply_progress(status: JobStatus, progress: Progress | None) -> None:
     status.weight_version = progress.weight_version
     status.last_sync_seconds = progress.last_sync_seconds
     status.reward_mean = progress.reward_mean
+    status.mismatch_kl, status.ess, status.staleness_mean = progress.mismatch_kl, progress.ess, progress.staleness_mean
     if progress.eval is not None:
         e = progress.eval
         status.eval = EvalStatus(iteration=e.iteration, pass_at_1=e.pass_at_1, pass_at_k=e.pass_at_k, k=e.k)
@@ -201,6 +207,22 @@ def rollouts_available(status: JobStatus, progress: Progress | None, now: dateti
         return Event("Warning", NO_HEALTHY_ROLLOUT, progress.message) if old is None or old.status == "True" else None
     if old is not None and old.status == "False":
         set_condition(status, ROLLOUTS_AVAILABLE, True, "RolloutsHealthy", "", now)
+    return None
+
+
+def mismatch_guard(status: JobStatus, progress: Progress | None, now: datetime) -> Event | None:
+    """Condition MismatchGuard from the driver's progress record (see the module docstring); the Event to
+    post when it turns True or moves from a warning to a pause."""
+    old = condition(status, MISMATCH_GUARD)
+    paused = progress is not None and progress.phase == "paused"
+    message = "" if progress is None else progress.message if paused else progress.guard
+    if message:
+        reason = "MismatchPaused" if paused else "MismatchHigh"
+        fresh = old is None or old.status != "True" or old.reason != reason
+        set_condition(status, MISMATCH_GUARD, True, reason, message, now)
+        return Event("Warning", reason, message) if fresh else None
+    if old is not None and old.status == "True":
+        set_condition(status, MISMATCH_GUARD, False, "MismatchWithinThreshold", "", now)
     return None
 
 

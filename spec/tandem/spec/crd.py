@@ -146,6 +146,8 @@ def build_crd() -> dict[str, Any]:
         {"name": "Replaced", "type": "integer", "jsonPath": ".status.rolloutReplacements", "priority": 1,
          "description": "Rollout-only pods replaced alone"},
         {"name": "Version", "type": "integer", "jsonPath": ".status.weightVersion", "priority": 1},
+        {"name": "Mismatch", "type": "number", "jsonPath": ".status.mismatchKl", "priority": 1,
+         "description": "Rollout vs trainer: mean KL (k3) per model token, latest iteration"},
         {"name": "Algorithm", "type": "string", "jsonPath": ".status.algorithm", "priority": 1,
          "description": "The algorithm as it runs, its preset expanded"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -578,6 +578,12 @@ class JobStatus(Base):
     weight_version: int = 0
     last_sync_seconds: float | None = None
     reward_mean: float | None = None
+    mismatch_kl: float | None = Field(default=None, description="Rollout vs trainer in the latest iteration: the "
+                                      "mean k3 of p_trainer / p_rollout over the model's tokens (KL per token).")
+    ess: float | None = Field(default=None, description="The normalised effective sample size (sum w)^2 / (n sum "
+                              "w^2) of the latest iteration's token ratios p_trainer / p_rollout (1: they agree).")
+    staleness_mean: float | None = Field(default=None, description="Weight versions between a trained completion's "
+                                         "oldest segment and the update it trained, mean of the latest iteration.")
     restarts: int = 0
     preemptions: int = Field(default=0, description="Times Kueue stopped the job's pods (not counted as restarts; "
                              "the restart generation of the pods is restarts + preemptions + suspensions).")
