@@ -29,6 +29,7 @@ from harness import OperatorProcess, get_json, wait_for
 from test_operator_cluster import create, fail_pod, phase_is, running
 from wrappers import JobWrapper
 
+from tandem.checkpoint_engine import layout
 from tandem.checkpoint_engine.durable import DurableStore
 from tandem.cli.local import processes_for
 from tandem.cli.procs import LocalContainer
@@ -98,11 +99,20 @@ class Kubelet:
         job = localize(parse_job(yaml.safe_load(text)))
         run_dir = self.workdir / f"gen{generation}"
         run_dir.mkdir(parents=True)
-        self.running = processes_for(pods, job, run_dir, self.etcd, token=base64.b64decode(secret).decode(),
-                                     shm_root=self.shm / f"gen{generation}")
-        for c in self.running:
+        started = processes_for(pods, job, run_dir, self.etcd, token=base64.b64decode(secret).decode(),
+                                shm_root=self.shm / f"gen{generation}")
+        self.running += started  # a pod kept from an earlier generation runs on beside them
+        for c in started:
             c.start()
         return run_dir
+
+    def kill_pod(self, pod: str) -> None:
+        """One pod lost (a node gone): its processes killed, its shared memory (emptyDir) removed."""
+        for c in self.running:
+            if c.pod == pod:
+                c.stop(grace=0.0)
+        for shm in self.shm.glob(f"gen*/{pod}"):
+            shutil.rmtree(shm, ignore_errors=True)
 
     def freeze(self) -> None:
         """SIGSTOP every container's process group: the run holds still where it is (until `kill`)."""
@@ -188,3 +198,55 @@ def test_gang_restart_resumes_from_the_durable_copy(
     assert after[0]["rollout_version"] == saved.version + 1
     st = get_json(k8s, "rlhfjob", name, "-n", ns)["status"]
     assert st["iteration"] == ITERATIONS and st["restarts"] == 1
+
+
+def test_gang_restart_without_persist_resumes_from_the_kept_rollout_only_pod(
+    k8s: ControlPlane, operator: OperatorProcess, ns: str, etcd_server: Any, toy: Path, tmp_path: Path
+) -> None:
+    """No checkpointEngine.persist: the hybrid pod (the trainer) is lost mid-run; the operator restarts the gang but
+    keeps the running rollout-only pod, which still holds the newest version it pulled. The restarted driver
+    resumes from that version, at the iteration after the one that published it, not from the initial model."""
+    name = "kept"
+    doc = job_doc(name, ns, toy, tmp_path / "unused")
+    doc["spec"].pop("volumes")
+    doc["spec"]["checkpointEngine"].pop("persist")
+    doc["spec"]["rolloutOnlyReplicas"] = 1
+    create(k8s, ns, doc)
+    kubelet = Kubelet(k8s, ns, name, etcd_server.endpoint, tmp_path / "kubelet")
+    try:
+        pods = wait_for("generation 0 pods", lambda: running(k8s, ns, name, 2), 60)
+        uid_kept = next(p["metadata"]["uid"] for p in pods if p["metadata"]["name"] == f"{name}-1")
+        gen0 = kubelet.start(0, pods)
+        wait_for("three iterations", lambda: len(rows_of(gen0)) >= 3 or None, 600, every=0.1)
+        kubelet.kill_pod(f"{name}-0")  # the trainer's pod is lost, shared memory and all
+        held = layout.list_versions(kubelet.shm / "gen0" / f"{name}-1", name)
+        assert held, "the rollout-only pod holds no version"
+        before = rows_of(gen0)
+        fail_pod(k8s, ns, f"{name}-0")
+        pods = wait_for("generation 1: a new hybrid pod, the rollout-only pod kept",
+                        lambda: running(k8s, ns, name, 2, generation=1), 120)
+        kept = next(p for p in pods if p["metadata"]["name"] == f"{name}-1")
+        assert kept["metadata"]["uid"] == uid_kept  # relabelled into generation 1, not recreated
+        gen1 = kubelet.start(1, [p for p in pods if p["metadata"]["name"] == f"{name}-0"])
+        wait_for("Succeeded", lambda: phase_is(k8s, ns, name, "Succeeded", restarts=1), 900, every=1.0)
+    except BaseException:
+        print(kubelet.tails())
+        raise
+    finally:
+        kubelet.kill()
+
+    log = (gen1 / "logs" / f"{name}-0-trainer.log").read_text()
+    resumed = [line for line in log.splitlines() if "held by the kept rollout-only pods" in line]
+    assert resumed, log[-3000:]
+    version = int(resumed[0].split("version ", 1)[1].split(",", 1)[0])
+    assert version >= held[-1] and version > 0, (version, held)  # what the kept pod held, never the initial model
+    after = rows_of(gen1)
+    first = after[0]["iteration"]
+    assert f"resuming from version {version} " in log and f"at iteration {first}" in log
+    assert first >= 2 and first >= len(before) - 1, (before, after)  # what was learnt is kept: not iteration 0
+    assert [r["iteration"] for r in after] == list(range(first, ITERATIONS))
+    assert after[0]["rollout_version"] == version + 1  # re-published as the next version, generated with
+    st = get_json(k8s, "rlhfjob", name, "-n", ns)["status"]
+    assert st["iteration"] == ITERATIONS and st["restarts"] == 1
+    kept_log = (tmp_path / "kubelet" / "gen0" / "logs" / f"{name}-1-rollout.log").read_text()
+    assert "serving it" in kept_log and "gang generation 1 started" in kept_log  # it followed the new gang
