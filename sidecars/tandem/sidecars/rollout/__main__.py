@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any
 
-from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine import errors, keys
 from tandem.checkpoint_engine.endpoints import split_endpoints
 from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
@@ -126,7 +126,10 @@ def main() -> int:
     try:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:
-            engine.update(None)
+            try:
+                engine.update(None)
+            except errors.CheckpointEngineError as e:  # its holders gone (a gang restart): the driver sends one
+                log.warning("could not load the latest version at start (%s); serving once the driver sends one", e)
         chat, turns = chat_and_turns(engine, spec, env, loaded)
         app = build_app(engine, env.token, turns, chat)
         server, thread = start_server(app, env.port, "rollout-api")

@@ -142,10 +142,10 @@ def _from_peers(ctx: Resumable) -> tuple[int, int, str] | None:
         return None
     p = Progress.model_validate(raw)
     deadline = time.monotonic() + PEER_WAIT_S
-    version = registry.latest()
+    version = _held_by(registry, kept)
     while version is None and time.monotonic() < deadline:  # the old trainer's lease expires, a kept pod registers
         time.sleep(1.0)
-        version = registry.latest()
+        version = _held_by(registry, kept)
     if version is None:
         log.warning("no kept rollout-only pod (%s) registered a version within %.0fs: starting over", ", ".join(kept),
                     PEER_WAIT_S)
@@ -156,6 +156,13 @@ def _from_peers(ctx: Resumable) -> tuple[int, int, str] | None:
     log.info("a gang restart without persist: version %d, held by the kept rollout-only pods %s, continues the job",
              version, ", ".join(kept))
     return version, iteration, str(layout.version_dir(env.shm_dir, env.job, version))
+
+
+def _held_by(registry: SyncRegistry, pods: list[str]) -> int | None:
+    """The latest version when one of `pods` holds it (the dead trainer's own may be listed until its lease
+    expires, held by nobody alive), else None."""
+    version = registry.latest()
+    return version if version is not None and set(registry.holders(version)) & set(pods) else None
 
 
 def _pull_into_hybrid_pods(ctx: Resumable, version: int, deadline: float) -> None:
