@@ -151,7 +151,9 @@ def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[Lo
     t.caption = "  ".join(f"{c.label}: {'up' if c.exit_code() is None else 'exit ' + str(c.exit_code())}"
                           + (f" (restarted {c.restarts})" if c.restarts else "") for c in containers)
     if p is not None and p.message and p.phase not in ("done", "failed"):
-        t.caption += f"\n{p.message}"  # e.g. the driver waiting for a healthy rollout
+        t.caption += f"\n{p.message}"  # e.g. the driver waiting for a healthy rollout, or paused by its guard
+    if p is not None and p.guard and p.phase not in ("paused", "done", "failed"):
+        t.caption += f"\n{p.guard}"  # algorithm.mismatchGuard's warning
     return t
 
 

@@ -126,6 +126,12 @@ def print_summary(rows: list[dict[str, Any]], console: Console, evals: list[dict
     if mismatch:
         worst = max(r.get("mismatch_max", 0.0) for r in rows)
         t.add_row("log-prob mismatch, mean (max)", f"{sum(mismatch) / len(mismatch):.2e} ({worst:.2e})")
+    kl = [float(r["mismatch_kl"]) for r in rows if r.get("mismatch_kl") is not None]
+    if kl:
+        t.add_row("mismatch KL per token, mean (max)", f"{sum(kl) / len(kl):.2e} ({max(kl):.2e})")
+    fired = [r for r in rows if r.get("mismatch_guard", {}).get("action") in ("warn", "pause", "fail")]
+    if fired:
+        t.add_row("mismatch guard fired (first)", f"{len(fired)} ({fired[0]['iteration']})")
     if any("staleness_mean" in r for r in rows):
         t.add_row("staleness, mean (max)", f"{sum(r.get('staleness_mean', 0.0) for r in rows) / len(rows):.2f} "
                   f"({max(r.get('staleness_max', 0) for r in rows)})")
