@@ -92,6 +92,13 @@ RULE_CASES: list[Case] = [
     ("guard-pause", {"algorithm.mismatchGuard": {"metric": "mismatch", "threshold": 0.5, "iterations": 2,
                                                   "action": "pause"}}),
     ("guard-action-unknown", {"algorithm.mismatchGuard": {"threshold": 0.01, "action": "stop"}}),
+    # their numbers as kubectl may send them (type_cases does not reach into optional objects)
+    ("correction-high-quoted", {"algorithm.rolloutCorrection": {"high": "3.0"}}),
+    ("correction-high-integer", {"algorithm.rolloutCorrection": {"high": 3}}),
+    ("correction-low-integer-zero", {"algorithm.rolloutCorrection": {"mode": "mask", "low": 0}}),
+    ("guard-threshold-quoted", {"algorithm.mismatchGuard": {"threshold": "0.01"}}),
+    ("guard-iterations-float", {"algorithm.mismatchGuard": {"threshold": 0.01, "iterations": 3.0}}),
+    ("guard-iterations-quoted", {"algorithm.mismatchGuard": {"threshold": 0.01, "iterations": "3"}}),
     ("loss-agg-norm-without-its-agg", {"algorithm.lossAggNorm": 512}),
     ("loss-agg-norm-with-its-agg", {"algorithm.lossAggNorm": 512, "algorithm.lossAgg": "seq-mean-token-sum-norm"}),
     # spec.rollout.environment

@@ -9,9 +9,11 @@ completions cut at the generation limit out of the loss. `GRPO.loss` is the poli
 chosen KL estimator per token (k3 by default), aggregated by `algorithm.lossAgg`. On-policy
 distillation (`algorithm.distillation`) adds coef x (log pi_teacher - log pi_student) to each token's
 advantage, or its sum to the reward before the estimator. When the samples
-carry the rollout engine's own log-probs, the loss reports the rollout/trainer mismatch and, with
-`tis_cap`, weighs each token by the truncated importance ratio p_trainer / p_rollout
-(`F.rollout_mismatch`). The presets (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) are spec-level
+carry the rollout engine's own log-probs, the loss reports the rollout/trainer mismatch and, with a
+correction (`algorithm.rolloutCorrection`, or `tis_cap`/`tis_mode` at token level), weighs each token by
+its importance weight against p_rollout (`rollout_correction.weights`). With an environment, the KL
+in the rewards, REINFORCE++'s returns and whitening and the distillation term count only the model's
+tokens (`base.model_tokens`). The presets (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) are spec-level
 (`tandem.spec.algorithms`). Callers: the driver via `make_algorithm`, the trainer engine via `loss`.
 
 Aggregation default: token-mean — the loss is the mean over all completion tokens of the batch (each

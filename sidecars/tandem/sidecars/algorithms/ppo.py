@@ -7,7 +7,9 @@ per sample over the completion tokens, whitens the advantages over the batch, an
 `PPO.loss` is the policy loss (`algorithm.policyLoss`: PPO's clip, with clipHigh and dual-clip
 clipC, or GSPO's or CISPO's), aggregated by `algorithm.lossAgg`; `PPO.critic_loss` the clipped value loss for the critic
 model. Without a critic (`critic: false`) the value of every step is the mean score of the
-sample's group (a group baseline). Callers: the driver via `make_algorithm`, the trainer engine.
+sample's group (a group baseline). With an environment the KL penalty, the score's token, GAE and the
+whitening are the model's tokens' only (`base.model_tokens`); the importance weights against the rollout's
+log-probs are `rollout_correction.weights`. Callers: the driver via `make_algorithm`, the trainer engine.
 """
 
 from __future__ import annotations
