@@ -4,12 +4,16 @@ with each (warn, pause, fail), on a stand-in for the trainer context: no engine,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from tandem.sidecars.algorithms.base import Sample, pack_samples
+from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.mismatch_guard import Guard, MismatchGuardTripped, Verdict, enforce
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
+from tandem.spec.load import parse_job
 from tandem.spec.models import Algorithm
 from tandem.spec.rollout_correction import MismatchGuard
 
@@ -127,3 +131,37 @@ def test_prometheus_shows_the_agreement_and_the_streak() -> None:
     assert get("tandem_trainer_mismatch_guard_streak") == 2
     m.observe({"iteration": 1, "mismatch_kl": 0.001})  # back under the threshold: no guard entry, streak 0
     assert get("tandem_trainer_mismatch_guard_streak") == 0 and get("tandem_trainer_mismatch_kl") == 0.001
+
+
+class Steps:
+    """An engine whose optimizer steps report given metrics, as the engines do (means over micro-batches)."""
+
+    def __init__(self, rows: list[dict[str, float]]) -> None:
+        self.rows = rows
+
+    def train_step(self, part: Any, loss: Any, reduction: str) -> dict[str, float]:
+        return self.rows.pop(0)
+
+
+def test_the_loop_reports_the_first_steps_agreement_as_the_batchs_ratios() -> None:
+    """`TrainerContext.train`: the rc_ sums of the first optimizer step (before any update) become mismatch_kl,
+    the ESS and the shares; the other metrics are the steps' mean; no rc_ entry is left in the row."""
+    samples = [Sample([1], [2, 3], group=0, reward=1.0), Sample([1], [4], group=0, reward=0.0)]
+    batch = pack_samples(samples, 3)  # a row each: two optimizer steps of one sample
+    assert batch.num_rows == 2
+    batch.stats = {"reward_mean": 0.5}
+    first = {"loss": 1.0, "mismatch_mean": 0.2, "rc_tokens": 4.0, "rc_k3": 0.08, "rc_ratio": 4.0, "rc_ratio_sq": 5.0,
+             "rc_w": 3.0, "rc_w_sq": 3.0, "rc_tok_clipped": 0.0, "rc_tok_masked": 1.0, "rc_seqs": 2.0,
+             "rc_seq_clipped": 0.0, "rc_seq_masked": 1.0}
+    later = {**first, "loss": 3.0, "mismatch_mean": 0.9, "rc_k3": 4.0}  # after an update: not the rollouts' gap
+    doc = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "t"},
+           "spec": {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"},
+                    "rewards": [{"type": "answerMatch"}], "trainer": {"globalBatchSize": 1, "microBatchSize": 1}}}
+    ctx = SimpleNamespace(job=parse_job(doc), engine=Steps([first, later]), critic=None,
+                          _pack=lambda s: batch, _loss=lambda steps, critic=False: None, last_kl=None)
+    out = TrainerContext.train(ctx, samples)  # type: ignore[arg-type]
+    assert out["loss"] == 2.0 and out["prepare_reward_mean"] == 0.5  # the two steps' mean
+    assert out["mismatch_mean"] == 0.2 and out["mismatch_kl"] == pytest.approx(0.02)  # the first step's
+    assert out["mismatch_ess"] == pytest.approx(16 / 20) and out["is_ess"] == pytest.approx(9 / 12)
+    assert out["is_token_masked_frac"] == 0.25 and out["is_seq_masked_frac"] == 0.5
+    assert not [k for k in out if k.startswith("rc_")]
