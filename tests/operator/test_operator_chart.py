@@ -136,6 +136,8 @@ def test_rendered_manifests_pass_server_side_dry_run(k8s: ControlPlane) -> None:
         ("create", "pods", True),
         ("delete", "pods", True),
         ("watch", "pods", True),
+        ("patch", "pods", True),  # labels: a rollout-only pod kept through a gang restart joins its generation
+        ("update", "pods", False),
         ("patch", "rlhfjobs.tandem.dev", True),
         ("patch", "rlhfjobs.tandem.dev/status", True),
         ("create", "secrets", True),

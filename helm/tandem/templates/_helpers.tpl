@@ -43,9 +43,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [tandem.dev]
   resources: [rlhfjobs/status]
   verbs: [get, patch]
+# patch: labels only (a rollout-only pod kept through a gang restart joins the new generation)
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
 # the job's Service, token Secret and job-document ConfigMap: created, never read or changed (the document
 # is immutable and named by its content; a changed spec gets a new one)
 - apiGroups: [""]
