@@ -4,8 +4,9 @@ split between two workers, and its time per directory.
 Heavier shared fixtures live beside their users (tests/operator/conftest.py starts the Kubernetes
 control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per session).
 
-`TANDEM_TEST_WORKERS=2 make test` runs pytest on two workers (pytest-xdist, scheduled by `group_of`;
-one process is the default): end-to-end runs mostly wait on process start-up and I/O. `group_of` keeps
+`make test` runs pytest on two workers (pytest-xdist, scheduled by `group_of`, the longest groups handed
+out first: `LONGEST_FIRST`; `TANDEM_TEST_WORKERS=1` runs one process): end-to-end runs leave about half
+of the cores idle, waiting on process start-up and I/O. `group_of` keeps
 together what must not run side by side: every test of the Kubernetes control plane (one per session); the
 checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
 sandbox's uid (whose process limit and process list are machine-wide: a fork bomb in one test would starve
