@@ -97,21 +97,24 @@ def test_warn_logs_records_and_goes_on(caplog: pytest.LogCaptureFixture) -> None
     assert ctx.reports == []  # the loop goes on: its next report carries the warning (ctx.last_guard)
 
 
-def test_fail_raises_with_the_reason_on_every_rank() -> None:
+def test_fail_raises_with_the_reason_on_every_rank_after_recording_the_row() -> None:
     for driver in (True, False):
-        ctx = Loop(driver)
+        ctx, rows = Loop(driver), list[dict[str, Any]]()
         g = guard(iterations=1, action="fail") if driver else None
         if not driver:  # the other ranks learn the driver's verdict from the broadcast
             ctx.broadcast = lambda obj: Verdict("fail", "algorithm.mismatchGuard: x", 1)  # type: ignore[method-assign]
+        info: dict[str, Any] = {"mismatch_kl": 1.0}
         with pytest.raises(MismatchGuardTripped, match="algorithm.mismatchGuard"):
-            enforce(ctx, g, 4, 5, {"mismatch_kl": 1.0})
+            enforce(ctx, g, 4, 5, info, record=lambda: rows.append(dict(info)))  # noqa: B023
+        assert rows == [info] and info["mismatch_guard"]["action"] == "fail"  # metrics.jsonl has the iteration
 
 
 def test_pause_reports_why_holds_then_fails_saying_so() -> None:
-    ctx, slept = Loop(), list[float]()
+    ctx, slept, recorded = Loop(), list[float](), list[int]()
     with pytest.raises(MismatchGuardTripped, match="paused 0.05 h without being suspended"):
         enforce(ctx, guard(iterations=1, action="pause"), 3, 4, {"mismatch_kl": 0.5, "reward_mean": 0.3},
-                sleep=slept.append, limit=180.0)
+                record=lambda: recorded.append(len(slept)), sleep=slept.append, limit=180.0)
+    assert recorded == [0]  # the row is written before the wait
     (phase, iteration, message), = ctx.reports
     assert phase == "paused" and iteration == 3
     assert message.startswith("paused: algorithm.mismatchGuard: mismatch_kl 0.5 > 0.01") and "spec.suspend" in message

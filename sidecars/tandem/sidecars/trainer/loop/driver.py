@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from tandem.checkpoint_engine.models import SamplingOptions
@@ -108,7 +109,8 @@ def run(env: PodEnv, job: RLHFJob) -> None:
             with timer("train"):
                 info |= ctx.train(samples)
             if guarding is not None:  # warn goes on; pause waits here; fail raises (its line: the job's failure)
-                mismatch_guard.enforce(ctx, guard, it, version, info)
+                mismatch_guard.enforce(ctx, guard, it, version, info,
+                                       record=partial(ctx.record, it, version, info, timer))
             ctx.report("publish", it, version, reward=info["reward_mean"])
             with timer("publish"):
                 version = ctx.publish(version + 1)

@@ -79,9 +79,11 @@ class Loop(Protocol):
 
 
 def enforce(ctx: Loop, guard: Guard | None, iteration: int, version: int, info: dict[str, Any], *,
-            sleep: Callable[[float], None] = time.sleep, limit: float = PAUSE_LIMIT) -> Verdict:
+            record: Callable[[], None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
+            limit: float = PAUSE_LIMIT) -> Verdict:
     """Judge the iteration on the driver, tell every rank, act (collective: every rank calls it when the
-    job has a guard). Returns the verdict; a `warn`'s line is also in `info["mismatch_guard"]`."""
+    job has a guard). Returns the verdict; its line is also in `info["mismatch_guard"]`. Before a pause or
+    a failure, `record` writes the iteration's metrics row (the loop stops before its usual record)."""
     verdict = guard.observe(iteration, info) if guard is not None and ctx.is_driver else None
     verdict = ctx.broadcast(verdict)
     if not isinstance(verdict, Verdict):
@@ -92,6 +94,7 @@ def enforce(ctx: Loop, guard: Guard | None, iteration: int, version: int, info: 
         if verdict.action == "warn" and ctx.is_driver:
             log.warning("%s", verdict.message)
         return verdict
+    record()
     if verdict.action == "fail":
         raise MismatchGuardTripped(verdict.message)
     reason = (f"paused: {verdict.message}; the update was not published. spec.suspend: true frees the pods (the "
