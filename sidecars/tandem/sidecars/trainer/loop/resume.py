@@ -84,7 +84,7 @@ def resume_point(ctx: Resumable) -> tuple[int, int] | None:
 
     Two places may hold one: this pod's shared memory (a trainer restarted in its pod, or
     `tandem run --resume`) and the durable store (`checkpointEngine.persist`: survives the pods);
-    when neither does, the rollout-only pods kept through a gang restart (`_from_peers`). For shm and peers
+    and, after a gang restart, the rollout-only pods kept through it (`_from_peers`). For shm and peers
     the iteration comes from the (lease-free) progress record; a durable copy carries its own. The newer
     iteration wins; must run before the publisher's start-up cleanup, which removes shm versions etcd no
     longer lists. Collective: the driver decides, every rank loads.
@@ -92,8 +92,14 @@ def resume_point(ctx: Resumable) -> tuple[int, int] | None:
     found: tuple[int, int, str] | None = None
     if ctx.is_driver:
         candidates = [c for c in (_from_shm(ctx), _from_durable(ctx)) if c is not None]
-        if not candidates:  # a gang restarted without persist: what the kept rollout-only pods hold
-            candidates = [c for c in (_from_peers(ctx),) if c is not None]
+        try:  # after a gang restart: what the kept rollout-only pods hold (newer than a durable copy, often)
+            peers = _from_peers(ctx)
+        except ResumeError as e:
+            if not candidates:
+                raise
+            log.warning("the kept rollout-only pods' version is out of reach (%s): resuming from elsewhere", e)
+            peers = None
+        candidates += [peers] if peers is not None else []
         if candidates:
             found = max(candidates, key=lambda c: c[1])  # stable: shm first on a tie (already verified there)
             log.info("resuming from version %d (%s) at iteration %d", found[0], found[2], found[1])
