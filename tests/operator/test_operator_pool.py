@@ -9,17 +9,20 @@ failure restarts the gang: a new hybrid pod, the rollout-only pods kept (same UI
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import datetime
 
 import pytest
 from controlplane import ControlPlane
+from fakes import RecordingKube
 from harness import OperatorProcess, wait_for
 from test_operator_cluster import create, events_of, fail_pod, phase_is, pods_of, running, small
 from test_operator_plan import observe
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later
 
-from tandem.operator import pool_policy, status
+from tandem.operator import pool_policy, reconcile, status
+from tandem.operator.kube import KubeError
 from tandem.operator.observe import PodState
 from tandem.operator.plan import Plan, decide
 from tandem.spec.models import JobStatus
@@ -248,3 +251,24 @@ def replaced(cp: ControlPlane, ns: str, name: str, before: dict[str, str], pod: 
     """The pods' UIDs once `pod` runs again under another UID and every pod runs."""
     now = uids(cp, ns, name)
     return now if now.get(pod) not in (None, before[pod]) and running(cp, ns, name, len(before)) else None
+
+
+class NoPatchKube(RecordingKube):
+    """An API server whose RBAC (an older chart's) forbids patching pods."""
+
+    async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
+        raise KubeError(f"label Pod {namespace}/{name}", 403, b'{"message": "forbidden"}')
+
+
+@pytest.mark.parametrize("kube", [RecordingKube(), NoPatchKube()])
+def test_kept_pods_are_relabelled_and_a_refused_relabel_is_a_plain_gang_restart(
+    kube: RecordingKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = step([pod(0).failed().state(), pod(1).running().state(), pod(2).running().state()])
+    ref = reconcile.JobRef("ns", "demo", "uid", 1, "1")
+    asyncio.run(reconcile.carry_out(kube, ref, reconcile.JobMemory(), plan, "etcd:2379"))  # type: ignore[arg-type]
+    assert kube.deleted == ["demo-0"]
+    if isinstance(kube, NoPatchKube):  # logged; the next pass sees them in the old generation and deletes them
+        assert kube.labelled == [] and "could not keep pod ns/demo-1 through the gang restart" in caplog.text
+    else:
+        assert kube.labelled == [(n, {"tandem.dev/restart-generation": "1"}) for n in ("demo-1", "demo-2")]

@@ -37,6 +37,8 @@ from tandem.spec.load import SpecError, parse_spec
 from tandem.spec.models import JobStatus, RLHFJob
 from tandem.spec.progress import Progress
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class JobMemory:
@@ -131,7 +133,14 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
     if plan.adopt:  # rollout-only pods kept through a gang restart join its generation (pool_policy.kept)
         labels = {builders.LABEL_GENERATION: str(plan.restart_generation)}
-        await asyncio.gather(*(kube.label_pod(ref.namespace, n, labels) for n in plan.adopt))
+        labelled = await asyncio.gather(*(kube.label_pod(ref.namespace, n, labels) for n in plan.adopt),
+                                        return_exceptions=True)
+        for name, result in zip(plan.adopt, labelled, strict=True):
+            if isinstance(result, KubeError):  # e.g. an older chart's RBAC without patch: a plain gang restart
+                log.warning("could not keep pod %s/%s through the gang restart (%s): the next pass replaces it",
+                            ref.namespace, name, result)
+            elif isinstance(result, BaseException):
+                raise result
     if job is not None and gang.creates_gang(job, plan.create):
         try:
             await ensure_gang(kube, job, ref, plan.restart_generation)
