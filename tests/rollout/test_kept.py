@@ -69,13 +69,17 @@ def test_a_kept_pod_registers_its_version_again_and_follows_the_new_gang(etcd_se
         other = GangFollower(other_reg, other_node, shm / "job-2", job, {"generation": 0},
                              keys.endpoint(other_reg.namespace, other_reg.scope, "job-2", "rollout"))
 
+        fresh = GangFollower(other_reg, other_node, shm / "job-2", job, {"generation": 0}, "unused")
         kept.tick()
+        other.tick()
         assert kept_reg.latest() == 2 and kept_reg.version_record(2)["holder"] == "job-0"  # the trainer lives: no-op
 
         serving.close()
         trainer.close()  # the trainer's pod is gone: its lease, records and `latest` with it
         made.remove(trainer)
         assert kept_reg.latest() is None and kept_reg.versions() == []
+        # a pod that never saw a version registered (a resumed run's new pod holding old ones) registers nothing
+        assert fresh.keep_newest_registered() is None and kept_reg.latest() is None
         assert kept.keep_newest_registered() == 2
         assert other.keep_newest_registered() is None  # another kept pod was first: it holds the version too
         assert kept_reg.latest() == 2 and kept_reg.version_record(2)["holder"] == "job-1"

@@ -202,21 +202,23 @@ class Registry:
         ops.append(tx.put(_b(keys.version(ns, job, v)), _b(json.dumps(record)), lease))
         ops.append(tx.put(_b(keys.latest(ns, job)), _b(str(v)), lease))
         ops.append(tx.put(_b(keys.holder(ns, job, v, self.pod)), _b(directory), lease))
-        compare = [tx.version(_b(keys.version(ns, job, v))) == 0]
-        cur = await self.latest()
-        if cur is not None:
-            if cur >= v:
-                raise errors.VersionExists(f"version {v} is not newer than the latest {cur}")
-            compare.append(tx.value(_b(keys.latest(ns, job))) == _b(str(cur)))
-        else:
-            compare.append(tx.version(_b(keys.latest(ns, job))) == 0)
-        ok, uncertain = await self.etcd.transaction("register", compare, ops)
-        if not ok and uncertain:  # a first attempt on a member that then failed may have committed it
-            got = await self.etcd.call("get version", lambda c: c.get(_b(keys.version(ns, job, v))))
-            ok = got is not None and int(got.lease) == lease
-        if not ok:
-            raise errors.VersionExists(f"version {v} (or a newer one) was registered concurrently")
-        return v
+        for _ in range(3):  # `latest` moved between the read and the write to an older version (a rollout-only
+            # pod registering what it holds after a trainer's lease went, rollout/kept.py): read it again
+            compare = [tx.version(_b(keys.version(ns, job, v))) == 0]
+            cur = await self.latest()
+            if cur is not None:
+                if cur >= v:
+                    raise errors.VersionExists(f"version {v} is not newer than the latest {cur}")
+                compare.append(tx.value(_b(keys.latest(ns, job))) == _b(str(cur)))
+            else:
+                compare.append(tx.version(_b(keys.latest(ns, job))) == 0)
+            ok, uncertain = await self.etcd.transaction("register", compare, ops)
+            if not ok and uncertain:  # a first attempt on a member that then failed may have committed it
+                got = await self.etcd.call("get version", lambda c: c.get(_b(keys.version(ns, job, v))))
+                ok = got is not None and int(got.lease) == lease
+            if ok:
+                return v
+        raise errors.VersionExists(f"version {v} (or a newer one) was registered concurrently")
 
     async def latest(self) -> int | None:
         got = await self.etcd.call("get latest", lambda c: c.get(_b(keys.latest(*self._k()))))

@@ -36,6 +36,7 @@ class GangFollower:
                  record: dict[str, Any], endpoint: str) -> None:
         self.registry, self.node, self.shm_dir, self.job = registry, node, Path(shm_dir), job
         self.record, self.endpoint = record, endpoint
+        self.seen_latest = False  # a trainer published while this pod ran: only then can its records have gone
 
     def tick(self) -> None:
         try:
@@ -57,9 +58,13 @@ class GangFollower:
         return generation
 
     def keep_newest_registered(self) -> int | None:
-        """With no version registered and one held here, register the newest held again under this pod's
+        """With no version registered any more (one was, while this pod ran: a new pod of a resumed run holding
+        old versions registers nothing) and one held here, register the newest held again under this pod's
         lease; the version registered, or None (nothing to do, or another kept pod was first)."""
         if self.registry.latest() is not None:
+            self.seen_latest = True
+            return None
+        if not self.seen_latest:
             return None
         held = layout.list_versions(self.shm_dir, self.job)
         if not held:
