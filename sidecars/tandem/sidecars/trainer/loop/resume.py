@@ -149,12 +149,13 @@ def _from_peers(ctx: Resumable) -> tuple[int, int, str] | None:
     p = Progress.model_validate(raw)
     deadline = time.monotonic() + PEER_WAIT_S
     version = _held_by(registry, kept)
-    while version is None and time.monotonic() < deadline:  # the old trainer's lease expires, a kept pod registers
-        time.sleep(1.0)
+    while version is None and kept and time.monotonic() < deadline:  # the old trainer's lease expires, a kept pod
+        time.sleep(1.0)  # registers; a dead pod's record (its lease not yet expired) goes and stops the wait
+        kept = _kept_rollouts(registry, env.restart_generation)
         version = _held_by(registry, kept)
     if version is None:
-        log.warning("no kept rollout-only pod (%s) registered a version within %.0fs: starting over", ", ".join(kept),
-                    PEER_WAIT_S)
+        log.warning("no kept rollout-only pod registered a version%s: starting over",
+                    f" within {PEER_WAIT_S:.0f}s ({', '.join(kept)})" if kept else " (none is left)")
         return None
     _pull_into_hybrid_pods(ctx, version, deadline)
     # one version per iteration: the progress record names the version its iteration published
