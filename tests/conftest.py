@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,15 @@ def etcd_server() -> Iterator[EtcdServer]:
     yield server
     server.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def shm_base() -> Iterator[Path]:
+    """A private directory in /dev/shm (the pods' shared memory), removed after the test."""
+    base = Path("/dev/shm") / f"tandem-bc-{uuid.uuid4().hex[:8]}"
+    base.mkdir()
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
 
 
 SANDBOX = ("tests/rewards/", "tests/envs/", "tests/e2e/test_multiturn_run.py")

@@ -8,9 +8,7 @@ itself under the generation the new driver writes. A second kept pod that loses 
 
 from __future__ import annotations
 
-import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +29,8 @@ def tensors(v: int) -> list[tuple[str, torch.Tensor]]:
     return [(f"layer{i}.weight", torch.full((64, 64), float(v * 10 + i))) for i in range(3)]
 
 
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    root = Path("/dev/shm") / f"tandem-kept-{uuid.uuid4().hex[:8]}"
-    root.mkdir()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def test_a_kept_pod_registers_its_version_again_and_follows_the_new_gang(etcd_server: Any, shm: Path) -> None:
+def test_a_kept_pod_registers_its_version_again_and_follows_the_new_gang(etcd_server: Any, shm_base: Path) -> None:
+    shm = shm_base
     job = f"job-{uuid.uuid4().hex[:8]}"
     made: list[SyncRegistry] = []
     nodes: list[BroadcastNode] = []

@@ -1,4 +1,5 @@
-"""Fixtures of the broadcast tests: etcd once it serves, a private /dev/shm dir, a `Pods` harness.
+"""Fixtures of the broadcast tests: etcd once it serves, a `Pods` harness (the private /dev/shm dir, `shm_base`,
+is tests/conftest.py's).
 
 Callers: test_broadcast.py, test_netns.py and test_shaped_fanout.py (which build their own
 namespaced `Pods` and a `net` fixture, an emunet.EmulatedNetwork; `bridge_etcd` serves it).
@@ -6,7 +7,6 @@ namespaced `Pods` and a `net` fixture, an emunet.EmulatedNetwork; `bridge_etcd` 
 
 from __future__ import annotations
 
-import secrets
 import shutil
 import sys
 import tempfile
@@ -21,14 +21,6 @@ from broadcast_pods import Pods, wait_etcd_ready  # noqa: E402
 from emunet import EmulatedNetwork  # noqa: E402
 
 from tandem.checkpoint_engine.local_etcd import LocalEtcd  # noqa: E402
-
-
-@pytest.fixture
-def shm_base() -> Iterator[Path]:
-    base = Path("/dev/shm") / f"tandem-bc-{secrets.token_hex(4)}"
-    base.mkdir()
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -162,8 +162,7 @@ def _gang_failed(obs: Observation, job: RLHFJob, plan: Plan, before: str, what: 
     if decision == "restart":
         kept: list[str] = []
         if not kueue.queue_name(job.metadata.labels):
-            kept = pool_policy.kept(obs.pods, job.spec.replicas, len(builders.pod_names(job)),
-                                    status.gang_generation(new))
+            kept = pool_policy.kept(obs.pods, job.spec.replicas, builders.pod_count(job), status.gang_generation(new))
         plan.delete = [name for name in plan.delete if name not in kept]
         new.restarts += 1
         plan.adopt = kept  # into the new generation (restarts counts in it)
