@@ -42,7 +42,7 @@ class EngineGenerator:
 def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any]]:
     from transformers import AutoTokenizer
 
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
     from tandem.sidecars.trainer.loop.dataset import PromptDataset
     from tandem.sidecars.trainer.loop.evaluate import Evaluator
     from tandem.spec import model_dir

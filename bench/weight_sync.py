@@ -180,8 +180,8 @@ def run_size(size: str, endpoint: str, tmp: Path, memcpy: float) -> dict[str, An
     import torch
 
     from tandem.checkpoint_engine.publisher import Publisher
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
     from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     model_dir = tmp / f"model-{size}"
     model = build_model(size, model_dir)

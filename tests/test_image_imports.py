@@ -27,11 +27,7 @@ from packaging.requirements import Requirement
 from test_versions import CPU_TWIN, IMAGES, ROOT, instructions, name, requirements
 
 TANDEM_ROOTS = [ROOT / r for r in ("spec", "operator", "sidecars", "checkpoint_engine")]
-ABSENT_ON_PURPOSE = {
-    # The trainer imports checkpoint_engine.api (its own /metrics app), which names RolloutEngine; vLLM
-    # is imported only inside RolloutEngine's methods, which run in the rollout container alone.
-    "Dockerfile.megatron": {"vllm"},
-}
+ABSENT_ON_PURPOSE: dict[str, set[str]] = {}
 
 
 def tandem_file(module: str) -> Path | None:
@@ -158,6 +154,6 @@ def test_the_scan_sees_imports_in_function_bodies_and_skips_optional_ones() -> N
     """The scan is what makes the test above worth anything: check it on two known modules."""
     select = tandem_file("tandem.checkpoint_engine.transport.select")  # pyverbs: in a try/except ImportError
     assert select is not None and "pyverbs.device" not in imported("tandem.checkpoint_engine.transport.select", select)
-    engine = tandem_file("tandem.checkpoint_engine.rollout_engine")
-    assert engine is not None and "vllm" in imported("tandem.checkpoint_engine.rollout_engine", engine)
+    engine = tandem_file("tandem.sidecars.rollout_engine.engine")
+    assert engine is not None and "vllm" in imported("tandem.sidecars.rollout_engine.engine", engine)
     assert "vllm" in third_party_imports("tandem.sidecars.rollout.__main__")

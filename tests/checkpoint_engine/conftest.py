@@ -74,7 +74,7 @@ def engine_shm() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def live_engine(etcd_server: Any, tiny_dir: Path, engine_shm: Path) -> Iterator[Any]:
     """The session's one vLLM engine (dummy weights at start), job "live" in namespace "test"."""
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     reg = SyncRegistry(etcd_server.endpoint, "test", "live", "pod0", "rollout", ttl=5, timeout=2.0).connect()
     engine = RolloutEngine(EngineConfig(shm_root=engine_shm, job="live", max_model_len=256), registry=reg)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tandem.checkpoint_engine import adapters, errors, layout
-from tandem.checkpoint_engine.models import SamplingOptions
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.engines import lora
 
 PROMPTS = [[5, 17, 33, 2, 9], [40, 41, 42], [7] * 6]
@@ -63,8 +63,8 @@ def lora_engine(etcd_server: Any, tiny_dir: Path) -> Iterator[tuple[Any, Any, Pa
     import shutil
 
     from tandem.checkpoint_engine.publisher import Publisher
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
     from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     root = Path("/dev/shm") / f"tandem-lora-{uuid.uuid4().hex[:8]}"
     root.mkdir()

@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from tandem.checkpoint_engine.api import create_app
 from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.routes import create_app as rollout_app
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -21,7 +22,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.mark.vllm
 @pytest.mark.etcd
 def test_rollout_api_codes(live_engine: RolloutEngine, live_publisher: Any, tiny_dir: Path) -> None:
-    client = TestClient(create_app(live_engine, TOKEN))
+    client = TestClient(rollout_app(live_engine, TOKEN))
     assert client.get("/health").status_code == 200
     assert client.get("/status").status_code == 401
     assert client.get("/status", headers={"Authorization": "Bearer nope"}).status_code == 401
@@ -56,7 +57,7 @@ def test_rollout_api_codes(live_engine: RolloutEngine, live_publisher: Any, tiny
 
 def test_stopped_engine_and_extension_router(tmp_path: Path) -> None:
     engine = RolloutEngine(EngineConfig(shm_root=tmp_path, job="x"))  # never started, no etcd
-    app = create_app(engine, TOKEN)
+    app = rollout_app(engine, TOKEN)
     extra = APIRouter()
 
     @extra.get("/generate_ping")
@@ -77,9 +78,9 @@ def test_token_is_required(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     engine = RolloutEngine(EngineConfig(shm_root=tmp_path, job="x"))
     monkeypatch.delenv("TANDEM_TOKEN", raising=False)
     with pytest.raises(ValueError, match="token"):
-        create_app(engine)
+        rollout_app(engine)
     monkeypatch.setenv("TANDEM_TOKEN", "from-env")
-    client = TestClient(create_app(engine))
+    client = TestClient(rollout_app(engine))
     assert client.get("/status", headers={"Authorization": "Bearer from-env"}).status_code == 200
 
 
@@ -127,5 +128,5 @@ def test_metrics_follow_the_engine_status(make_registry: Any, shm_root: Path, jo
     assert scrape(client, "tandem_test_marker_total") == 3.0  # the caller's registry is served too
 
     engine = RolloutEngine(EngineConfig(shm_root=tmp_path, job="x"))  # never started
-    client = TestClient(create_app(engine, TOKEN))
+    client = TestClient(rollout_app(engine, TOKEN))
     assert scrape(client, "tandem_engine_phase", role="rollout", phase="stopped") == 1.0

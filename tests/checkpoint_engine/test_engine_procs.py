@@ -12,8 +12,8 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from tandem.checkpoint_engine.engine_procs import EngineProcesses
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.procs import EngineProcesses
 
 # an "engine core" that maps a segment and starts a "worker" that maps it too and ignores SIGTERM
 CORE = textwrap.dedent("""

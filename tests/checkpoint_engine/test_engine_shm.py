@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.models import Phase, SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.checkpoint_engine.models import Phase
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 pytestmark = pytest.mark.vllm
 SHM = Path("/dev/shm")

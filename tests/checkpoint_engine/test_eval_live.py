@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tandem.checkpoint_engine.models import Completion, Phase, SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+from tandem.checkpoint_engine.models import Phase
+from tandem.sidecars.rollout_engine.engine import RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.evaluate import Evaluator
 from tandem.spec.models import Dataset, Eval, Reward

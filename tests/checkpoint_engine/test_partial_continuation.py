@@ -13,8 +13,8 @@ import pytest
 import tiny_model
 import torch
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+from tandem.sidecars.rollout_engine.engine import RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import PartialRollouts
 

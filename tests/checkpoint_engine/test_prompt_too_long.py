@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tandem.checkpoint_engine.models import Phase
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
 from tandem.sidecars.rollout.server import build_app
+from tandem.sidecars.rollout_engine.engine import RolloutEngine
 
 TOKEN = "t0k"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

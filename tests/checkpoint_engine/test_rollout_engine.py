@@ -16,8 +16,9 @@ import tiny_model
 import torch
 
 from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.models import Phase, SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.checkpoint_engine.models import Phase
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]
 GREEDY = SamplingOptions(temperature=0.0, max_tokens=10)

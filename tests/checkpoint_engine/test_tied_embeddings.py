@@ -17,8 +17,8 @@ import tiny_model
 import torch
 
 from tandem.checkpoint_engine import layout
-from tandem.checkpoint_engine.models import SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 pytestmark = [pytest.mark.vllm]
 PROMPTS = ["alpha beta gamma", "one two three four", "sigma tau 7", "omega psi chi"]

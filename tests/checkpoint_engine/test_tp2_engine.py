@@ -19,14 +19,14 @@ import tiny_model
 from test_tied_embeddings import GREEDY, PROMPTS, hf_greedy, hf_state
 
 from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.rollout_engine import (
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.rollout_engine.engine import (
     CPU_BIND_ENV,
     EngineConfig,
     RolloutEngine,
     cpu_threads_bind,
     cpu_worker_binding,
 )
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 JOB = "tp2"
 

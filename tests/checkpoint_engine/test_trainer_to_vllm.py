@@ -36,8 +36,8 @@ import torch
 
 from tandem.checkpoint_engine import layout
 from tandem.checkpoint_engine.hf_export import export_version
-from tandem.checkpoint_engine.models import SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.megatron, pytest.mark.etcd]
 

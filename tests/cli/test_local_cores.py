@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
 from tandem.cli import local
+from tandem.sidecars.rollout_engine.engine import CPU_RESERVED_ENV
 from tandem.spec.load import parse_spec
 
 

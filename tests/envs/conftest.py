@@ -19,7 +19,7 @@ def smollm2() -> Path:
 
 @pytest.fixture(scope="package")
 def engine(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     eng = RolloutEngine(EngineConfig(shm_root=tmp_path_factory.mktemp("shm"), job="turns", max_model_len=1024))
     eng.start(str(smollm2), dummy=False)

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.envs.base import Message, Step, TurnStats
 from tandem.sidecars.envs.driver import TRUNCATED, Limits, MultiTurnDriver
 from tandem.sidecars.envs.tools import Tool, calculator
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 pytestmark = [pytest.mark.vllm]
 GREEDY = SamplingOptions(temperature=0.0, max_tokens=160)

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.ports import free_port
-from tandem.checkpoint_engine.turns import Turn, TurnLoop
 from tandem.sidecars.envs.agent import AgentDriver
 from tandem.sidecars.envs.chat import ChatRenderer
 from tandem.sidecars.envs.recorder import Recorder
 from tandem.sidecars.envs.tools import Tool, calculator
 from tandem.sidecars.rollout.openai_api import Chat, _for_template
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
+from tandem.sidecars.rollout_engine.turns import Turn, TurnLoop
 
 pytestmark = [pytest.mark.vllm]
 TOKEN = "test-token"

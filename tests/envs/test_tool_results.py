@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tandem.checkpoint_engine.models import Completion
-from tandem.checkpoint_engine.turns import Turn
 from tandem.sidecars.envs.base import ToolEnvironment
 from tandem.sidecars.envs.driver import Limits, MultiTurnDriver, Result, _State
 from tandem.sidecars.envs.tools import ToolBox, calculator
 from tandem.sidecars.envs.trajectory import Trajectory
+from tandem.sidecars.rollout_engine.sampling import Completion
+from tandem.sidecars.rollout_engine.turns import Turn
 
 END = 2  # the stand-in template's end of turn
 

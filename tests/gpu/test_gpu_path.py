@@ -26,8 +26,8 @@ import torch
 from gpu_record import record
 
 from tandem.checkpoint_engine.hf_export import export_version
-from tandem.checkpoint_engine.models import SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron, pytest.mark.vllm]
 

@@ -48,7 +48,7 @@ def no_shm_left() -> Iterator[None]:
     once no live process maps them."""
     import psutil
 
-    from tandem.checkpoint_engine.engine_procs import SHM, shm_segments
+    from tandem.sidecars.rollout_engine.procs import SHM, shm_segments
 
     before = {f.name for f in SHM.glob("psm_*")}
     yield

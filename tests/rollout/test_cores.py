@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV, EngineConfig, prepare_env
 from tandem.sidecars.rollout.cores import reserved_cores
+from tandem.sidecars.rollout_engine.engine import CPU_RESERVED_ENV, EngineConfig, prepare_env
 from tandem.spec.load import parse_spec
 
 BASE: dict[str, Any] = {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"}, "gpusPerPod": 0,

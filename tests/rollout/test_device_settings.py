@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout.__main__ import engine_config
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.spec import devices
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv

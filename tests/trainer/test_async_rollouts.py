@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import Group, Pending, Segment

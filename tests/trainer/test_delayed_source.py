@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_seeds import job
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop import sources
 from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
 

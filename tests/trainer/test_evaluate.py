@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.evaluate import Evaluator, pass_at_k
 from tandem.spec.models import Dataset, Eval, JobSpec, Reward

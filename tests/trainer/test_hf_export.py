@@ -191,8 +191,8 @@ def test_vllm_loads_the_export_as_is(tmp_path: Path, shm_root: Path) -> None:
     greedy tokens equal the source model's under transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tandem.checkpoint_engine.models import SamplingOptions
-    from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
+    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+    from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
     source = make_source(tmp_path / "src", tied=True, seed=3, hidden=128, heads=2, kv_heads=1)  # CPU: head_dim 64
     out = export_version(publish(shm_root, source, 1), source, tmp_path / "iteration-1")

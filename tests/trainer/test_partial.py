@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from tandem.checkpoint_engine.models import Completion
+from tandem.sidecars.rollout_engine.sampling import Completion
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment, staleness_stats, whole_groups
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.models import SamplingOptions
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient, RolloutError
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.checkpoint_engine.models import prompt_seeds, slice_seed
 from tandem.sidecars.rollout.__main__ import engine_config
+from tandem.sidecars.rollout_engine.sampling import prompt_seeds, slice_seed
 from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
 from tandem.spec import seeds
 from tandem.spec.models import JobSpec

@@ -11,7 +11,8 @@ frozen. Here:
   adapter (`RolloutEngine`) and PEFT loads onto the base model (`tandem export`, spec.export);
 - `merged` yields the base model's weights with each adapter merged in (W + alpha / r * B A), for the
   merged model an export writes beside the adapter.
-Callers: rollout_engine.py (validate, serve), hf_export.py (export). Imports nothing from the sidecars.
+Callers: the rollout engine (tandem.sidecars.rollout_engine.engine: validate, serve), hf_export.py (export).
+Imports nothing from the sidecars.
 """
 
 from __future__ import annotations

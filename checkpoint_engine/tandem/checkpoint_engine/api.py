@@ -1,8 +1,9 @@
-"""FastAPI control API of one checkpoint engine: a thin HTTP layer over RolloutEngine or Publisher.
+"""FastAPI control API of one checkpoint engine: a thin HTTP layer over a Publisher or a rollout engine.
 
-Caller: the rollout sidecar (serves `create_app(engine, token)` with uvicorn inside the pod and
-adds its own /generate router), the trainer sidecar (`create_app(publisher, token)`), the driver
-and the operator as HTTP clients. Operations and statuses also go to etcd (the cores do that).
+Caller: the trainer sidecar (`create_app(publisher, token)`), the rollout engine's routes
+(`tandem.sidecars.rollout_engine.routes.create_app`: this app with the rollout's operations, served by the
+rollout sidecar, which adds its own /generate router), the driver and the operator as HTTP clients.
+Operations and statuses also go to etcd (the cores do that).
 
 Routes (all but /health and /metrics need `Authorization: Bearer <token>`, the token of the job's Secret,
 default env TANDEM_TOKEN):
@@ -10,11 +11,8 @@ default env TANDEM_TOKEN):
                                      (supervisor); its progress (steps, stalledS), version and restarts
     GET  /metrics                    Prometheus text (checkpoint_engine.metrics), no token
     GET  /status                     EngineStatus (phase, version, timings)
-    POST /start        {model_dir, dummy}   rollout only
-    POST /dummy_start  {model_dir}          rollout only
-    POST /update       {version|null}       rollout only (null: latest)
-    POST /terminate                          rollout only
-    POST /sleep {level}, POST /wake_up      rollout only
+    POST /start, /dummy_start, /update, /terminate, /sleep, /wake_up   the rollout's operations
+                                     (tandem.sidecars.rollout_engine.routes); a publisher answers 405
     POST /gc                                 publisher only
 Typed errors map to status codes (errors.py): 400 bad request (`prompt_too_long`: a prompt with no room
 for a generated token in max_model_len), 404 unknown version, 409 wrong phase or busy,
@@ -27,37 +25,20 @@ import hmac
 import os
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from tandem.checkpoint_engine import errors, metrics
+from tandem.checkpoint_engine.metrics import EngineCore
 from tandem.checkpoint_engine.models import Phase
 from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
 
-Core = RolloutEngine | Publisher
-
-
-class StartRequest(BaseModel):
-    model_dir: str
-    dummy: bool = False
-
-
-class DummyStartRequest(BaseModel):
-    model_dir: str
-
-
-class UpdateRequest(BaseModel):
-    version: int | None = Field(default=None, ge=0)
-
-
-class SleepRequest(BaseModel):
-    level: int = Field(default=1, ge=1, le=2)
+Operations = Callable[["Serial"], APIRouter]  # a core's POST routes, given the app's one-at-a-time runner
 
 
 def bearer_auth(token: str) -> Callable[[Request], None]:
@@ -76,7 +57,7 @@ class _Unauthorized(Exception):
     pass
 
 
-class _Serial:
+class Serial:
     """One operation at a time; a second one while busy is a 409, not a queue."""
 
     def __init__(self) -> None:
@@ -91,43 +72,7 @@ class _Serial:
             self._lock.release()
 
 
-def _rollout_router(engine: RolloutEngine, serial: _Serial) -> APIRouter:
-    r = APIRouter()
-
-    @r.post("/start")
-    async def start(req: StartRequest) -> dict[str, Any]:
-        timings = await serial.run(engine.start, req.model_dir, req.dummy)
-        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
-
-    @r.post("/dummy_start")
-    async def dummy_start(req: DummyStartRequest) -> dict[str, Any]:
-        timings = await serial.run(engine.start, req.model_dir, True)
-        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
-
-    @r.post("/update")
-    async def update(req: UpdateRequest) -> dict[str, Any]:
-        report = await serial.run(engine.update, req.version)
-        return {"status": engine.status().model_dump(mode="json"), "report": report.model_dump(mode="json")}
-
-    @r.post("/terminate")
-    async def terminate() -> dict[str, Any]:
-        timings = await serial.run(engine.terminate)
-        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
-
-    @r.post("/sleep")
-    async def sleep(req: SleepRequest) -> dict[str, Any]:
-        await serial.run(engine.sleep, req.level)
-        return {"status": engine.status().model_dump(mode="json")}
-
-    @r.post("/wake_up")
-    async def wake_up() -> dict[str, Any]:
-        await serial.run(engine.wake_up)
-        return {"status": engine.status().model_dump(mode="json")}
-
-    return r
-
-
-def _publisher_router(pub: Publisher, serial: _Serial) -> APIRouter:
+def _publisher_router(pub: Publisher, serial: Serial) -> APIRouter:
     r = APIRouter()
 
     @r.post("/gc")
@@ -143,10 +88,12 @@ def _publisher_router(pub: Publisher, serial: _Serial) -> APIRouter:
     return r
 
 
-def create_app(core: Core, token: str | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
+def create_app(core: EngineCore, token: str | None = None, registry: CollectorRegistry | None = None,
+               operations: Operations | None = None) -> FastAPI:
     """The control app; `app.state.auth` is the auth dependency for routers added later, e.g.
     `app.include_router(my_router, dependencies=[Depends(app.state.auth)])`. GET /metrics serves
-    `registry` (a new one by default) with the engine's collector added."""
+    `registry` (a new one by default) with the engine's collector added. `operations` builds the core's
+    POST routes (the rollout engine's: `tandem.sidecars.rollout_engine.routes`); by default the publisher's."""
     token = token if token is not None else os.environ.get("TANDEM_TOKEN")
     if not token:
         raise ValueError("the control API needs a token (argument or TANDEM_TOKEN); refusing to run open")
@@ -154,7 +101,7 @@ def create_app(core: Core, token: str | None = None, registry: CollectorRegistry
     app = FastAPI(title="tandem checkpoint engine")
     app.state.core = core
     app.state.auth = auth
-    app.state.serial = _Serial()
+    app.state.serial = Serial()
 
     @app.exception_handler(errors.CheckpointEngineError)
     async def typed_error(_: Request, exc: errors.CheckpointEngineError) -> JSONResponse:
@@ -193,8 +140,9 @@ def create_app(core: Core, token: str | None = None, registry: CollectorRegistry
         return core.status().model_dump(mode="json")
 
     app.include_router(common, dependencies=[Depends(auth)])
-    if isinstance(core, RolloutEngine):
-        app.include_router(_rollout_router(core, app.state.serial), dependencies=[Depends(auth)])
-    else:
-        app.include_router(_publisher_router(core, app.state.serial), dependencies=[Depends(auth)])
+    if operations is None:
+        if not isinstance(core, Publisher):
+            raise TypeError(f"{type(core).__name__} needs its operations (only a Publisher's are built in)")
+        operations = partial(_publisher_router, core)
+    app.include_router(operations(app.state.serial), dependencies=[Depends(auth)])
     return app

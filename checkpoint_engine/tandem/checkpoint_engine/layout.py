@@ -1,7 +1,7 @@
 """Versioned, aligned shared-memory layout of a job's weights: write once, map without a copy.
 
-Callers: publisher.py writes versions (`write_version`), rollout_engine.py and vllm_ext.py read
-them (`read_index`, `MappedVersion`), publisher GC removes them (`remove_version`,
+Callers: publisher.py writes versions (`write_version`), the rollout engine (tandem.sidecars.rollout_engine)
+and vllm_ext.py read them (`read_index`, `MappedVersion`), publisher GC removes them (`remove_version`,
 `clean_stale_temps`). Transports (other pods) copy shard files byte for byte.
 
 On disk (normally under /dev/shm):

@@ -1,6 +1,6 @@
 """Prometheus view of one checkpoint engine, read from its status at scrape time.
 
-Role: `EngineCollector(core)` turns the core's `EngineStatus` (RolloutEngine or Publisher) into
+Role: `EngineCollector(core)` turns the core's `EngineStatus` (rollout engine or Publisher) into
 metrics when /metrics is scraped — nothing is recorded on the hot path:
   tandem_engine_phase{role,phase}        1 for the engine's current phase, 0 for the others
   tandem_engine_version{role}            weight version loaded (rollout) or last published (trainer)
@@ -15,18 +15,24 @@ registry (`tandem.sidecars.trainer.observe.prom`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tandem.checkpoint_engine.models import EngineStatus, Phase
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+
+
+class EngineCore(Protocol):
+    """A checkpoint engine's core: the trainer's Publisher or the rollout's engine
+    (`tandem.sidecars.rollout_engine.engine.RolloutEngine`)."""
+
+    def status(self) -> EngineStatus: ...
 
 
 class EngineCollector(Collector):
-    def __init__(self, core: RolloutEngine | Publisher) -> None:
+    def __init__(self, core: EngineCore) -> None:
         self.core = core
 
     def collect(self) -> Iterator[Metric]:
@@ -52,7 +58,7 @@ class EngineCollector(Collector):
         yield error
 
 
-def engine_registry(core: RolloutEngine | Publisher, registry: CollectorRegistry | None = None) -> CollectorRegistry:
+def engine_registry(core: EngineCore, registry: CollectorRegistry | None = None) -> CollectorRegistry:
     """`registry` (a new one by default) with the engine's collector registered."""
     registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(core))

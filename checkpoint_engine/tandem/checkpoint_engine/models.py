@@ -1,12 +1,12 @@
-"""Data shapes shared by the rollout engine, the publisher and the control API (pydantic).
+"""Status and report shapes of a checkpoint engine's two cores (pydantic): the trainer's publisher and the
+rollout's engine (`tandem.sidecars.rollout_engine`).
 
-Callers: rollout_engine.py and publisher.py return them, api.py serialises them, the rollout
-sidecar and the RL driver read them.
+Callers: publisher.py and the rollout engine return them, api.py and metrics.py serialise them, the rollout
+sidecar and the RL driver read them. The rollout's request shapes are `tandem.sidecars.rollout_engine.sampling`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from enum import StrEnum
 from typing import Any
 
@@ -23,50 +23,6 @@ class Phase(StrEnum):
     FAILED = "failed"  # the engine died or a reload failed half-way: terminate + start again
     PUBLISHING = "publishing"  # publisher side
     IDLE = "idle"  # publisher side, nothing in flight
-
-
-class SamplingOptions(BaseModel):
-    """The subset of vLLM's SamplingParams the RL loop uses."""
-
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)
-    max_tokens: int = Field(default=64, ge=1)
-    min_tokens: int = Field(default=0, ge=0)
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-
-
-def prompt_seeds(seed: int, count: int) -> list[int]:
-    """One seed per prompt of a request seeded `seed`, unrelated to each other and to other requests': vLLM
-    seeds a prompt's n samples s .. s+n-1, so prompts sharing the request's seed would draw the same random
-    numbers, and seed + i would reuse the next prompt's. The rollout engine seeds each prompt so; the
-    rollout client gives each rollout's slice of a request a seed of its own (`slice_seed`)."""
-    return [_seed_of(f"{seed}:{i}") for i in range(count)]
-
-
-def slice_seed(seed: int, offset: int) -> int:
-    """The seed of the slice of a request that starts at prompt `offset` (the request's own at 0)."""
-    return seed if offset == 0 else _seed_of(f"{seed}/{offset}")
-
-
-def _seed_of(text: str) -> int:
-    """A seed below 2**31 (vLLM's and torch's bound) hashed from `text`: nearby inputs, unrelated seeds."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") % 2**31
-
-
-class Completion(BaseModel):
-    """One sampled completion: token ids and the log-prob of each sampled token."""
-
-    prompt_index: int
-    sample_index: int
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str | None = None
 
 
 class UpdateReport(BaseModel):

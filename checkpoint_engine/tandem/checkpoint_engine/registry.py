@@ -1,6 +1,6 @@
 """etcd registry of weight versions, reader pins, engine statuses and operations (aetcd, asyncio).
 
-Callers: publisher.py (register, gc), rollout_engine.py (latest, pin/unpin, status), api.py (ops),
+Callers: publisher.py (register, gc), the rollout engine (latest, pin/unpin, status), api.py (ops),
 transports of other pods (shard records), through `SyncRegistry` when the caller is not async.
 Every listed etcd endpoint is used: requests go through `etcd_failover.EtcdCluster`, which moves to
 another member when one dies (the lease lives in the cluster's raft state and survives that).

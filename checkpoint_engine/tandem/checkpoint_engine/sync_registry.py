@@ -1,6 +1,6 @@
 """Blocking facade over `Registry`: its own event loop in a daemon thread.
 
-Callers: publisher.py and rollout_engine.py (which block in torch/vLLM for seconds) and the
+Callers: publisher.py and the rollout engine (which block in torch/vLLM for seconds) and the
 FastAPI routes (through a threadpool). Running the asyncio registry on a private loop keeps the
 lease keepalive ticking while the caller's thread is busy loading weights.
 """

@@ -1,6 +1,6 @@
 """vLLM worker extension: load a shared-memory version into the live model, in place.
 
-Caller: rollout_engine.py creates `LLM(..., worker_extension_cls=
+Caller: the rollout engine (tandem.sidecars.rollout_engine.engine) creates `LLM(..., worker_extension_cls=
 "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader")` and calls these methods through
 `llm.collective_rpc("tandem_load_shm", args=(path, index_json))`; vLLM mixes this class into
 every worker (one per tensor-parallel rank), so the methods run inside the worker processes.

@@ -38,11 +38,11 @@ from rich.text import Text
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
-from tandem.checkpoint_engine.rollout_engine import CPU_RESERVED_ENV
 from tandem.cli import local_sandbox, plot, say
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis
 from tandem.operator import builders
+from tandem.sidecars.rollout_engine.engine import CPU_RESERVED_ENV
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress

@@ -4,7 +4,7 @@ Role: pure functions, one per consumer. The prompt order (`PromptDataset`) and t
 (`build_engine`) take `spec.seed` itself; each pod's vLLM engine takes `engine_seed` (pods sample apart from
 each other, and the single-pod job with seed 0 keeps engine seed 0); every generate request of iteration or
 batch b takes `request_seed` (b itself with seed 0), from which the rollout client gives each rollout's slice
-and the rollout engine each prompt its own (`tandem.checkpoint_engine.models.slice_seed`, `prompt_seeds`).
+and the rollout engine each prompt its own (`tandem.sidecars.rollout_engine.sampling.slice_seed`, `prompt_seeds`).
 Callers: trainer.loop.context, trainer.loop.driver, trainer.loop.async_rollouts, rollout.__main__.
 """
 

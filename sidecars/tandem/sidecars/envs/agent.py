@@ -5,7 +5,7 @@ Role: `rollout.environment.type: agent`. For each (row, sample) the driver opens
 `fn(base_url=..., api_key=..., row=..., **kwargs)`: `base_url` is the endpoint for that trajectory
 (`.../agents/<id>/v1`, what any OpenAI client takes as its base URL), `api_key` the rollout's bearer token,
 `row` the dataset row (`messages`, `question`, `answer`, `index`). Whatever framework the agent uses, each
-of its chat calls is served by the live vLLM in the running batch (`checkpoint_engine.turns.TurnLoop`) and
+of its chat calls is served by the live vLLM in the running batch (`rollout_engine.turns.TurnLoop`) and
 recorded; the function returns the trajectory's reward (a number) or None (the job's rewards judge the last
 reply). When every agent has returned or the deadline (trajectoryTimeoutSeconds) has passed, each
 trajectory becomes one training sample: its last chain of calls (envs.recorder), the model's tokens masked
@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.envs.base import Message, TurnStats
 from tandem.sidecars.envs.chat import ChatRenderer
 from tandem.sidecars.envs.driver import Result
 from tandem.sidecars.envs.recorder import Record, Recorder
 from tandem.sidecars.envs.trajectory import Trajectory
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
 log = logging.getLogger("tandem.rollout.agent")
 Agent = Callable[..., Any]

@@ -5,7 +5,7 @@ renders them with the environment's tools (`chat.ChatRenderer`), and the traject
 sampled by vLLM (its ids and log-probs kept as sampled, `trajectory.Trajectory.add_model`), then, unless the
 environment says the trajectory is done, its messages (tool results, observations) as tokens
 (`ChatRenderer.continuation_ids`: never re-tokenizing the model's text) and the next model turn. Every turn is a
-request in vLLM's running batch (`checkpoint_engine.turns.run_turns`); the environments step on a bounded
+request in vLLM's running batch (`rollout_engine.turns.run_turns`); the environments step on a bounded
 worker pool, so a trajectory waiting on its tools never holds back the others (no lock-step turns).
 Limits (`Limits`): model turns, tokens per model turn, completion tokens of a whole trajectory (model and
 environment tokens together, within vLLM's context), and tokens of each tool message (a longer one is cut and
@@ -23,11 +23,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.checkpoint_engine.turns import Turn, run_turns
 from tandem.sidecars.envs.base import Environment, Message, TurnStats
 from tandem.sidecars.envs.chat import ChatRenderer, Renderers
 from tandem.sidecars.envs.trajectory import Trajectory
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
+from tandem.sidecars.rollout_engine.turns import Turn, run_turns
 
 TRUNCATED = " ...(cut: the tool's output was longer than the job allows)"
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.sidecars.envs.chat import ChatRenderer, Message, call_arguments, text_of
 from tandem.sidecars.envs.trajectory import Trajectory
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
 
 class TrajectoryClosed(errors.BadRequest):

@@ -1,1 +1,1 @@
-"""The rollout sidecar: a vLLM engine owned by the checkpoint engine, served over HTTP."""
+"""The rollout sidecar: the pod's vLLM engine (`tandem.sidecars.rollout_engine`) served over HTTP, supervised."""

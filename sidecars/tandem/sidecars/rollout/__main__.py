@@ -25,7 +25,6 @@ from typing import Any
 
 from tandem.checkpoint_engine import errors, keys
 from tandem.checkpoint_engine.endpoints import split_endpoints
-from tandem.checkpoint_engine.rollout_engine import EngineConfig
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars import gpu, gpu_share
@@ -35,6 +34,7 @@ from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.kept import GangFollower
 from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.rollout.supervisor import EngineSupervisor
+from tandem.sidecars.rollout_engine.engine import EngineConfig
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
@@ -67,10 +67,10 @@ def chat_and_turns(engine: PodRolloutEngine, spec: JobSpec, env: PodEnv, loaded:
     the endpoint on this pod. `loaded`: `factory.load_environment`'s."""
     from transformers import AutoTokenizer
 
-    from tandem.checkpoint_engine.turns import TurnLoop
     from tandem.sidecars.envs.chat import ChatRenderer
     from tandem.sidecars.envs.recorder import Recorder
     from tandem.sidecars.rollout.openai_api import Chat
+    from tandem.sidecars.rollout_engine.turns import TurnLoop
 
     environment = spec.rollout.environment
     tokenizer = AutoTokenizer.from_pretrained(spec.model.path)

@@ -6,7 +6,7 @@ driver (envs.agent): each call's prompt and sampled tokens, log-probs and weight
 training (envs.recorder). Messages and `tools` render through the model's chat template
 (envs.chat.ChatRenderer: templates that do not render tools get them in a Hermes system prompt); tool calls
 in the reply are parsed in the job's toolCallFormat (envs.toolcalls) and returned as OpenAI `tool_calls`,
-finish_reason `tool_calls`. Every call is a request in vLLM's running batch (checkpoint_engine.turns.TurnLoop),
+finish_reason `tool_calls`. Every call is a request in vLLM's running batch (rollout_engine.turns.TurnLoop),
 so many agents' calls decode together. Recorded calls sample with the trainer's options (temperature, top_p,
 top_k: what the log-probs are trained against); the agent's own sampling settings apply to unrecorded calls
 only. `max_tokens`/`max_completion_tokens` are capped by rollout.maxTokens. `n` must be 1. Same bearer token
@@ -26,11 +26,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.models import SamplingOptions
-from tandem.checkpoint_engine.turns import Turn, TurnLoop
 from tandem.sidecars.envs import toolcalls
 from tandem.sidecars.envs.chat import ChatRenderer, Message, Renderers, call_arguments, text_of
 from tandem.sidecars.envs.recorder import Call, Recorder
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
+from tandem.sidecars.rollout_engine.turns import Turn, TurnLoop
 
 
 class ChatRequest(BaseModel):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 
 from tandem.checkpoint_engine.models import Phase, UpdateReport
-from tandem.checkpoint_engine.rollout_engine import EngineConfig, RolloutEngine
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The rollout sidecar's HTTP app: the checkpoint engine's control API plus `/v1/generate`.
 
-Role: thin routes over `RolloutEngine` (checkpoint_engine): `create_app` supplies health, status,
-start, update, terminate, sleep, wake_up; this module adds generation for the driver, with the
+Role: thin routes over `RolloutEngine` (`tandem.sidecars.rollout_engine`): its `routes.create_app` supplies
+health, status, start, update, terminate, sleep, wake_up; this module adds generation for the driver, with the
 same bearer token: `/v1/generate` (one reply per prompt); where the job's rollout.environment has turns,
 `/v1/trajectories` (multi-turn: `envs.driver.MultiTurnDriver`, or `envs.agent.AgentDriver` for agents); and
 the OpenAI-compatible chat endpoint (`openai_api`). Caller: `python -m tandem.sidecars.rollout`.
@@ -16,11 +16,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from pydantic import BaseModel, Field
 
-from tandem.checkpoint_engine import api, errors
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+from tandem.checkpoint_engine import errors
 from tandem.sidecars.envs.driver import Result
 from tandem.sidecars.rollout.openai_api import Chat, routes
+from tandem.sidecars.rollout_engine.engine import RolloutEngine
+from tandem.sidecars.rollout_engine.routes import create_app
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
 
 def _out(r: Result) -> TrajectoryOut:
@@ -78,7 +79,7 @@ class GenerateResponse(BaseModel):
 def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat | None = None) -> FastAPI:
     """The routes; `turns`: the job's multi-turn driver, MultiTurnDriver or AgentDriver (None:
     /v1/trajectories answers 405); `chat`: the OpenAI-compatible endpoint (None: not served)."""
-    app = api.create_app(engine, token)
+    app = create_app(engine, token)
     router = APIRouter(dependencies=[Depends(app.state.auth)])
     if chat is not None:
         router.include_router(routes(chat))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.checkpoint_engine.models import Phase
-from tandem.checkpoint_engine.rollout_engine import RolloutEngine
+from tandem.sidecars.rollout_engine.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0

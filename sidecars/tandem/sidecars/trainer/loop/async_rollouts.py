@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tandem.checkpoint_engine.models import SamplingOptions
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.partial import Group, whole_groups
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient

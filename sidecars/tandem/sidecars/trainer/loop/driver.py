@@ -18,9 +18,9 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from tandem.checkpoint_engine.models import SamplingOptions
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
+from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.loop import dynamic_sampling, host_wait, inflight, mismatch_guard, resume
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.dynamic_sampling import Scores

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.spec.models import Eval as EvalSpec
 from tandem.spec.models import Reward

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.checkpoint_engine.models import Completion
+from tandem.sidecars.rollout_engine.sampling import Completion
 from tandem.sidecars.trainer.loop.dataset import Prompt
 
 # (prompt inputs, max_tokens per input) -> (one completion per input, the version that generated them)

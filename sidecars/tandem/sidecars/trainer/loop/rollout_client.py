@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions, slice_seed
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions, slice_seed
 from tandem.sidecars.trainer.loop.rollout_health import (
     RolloutError,
     RolloutGone,

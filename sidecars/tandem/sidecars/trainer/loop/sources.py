@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop import inflight, resume
 from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate, one_version, single_turn
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset

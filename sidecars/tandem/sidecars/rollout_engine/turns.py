@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.models import Completion, SamplingOptions
-from tandem.checkpoint_engine.rollout_engine import completion, sampling_params
+from tandem.sidecars.rollout_engine.engine import completion, sampling_params
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
 
 @dataclass(frozen=True)

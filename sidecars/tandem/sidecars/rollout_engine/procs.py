@@ -1,6 +1,6 @@
 """vLLM's processes and their shared-memory segments: recorded at start, reaped and unlinked at the end.
 
-Caller: rollout_engine.py (`EngineProcesses.record` after vLLM started, `reap` when the engine is
+Caller: engine.py (`EngineProcesses.record` after vLLM started, `reap` when the engine is
 terminated or found dead).
 
 Why: vLLM's engine core and workers are child processes of the rollout process that talk through

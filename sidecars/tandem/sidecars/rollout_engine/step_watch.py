@@ -7,7 +7,7 @@ tells it apart from work. `StepWatch.wrap(engine)` times every step of vLLM's en
 engine (weight reloads, prefix-cache resets). `stalled()` is the call now in progress and how long it has run
 (0 between calls: an engine waiting for tools or for work is not hung), `steps` how many returned, the
 progress a client can watch. A step is milliseconds to seconds, so a call open for failurePolicy.rolloutStallSeconds
-is a hung engine. Callers: `rollout_engine.RolloutEngine` (wraps at start), the rollout sidecar's
+is a hung engine. Callers: `engine.RolloutEngine` (wraps at start), the rollout sidecar's
 supervisor and /health (`tandem.sidecars.rollout.supervisor`, `api.create_app`).
 On CPU, where one step of a loaded machine can take long, the supervisor also counts the engine's processes
 computing as progress (`progress`), so only an engine that neither returns nor computes (stopped, deadlocked)

@@ -1,6 +1,6 @@
 """RolloutEngine: owns one in-process vLLM `LLM` — dummy start, in-place update, generate, terminate.
 
-Caller: the rollout sidecar (through api.py's routes and directly for /generate), tests and
+Caller: the rollout sidecar (through routes.py and directly for /generate), tests and
 bench/weight_sync.py. One engine per process; every public method is serialised by a lock.
 
 update(v) resolves v in etcd, pins it, validates the shared-memory version (index, names,
@@ -18,7 +18,7 @@ generate() refuses a prompt with no room for one generated token in max_model_le
 HTTP 400 naming the limit) before vLLM sees it, and any request vLLM itself refuses is a `BadRequest`:
 neither leaves the engine FAILED.
 
-vLLM's engine core and workers are recorded at start (engine_procs.py); terminating the engine, or
+vLLM's engine core and workers are recorded at start (procs.py); terminating the engine, or
 finding it dead, waits until they are gone and unlinks the /dev/shm segments they leave behind.
 Every step of vLLM's engine loop and every reload is timed (`step_watch.StepWatch`): a call open for too
 long is a hung engine, which `kill` ends (SIGKILL to its processes, without the lock the hung call holds);
@@ -39,8 +39,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tandem.checkpoint_engine import adapters, engine_procs, errors, layout
-from tandem.checkpoint_engine.engine_config import (
+from tandem.checkpoint_engine import adapters, errors, layout
+from tandem.checkpoint_engine.models import EngineStatus, Phase, UpdateReport
+from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.rollout_engine.config import (
     CPU_BIND_ENV,
     CPU_RESERVED_ENV,
     EXECUTE_TIMEOUT_S,
@@ -51,16 +53,9 @@ from tandem.checkpoint_engine.engine_config import (
     expected_parameters,
     prepare_env,
 )
-from tandem.checkpoint_engine.models import (
-    Completion,
-    EngineStatus,
-    Phase,
-    SamplingOptions,
-    UpdateReport,
-    prompt_seeds,
-)
-from tandem.checkpoint_engine.step_watch import StepWatch
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.rollout_engine.procs import EngineProcesses
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions, prompt_seeds
+from tandem.sidecars.rollout_engine.step_watch import StepWatch
 
 log = logging.getLogger(__name__)
 __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION", "EngineConfig", "RolloutEngine",
@@ -100,7 +95,7 @@ class RolloutEngine:
         self._lock = threading.RLock()
         self._stale_pins: set[int] = set()
         self._sleep_level = 0
-        self.procs = engine_procs.EngineProcesses()
+        self.procs = EngineProcesses()
         self.lora: Any = None  # the LoRARequest of the adapter version served (adapter versions only)
         self.watch = StepWatch()  # how long the call into vLLM now in progress has run
         self.killed_for: str | None = None  # why `kill` ended the engine's processes (a hang)
@@ -121,7 +116,7 @@ class RolloutEngine:
                 from vllm import LLM
 
                 t1 = time.perf_counter()
-                self.procs = engine_procs.EngineProcesses.before_start()
+                self.procs = EngineProcesses.before_start()
                 dummy = dummy and self.cfg.lora_rank is None  # adapters apply to the base's own weights
                 with cpu_worker_binding(self.cfg, self._on_gpu()):
                     self.llm = self._new_llm(LLM, model_dir, dummy)

@@ -3,7 +3,7 @@
 Role: `EngineConfig` (from the job by the rollout sidecar, `tandem.sidecars.rollout.__main__`); the
 environment prepared before vLLM is imported (offline caches, CPU KV cache, cores kept for its engine loop,
 the execute timeout, the worker extension on PYTHONPATH); CPU worker binding for tensor parallelism; the
-HF parameters a version must match. Caller: rollout_engine.py (re-exports these names), tests, benches.
+HF parameters a version must match. Caller: engine.py (re-exports these names), tests, benches.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem import checkpoint_engine
 from tandem.checkpoint_engine import layout
 
 EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
 CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
 EXECUTE_TIMEOUT_S = 3600  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (its default 300 s)
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each CPU worker's cores, "|" between ranks
-_CE_ROOT = str(Path(__file__).resolve().parents[2])  # the checkpoint_engine/ root of the namespace pkg
+# the root (checkpoint_engine/, or site-packages once installed) of the namespace package holding EXTENSION
+_CE_ROOT = str(Path(checkpoint_engine.__file__).resolve().parents[2])
 
 
 @dataclass
