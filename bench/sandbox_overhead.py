@@ -30,14 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tandem.sidecars.rewards.sandbox import SOCKET_ENV, Isolation, SandboxLimits, isolation_mode, run_tests
+from tandem.sidecars.sandbox.runner import SOCKET_ENV, Isolation, SandboxLimits, isolation_mode, run_tests
 
 CODE = "def add(a, b):\n    return a + b\n"
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 
 
 def start_server(sock: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.rewards.sandbox_server", "--socket", str(sock)],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.sandbox.server", "--socket", str(sock)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not sock.is_socket():

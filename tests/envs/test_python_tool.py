@@ -21,9 +21,9 @@ from sandbox_servers import sandbox_server_process, tcp_listener
 from tandem.sidecars.envs.python_tool import NO_OUTPUT, make_python_tool
 from tandem.sidecars.envs.toolcalls import ToolCall
 from tandem.sidecars.envs.tools import Tool, ToolBox
-from tandem.sidecars.rewards._sandbox_confine import landlock_abi
-from tandem.sidecars.rewards.sandbox import SOCKET_ENV, Isolation, SandboxLimits, isolation_mode, run_tests
-from tandem.sidecars.rewards.sandbox_run import run_program
+from tandem.sidecars.sandbox.confine import landlock_abi
+from tandem.sidecars.sandbox.program import run_program
+from tandem.sidecars.sandbox.runner import SOCKET_ENV, Isolation, SandboxLimits, isolation_mode, run_tests
 
 MODES = ["basic", "server"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
 
@@ -67,7 +67,7 @@ def test_raising_program_ends_with_its_traceback(mode: Isolation) -> None:
     assert lines[0] == "before" and lines[1] == "Traceback (most recent call last):"
     assert lines[-1] == "ZeroDivisionError: division by zero"
     assert '  File "<solution>", line 2, in half' in lines and "    return x / 0" in lines  # its own frames only
-    assert "_sandbox_harness" not in out
+    assert "sandbox/harness.py" not in out
     assert python("def f(:\n").splitlines()[-1] == "SyntaxError: invalid syntax"
 
 

@@ -16,7 +16,8 @@ from typing import cast
 import pytest
 
 from tandem.sidecars.rewards import RewardInput, RewardSet
-from tandem.sidecars.rewards.sandbox import Isolation, SandboxLimits, code_exec_reward, isolation_mode, run_tests
+from tandem.sidecars.rewards.code_exec import code_exec_reward
+from tandem.sidecars.sandbox.runner import Isolation, SandboxLimits, isolation_mode, run_tests
 from tandem.spec.models import Reward
 
 MODES = ["basic"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
@@ -191,7 +192,7 @@ def test_io_cases_stay_contained(mode: Isolation) -> None:
     r = run_tests(stray, STDIO, FAST, isolation=mode)
     assert r.score == 1.0
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    assert "_sandbox_harness" not in ps and "time.sleep(60)" not in ps
+    assert "sandbox/harness.py" not in ps and "time.sleep(60)" not in ps
 
 
 def test_reward_function_and_reward_set_on_dataset_rows() -> None:

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tandem.sidecars.rewards.code_tests import TestFormatError, parse_tests
-from tandem.sidecars.rewards.sandbox import extract_code
+from tandem.sidecars.rewards.code_exec import extract_code
+from tandem.sidecars.sandbox.plan import TestFormatError, parse_tests
 
 HUMANEVAL_TEST = '''
 METADATA = {"author": "jt", "dataset": "test"}

@@ -18,14 +18,13 @@ from typing import cast
 import pytest
 
 from sandbox_servers import tcp_listener
-from tandem.sidecars.rewards._sandbox_confine import landlock_abi
-from tandem.sidecars.rewards.sandbox import (
+from tandem.sidecars.rewards.code_exec import code_exec_reward, extract_code
+from tandem.sidecars.sandbox.confine import landlock_abi
+from tandem.sidecars.sandbox.runner import (
     HARNESS,
     SOCKET_ENV,
     Isolation,
     SandboxLimits,
-    code_exec_reward,
-    extract_code,
     harness_command,
     isolation_mode,
     run_tests,
@@ -164,5 +163,5 @@ def test_no_leftover_processes_or_dirs() -> None:
     run_tests("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n", [], FAST)
     time.sleep(0.5)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    assert "_sandbox_harness" not in ps
+    assert "sandbox/harness.py" not in ps
     assert not list(Path("/tmp").glob("tandem-sbx-*"))

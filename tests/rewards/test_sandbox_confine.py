@@ -1,4 +1,4 @@
-"""The seccomp program of `_sandbox_confine`, run by a small classic-BPF interpreter for both machines.
+"""The seccomp program of `sandbox/confine.py`, run by a small classic-BPF interpreter for both machines.
 
 The kernel runs the x86_64 program in every sandbox test here; this checks what no test on this
 machine can: the aarch64 program's decisions, and that every jump of both lands inside the program.
@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from tandem.sidecars.rewards import _sandbox_confine as confine
+from tandem.sidecars.sandbox import confine
 
 ME, GROUP = 4242, 4240
 ALLOW, EPERM, ENOSYS = confine.RET_ALLOW, confine.RET_ERRNO | confine.EPERM, confine.RET_ERRNO | confine.ENOSYS

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from sandbox_procs import SANDBOX_UID, uid_of, uid_or_none, wait_for
 
-from tandem.sidecars.rewards._sandbox_confine import landlock_abi
+from tandem.sidecars.sandbox.confine import landlock_abi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as uids 10001 and 10002: needs root")
 TRAINER_UID = 10001
@@ -36,7 +36,7 @@ CLIENT = r"""
 import ctypes, json, os, sys
 from concurrent.futures import ThreadPoolExecutor
 libc = ctypes.CDLL(None)
-from tandem.sidecars.rewards.sandbox import SandboxLimits, harness_command, run_tests
+from tandem.sidecars.sandbox.runner import SandboxLimits, harness_command, run_tests
 uid, mode = int(sys.argv[1]), sys.argv[2]
 command = harness_command((uid, uid)) if mode == "basic" else None  # an interpreter this uid can read
 os.setgroups([]); os.setgid(uid); os.setuid(uid)

@@ -3,7 +3,7 @@
 Role: `make_python_tool(...)` makes the function `python(code)` that `tools.Tool.of` turns into the tool
 schema named "python" (its docstring is the description the model reads: a fresh interpreter per call,
 the standard library only, no network, the time limit). Each call runs the program with
-`rewards.sandbox_run.run_program`, in the sandbox and isolation mode of the `codeExec` reward (in a pod,
+`sandbox.program.run_program`, in the sandbox and isolation mode of the `codeExec` reward (in a pod,
 the pod's sandbox server), and answers with its stdout and stderr as the program wrote them (the
 traceback's last lines when it raised; the first and last characters of longer output), or with an
 error line when it timed out or was killed. A sandbox that cannot start raises `SandboxError`, which
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tandem.sidecars.rewards.sandbox import ExecResult, Isolation, SandboxLimits
-from tandem.sidecars.rewards.sandbox_run import max_output_chars_for, run_program
+from tandem.sidecars.sandbox.program import max_output_chars_for, run_program
+from tandem.sidecars.sandbox.runner import ExecResult, Isolation, SandboxLimits
 
 NO_OUTPUT = "(no output: print what you want to see)"
 DESCRIPTION = """Runs a Python program in a sandbox and returns what it printed (stdout and stderr).

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from tandem.sidecars.rewards.answer import answer_match
+from tandem.sidecars.rewards.code_exec import code_exec_reward
 from tandem.sidecars.rewards.format import compile_pattern, format_match
-from tandem.sidecars.rewards.sandbox import code_exec_reward
 from tandem.spec.models import Reward
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The code sandbox's limits, results and errors.
 
-Role: the values `rewards.sandbox` (which re-exports them: import them from there) takes and returns,
-kept apart so that the modules beside it (`sandbox_run`, `sandbox_server`) share them without a cycle.
+Role: the values `runner.py` (which re-exports them: import them from there) takes and returns,
+kept apart so that the modules beside it (`program.py`, `server.py`) share them without a cycle.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ExecResult:
     seconds: float
     isolation: Isolation
     detail: str = ""
-    output: str = ""  # what the program printed: runs that capture it only (`sandbox_run.run_program`)
+    output: str = ""  # what the program printed: runs that capture it only (`program.run_program`)
 
     @property
     def score(self) -> float:

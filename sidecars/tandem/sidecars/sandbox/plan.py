@@ -1,7 +1,7 @@
 """Test formats of code datasets, read into one plan the sandbox runs; which statements count as tests.
 
 Role: turns the dataset answer field of a `codeExec` reward into a `TestPlan`. Callers:
-`rewards.sandbox.run_tests`, which hands `TestPlan.job(...)` to `_sandbox_harness.py`.
+`runner.run_tests`, which hands `TestPlan.job(...)` to `harness.py`.
 
 The answer field may be the value itself, its JSON text, or its Python repr (the trainer's dataset
 passes non-string fields on as `str(value)`):

@@ -1,6 +1,6 @@
 """Run a program in the code sandbox and get back what it printed (stdout and stderr), not a score.
 
-Role: the same sandbox as the `codeExec` reward (`rewards.sandbox`: the isolation mode of this process,
+Role: the same sandbox as the `codeExec` reward (`runner.py`: the isolation mode of this process,
 the same limits, confinement and deadline), with a plan of no tests and the harness's `capture` on: once
 the program ends (normally, by an exception or SystemExit) the harness reads its output file, adds the
 traceback the interpreter would print, keeps at most `max_output_chars` characters (the first and the
@@ -12,8 +12,8 @@ rollout's `python` tool).
 
 from __future__ import annotations
 
-from tandem.sidecars.rewards.code_tests import TestPlan
-from tandem.sidecars.rewards.sandbox import ExecResult, Isolation, SandboxLimits, run_tests
+from tandem.sidecars.sandbox.plan import TestPlan
+from tandem.sidecars.sandbox.runner import ExecResult, Isolation, SandboxLimits, run_tests
 
 # The most bytes one character of output takes on its way back: 8 as the hex of its UTF-8 on the result
 # channel, 12 in the server's JSON reply (a character outside the BMP as two \u escapes); both are read

@@ -1,6 +1,6 @@
 """Kernel confinement of one sandboxed program, installable without privileges: no_new_privs, Landlock, seccomp.
 
-Role: applied by `_sandbox_harness.py` to itself (and to each I/O case child) after its uid drop and
+Role: applied by `harness.py` to itself (and to each I/O case child) after its uid drop and
 rlimits, in every isolation mode. The harness runs as `python -I -S` and may use another interpreter
 than the trainer's, so this module is stdlib only and reaches the harness as source text in its job
 (`sandbox.confine_source()`), not by import.

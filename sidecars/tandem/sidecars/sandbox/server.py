@@ -1,8 +1,8 @@
 """Sandbox server: runs `codeExec` programs under its own uid for a trainer that connects over a Unix socket.
 
-Role: `python -m tandem.sidecars.rewards.sandbox_server` is the command of the `sandbox` container that
+Role: `python -m tandem.sidecars.sandbox.server` is the command of the `sandbox` container that
 `tandem.operator.builders` adds to the hybrid pods of jobs with a codeExec reward, and the process
-`tandem run` starts beside each trainer. Clients: `rewards.sandbox.run_remote` (the trainer's
+`tandem run` starts beside each trainer. Clients: `runner.run_remote` (the trainer's
 `code_exec_reward`, from its reward thread pool), with the socket path from the pod env contract
 (`TANDEM_SANDBOX_SOCKET`).
 
@@ -21,10 +21,10 @@ Per request: the program and its tests arrive as one JSON document (the client t
 side); the server runs it with `sandbox.run_tests(..., isolation="basic")` — a fresh `python -I -S`
 harness in a new session with its own work dir, hard rlimits (CPU, address space, file size,
 processes: effective because the uid is the sandbox's alone; open files; no core), the process group
-SIGKILLed at the deadline, output caps, and `_sandbox_confine` (no_new_privs, seccomp denying sockets,
+SIGKILLed at the deadline, output caps, and `confine.py` (no_new_privs, seccomp denying sockets,
 exec, ptrace, setsid and signals outside the program's group, Landlock where the kernel has it) —
 and answers one JSON document (passed, total, status, detail; and output, what the program printed,
-when the request asks for it with `capture`: `sandbox_run.run_program`, the rollout's python tool).
+when the request asks for it with `capture`: `program.run_program`, the rollout's python tool).
 Programs share the server's uid: the seccomp filter keeps them from signalling it or each other,
 non-dumpable processes keep /proc closed, and the server re-creates its socket if a program without
 Landlock removes it.
@@ -53,8 +53,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from tandem.sidecars.rewards.code_tests import TestPlan
-from tandem.sidecars.rewards.sandbox import (
+from tandem.sidecars.sandbox.plan import TestPlan
+from tandem.sidecars.sandbox.runner import (
     HARNESSES,
     SOCKET_ENV,
     SPAWN_LOCK,
@@ -262,7 +262,7 @@ def prepare(path: Path, user: int | None, workers: int = 8) -> SandboxServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tandem.sidecars.rewards.sandbox_server",
+    parser = argparse.ArgumentParser(prog="python -m tandem.sidecars.sandbox.server",
                                      description="Run codeExec programs for a trainer, under this uid.")
     parser.add_argument("--socket", default=os.environ.get(SOCKET_ENV),
                         help=f"Unix socket path (default ${SOCKET_ENV})")

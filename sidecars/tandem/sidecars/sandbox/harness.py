@@ -1,8 +1,8 @@
 """Child side of the code sandbox: confine this process, run the untrusted program, report tests.
 
-Role: started by `tandem.sidecars.rewards.sandbox` as `python -I -S -B _sandbox_harness.py` (or its
+Role: started by `tandem.sidecars.sandbox.runner` as `python -I -S -B harness.py` (or its
 source with `-c` where the sandbox uid cannot read the file), inside fresh net/mount/pid namespaces
-when the parent is root, or by the sandbox server (`rewards.sandbox_server`) under its own uid.
+when the parent is root, or by the sandbox server (`sandbox.server`) under its own uid.
 Stdlib only: it may run under a different interpreter than the trainer's. Reads one JSON job from
 stdin, then, in this order:
 1. with `private_fs`: mounts small private tmpfs over every world-writable directory (/tmp,
@@ -11,17 +11,17 @@ stdin, then, in this order:
 3. drops to the unprivileged uid/gid (when given), then sets hard resource limits (CPU seconds,
    address space, file size, processes, open files, no core dumps) — limits are applied here,
    in the child, rather than in a `preexec_fn`, which is unsafe in a threaded parent;
-4. confines itself with the job's `confine` source (`_sandbox_confine.py`: no_new_privs,
+4. confines itself with the job's `confine` source (`confine.py`: no_new_privs,
    non-dumpable, Landlock where the kernel has it); then, just before the program runs (in each
    I/O case's child for I/O cases, since the harness itself must still kill a case), the seccomp
    filter and, outside the namespaces mode, audit hooks refusing sockets, subprocesses and ctypes
    (and writes outside the work dir when Landlock is missing);
-5. runs the tests of the job's plan (`rewards.code_tests.TestPlan.job`), streaming one result line
+5. runs the tests of the job's plan (`plan.TestPlan.job`), streaming one result line
    per test to the parent on the original stdout: `<nonce> start|ok i|fail i|timeout i|error|done`:
    - "snippets": execs the program, then every top-level statement of each test source, one at a
      time, in the program's namespace; only the statements the plan counts report a result (setup
      such as definitions and imports runs silently, so it can never pass); with the job's `capture`
-     (a plan with no tests: `sandbox_run.run_program`), once the program ends (normally, by an
+     (a plan with no tests: `program.run_program`), once the program ends (normally, by an
      exception or SystemExit) one more line, `output <hex>`, carries what it printed (`_capturer`);
    - "stdio" / "call": compiles the program, then per I/O case forks a child (without the result
      channel) that runs it with the case's input as stdin, or calls `fn_name(*input)`, and leaves
@@ -136,8 +136,8 @@ def main() -> None:
     _limit(resource.RLIMIT_NOFILE, lim["open_files"])
     _limit(resource.RLIMIT_CORE, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversize writes fail with EFBIG instead
-    confine: dict[str, Any] = {"__name__": "_sandbox_confine"}
-    exec(compile(job["confine"], "_sandbox_confine.py", "exec"), confine)  # noqa: S102 — our own module
+    confine: dict[str, Any] = {"__name__": "confine"}
+    exec(compile(job["confine"], "confine.py", "exec"), confine)  # noqa: S102 — our own module
     landlock = confine["confine_process"](os.path.realpath(work))
     guard_writes = not job["private_fs"] and not landlock  # audit hooks stand in for Landlock
 

@@ -1,16 +1,16 @@
 """Code executor: runs generated Python against a dataset's tests in a sandbox; returns the pass fraction.
 
-Role: the `codeExec` rule-based reward. Callers: `rewards.combine` (from a thread pool, concurrently
-with model inference — hence no `preexec_fn`, which is unsafe in a threaded parent), and
-`rewards.sandbox_server`, which runs the programs its clients send here in "basic" mode. The program is
-the completion's last fenced Python block (see `extract_code`); the tests are the dataset answer
-field in any format `rewards.code_tests` reads (assert lists, HumanEval `check` + `entry_point`,
-stdin/stdout or call-based I/O cases), where only asserts, check calls and I/O cases count.
+Role: the runner behind the `codeExec` rule-based reward. Callers: `rewards.code_exec` (from
+`rewards.combine`'s thread pool, concurrently with model inference — hence no `preexec_fn`, which is
+unsafe in a threaded parent), and `sandbox.server`, which runs the programs its clients send here in
+"basic" mode. The program is the completion's last fenced Python block (`rewards.code_exec.extract_code`);
+the tests are the dataset answer field in any format `sandbox.plan` reads (assert lists, HumanEval
+`check` + `entry_point`, stdin/stdout or call-based I/O cases), where only asserts, check calls and I/O cases count.
 
 Isolation, chosen once per process by `isolation_mode()`:
 - "server" (the pod env names a sandbox server: `TANDEM_SANDBOX_SOCKET`; what every pod of a job
   with a codeExec reward uses, and `tandem run`): `run_remote` sends the program, its tests and the
-  limits over a Unix socket to `rewards.sandbox_server`, which runs them as below ("basic") under its
+  limits over a Unix socket to `sandbox.server`, which runs them as below ("basic") under its
   own uid, in its own container. The trainer image runs as uid 10001 under Pod Security
   "restricted": no capability to setuid, and the runtime's default seccomp profile refuses the
   user/net namespaces the next mode needs, so a program run by the trainer itself would share its
@@ -24,7 +24,7 @@ Isolation, chosen once per process by `isolation_mode()`:
   `nobody` (so the rest of the filesystem is read-only to it and RLIMIT_NPROC applies).
 - "basic" (neither): the harness runs as this process's user (as `nobody` when root).
 In every mode the harness sets hard limits (CPU seconds, address space, file size, processes, open
-files, no core) and confines the program with `_sandbox_confine`: no_new_privs, non-dumpable, a
+files, no core) and confines the program with `confine.py`: no_new_privs, non-dumpable, a
 seccomp filter (no socket, exec, ptrace, setsid/setpgid, namespace or mount calls, io_uring, bpf;
 signals only to its own process group) and, where the kernel has Landlock, reads limited to the
 system and interpreter trees and writes to its work dir. Outside the namespaces mode, audit hooks
@@ -40,11 +40,11 @@ The score is passed tests / tests (results stream per test, so a timeout keeps t
 passed before it); a program that fails to load scores 0; with no tests, 1.0 when the program runs
 to completion. The time limit covers the program and all its test statements; with I/O cases it
 applies to each case (the harness kills a case at the limit and fails the cases after it). Tests
-in no format `code_tests` reads raise its `TestFormatError`, naming what is wrong, rather than
+in no format `plan.py` reads raise its `TestFormatError`, naming what is wrong, rather than
 scoring every program alike. The result protocol resists naive forgery (a per-run nonce; I/O
 cases run without the result channel; each test counts once) but a program that introspects the
 harness could forge lines: the sandbox protects the host, not the score's honesty against
-adversarial code. With `capture` and no tests (`sandbox_run.run_program`, the rollout's `python`
+adversarial code. With `capture` and no tests (`program.run_program`, the rollout's `python`
 tool), the result also carries what the program printed (stdout and stderr, capped).
 """
 
@@ -71,15 +71,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from tandem.sidecars.rewards.code_tests import TestPlan, parse_tests
-from tandem.sidecars.rewards.sandbox_types import ExecResult as ExecResult
-from tandem.sidecars.rewards.sandbox_types import Isolation as Isolation
-from tandem.sidecars.rewards.sandbox_types import SandboxError as SandboxError
-from tandem.sidecars.rewards.sandbox_types import SandboxLimits as SandboxLimits
+from tandem.sidecars.sandbox.plan import TestPlan, parse_tests
+from tandem.sidecars.sandbox.types import ExecResult as ExecResult
+from tandem.sidecars.sandbox.types import Isolation as Isolation
+from tandem.sidecars.sandbox.types import SandboxError as SandboxError
+from tandem.sidecars.sandbox.types import SandboxLimits as SandboxLimits
 from tandem.spec.podenv import PodEnv
 
-HARNESS = Path(__file__).with_name("_sandbox_harness.py")
-CONFINE = Path(__file__).with_name("_sandbox_confine.py")
+HARNESS = Path(__file__).with_name("harness.py")
+CONFINE = Path(__file__).with_name("confine.py")
 SOCKET_ENV = PodEnv.var("sandbox_socket")
 CONNECT_WAIT = 60.0  # seconds a client waits for the server's socket (it may be starting or restarting)
 REPLY_MARGIN = 10.0  # seconds past a run's own deadline that a client waits for the server's reply
@@ -148,7 +148,7 @@ def _world_readable(path: Path) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def confine_source() -> str:
-    """`_sandbox_confine.py`, which the harness runs from its job (it imports nothing outside the stdlib)."""
+    """`confine.py`, which the harness runs from its job (it imports nothing outside the stdlib)."""
     return CONFINE.read_text()
 
 
@@ -169,19 +169,7 @@ def isolation_mode() -> Isolation:
     return "namespaces" if probe.returncode == 0 else "basic"
 
 
-_FENCED = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n", re.IGNORECASE)
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")
-
-
-def extract_code(completion: str) -> str:
-    """The last fenced ```python (or bare ```) block of a completion; the rest after an unclosed last
-    fence (a completion cut at the token limit); else the whole text."""
-    blocks = _FENCED.findall(completion)
-    if blocks:
-        return str(blocks[-1])
-    opening = list(_OPEN_FENCE.finditer(completion))
-    return completion[opening[-1].end():] if opening else completion
 
 
 def run_tests(
@@ -191,9 +179,9 @@ def run_tests(
     """Run `code` against `tests` (an answer field or a `TestPlan`) in the sandbox; see the module docstring.
 
     `command` replaces `harness_command()` (the server resolves it before it drops its privileges).
-    `capture` > 0 (a plan with no tests; `sandbox_run.run_program`): the result's `output` holds what the
+    `capture` > 0 (a plan with no tests; `program.run_program`): the result's `output` holds what the
     program printed, at most that many characters.
-    Raises `code_tests.TestFormatError` (a ValueError) when the tests are in no format it reads."""
+    Raises `plan.TestFormatError` (a ValueError) when the tests are in no format it reads."""
     lim = limits or SandboxLimits()
     mode = isolation or isolation_mode()
     if mode == "namespaces" and isolation_mode() != "namespaces":
@@ -369,8 +357,3 @@ def run_remote(
                           "server", str(data.get("detail", "")), str(data.get("output", "")))
     except (ValueError, KeyError, TypeError) as e:
         raise SandboxError(f"sandbox server at {path}: unreadable reply {reply[:200]!r}") from e
-
-
-def code_exec_reward(completion: str, tests: object, timeout_seconds: float = 5.0) -> float:
-    """Pass fraction of the completion's code (see `extract_code`) against `tests` (a dataset answer field)."""
-    return run_tests(extract_code(completion), tests, SandboxLimits(timeout_seconds=timeout_seconds)).score
