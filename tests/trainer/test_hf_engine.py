@@ -18,9 +18,9 @@ from tiny_models import grouped_samples, make_family_dirs, make_tiny_hf_model
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
+from tandem.sidecars.trainer.engines.common import EngineError
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
-from tandem.sidecars.trainer.engines.megatron_build import EngineError
 
 FAMILIES = ["qwen2", "llama", "gemma"]
 

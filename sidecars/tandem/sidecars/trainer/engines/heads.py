@@ -17,7 +17,7 @@ import torch
 
 from tandem.checkpoint_engine.convert import ModelShape
 from tandem.sidecars.trainer.engines import micro_batches
-from tandem.sidecars.trainer.engines.megatron_build import Parallelism
+from tandem.sidecars.trainer.engines.common import Parallelism
 
 
 def aligned(per_position: torch.Tensor, mb: Any) -> torch.Tensor:

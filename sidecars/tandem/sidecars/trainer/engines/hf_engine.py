@@ -32,12 +32,12 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from tandem.sidecars.trainer.engines import common, micro_batches
 from tandem.sidecars.trainer.engines import lora as lora_weights
-from tandem.sidecars.trainer.engines import megatron_build, micro_batches
 from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
+from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.heads import aligned
 from tandem.sidecars.trainer.engines.hf_weights import HFWeights, local_shard, whole_tensor
-from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
@@ -71,7 +71,7 @@ def _plain_head(model: Any) -> bool:
 
 def start_process_group() -> tuple[int, int]:
     """torch.distributed up (gloo on CPU, NCCL on GPU, as the Megatron engine's); (world size, rank)."""
-    megatron_build.start_process_group()
+    common.start_process_group()
     return dist.get_world_size(), dist.get_rank()
 
 
@@ -122,7 +122,7 @@ class HFEngine(HFWeights):
         shape = HFShape.of(model)
         # the weights stay on the host until sharded: fully_shard moves each rank's shard, not the whole model,
         # to the mesh's device
-        device = megatron_build.device()
+        device = common.device()
         if recompute:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -154,7 +154,7 @@ class HFEngine(HFWeights):
         rows, cols = micro_batches.require(batch, "input_ids").shape
         mbs = micro_batches.rows_per_micro_batch(rows, cols, micro_batch_size or self.micro_batch_size,
                                                  self.micro_batch_tokens)
-        device = megatron_build.device()
+        device = common.device()
         return [micro_batches.to_device(mb, device) for mb in micro_batches.split_rows(batch, mbs)]
 
     def _equalized(self, mbs: list[Any], filler: Any) -> tuple[list[Any], int]:
@@ -163,7 +163,7 @@ class HFEngine(HFWeights):
         own = len(mbs)
         if self.par.dp == 1:
             return mbs, own
-        count = torch.tensor([own], dtype=torch.int64, device=megatron_build.device())
+        count = torch.tensor([own], dtype=torch.int64, device=common.device())
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return mbs + [filler] * (int(count) - own), own
 
@@ -242,7 +242,7 @@ class HFEngine(HFWeights):
     def logits(self, batch: Any) -> torch.Tensor:
         """Full-vocabulary logits `[rows, len, vocab]` (float32, CPU)."""
         self.model.eval()
-        mb = micro_batches.to_device(batch, megatron_build.device())
+        mb = micro_batches.to_device(batch, common.device())
         with torch.no_grad():
             out = self.model(**self._inputs(mb))
         self._resharded()
@@ -269,7 +269,7 @@ class HFEngine(HFWeights):
         mbs, counted, self.last_step_rows = micro_batches.train_share(
             batch, self.par.dp, self.par.dp_rank, lambda part: self._micro_batches(part, micro_batch_size))
         runs, _ = self._equalized(mbs, mbs[0])
-        total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
+        total = int(common.dp_sum(self.par, [float(counted)])[0])
         # FSDP2 averages gradients over the ranks: x dp turns that into the sum over every rank's micro-batches
         scale = self.par.dp * (1.0 if reduction == "sum" else 1.0 / max(total, 1))
         self.optimizer.zero_grad(set_to_none=True)
@@ -289,7 +289,7 @@ class HFEngine(HFWeights):
         if update_ok:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics_out = megatron_build.step_metrics(self.par, sums, total, reduction)
+        metrics_out = common.step_metrics(self.par, sums, total, reduction)
         metrics_out.update(grad_norm=grad_norm, update_ok=float(update_ok), step_seconds=time.perf_counter() - start)
         return metrics_out
 

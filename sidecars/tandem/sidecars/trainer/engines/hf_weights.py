@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from tandem.sidecars.trainer.engines import common
 from tandem.sidecars.trainer.engines import lora as lora_weights
-from tandem.sidecars.trainer.engines import megatron_build
-from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
+from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ class HFWeights:
         names PEFT saves them with (an adapter-only version over the base model's weights)."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        reader = megatron_build.SafetensorsDir(source) if isinstance(source, Path) else source
+        reader = common.SafetensorsDir(source) if isinstance(source, Path) else source
         self._resharded()
         loaded = 0
         with torch.no_grad():
@@ -135,7 +135,7 @@ class HFWeights:
         model directory: the model then computes exactly what the rollouts served. Collective."""
         if self.model_dir is None or self.lora_scale is None:
             raise EngineError("an adapter-only version loads only into a LoRA engine built from a model directory")
-        base = megatron_build.SafetensorsDir(self.model_dir)
+        base = common.SafetensorsDir(self.model_dir)
 
         def reader(name: str) -> torch.Tensor:
             return tensors(name) if lora_weights.is_adapter(name) else base(name)

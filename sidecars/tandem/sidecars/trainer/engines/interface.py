@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from tandem.sidecars.trainer.engines.megatron_build import Parallelism
+from tandem.sidecars.trainer.engines.common import Parallelism
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, Any]]]
 

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer.engines import heads, megatron_build, megatron_export, micro_batches
-from tandem.sidecars.trainer.engines.megatron_build import EngineError, Parallelism
+from tandem.sidecars.trainer.engines import common, heads, megatron_build, megatron_export, micro_batches
+from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
 VALUE_HEAD = "output_layer.weight"  # a critic's untied output layer; its column 0 is the value head
@@ -179,7 +179,7 @@ class MegatronEngine:
                                                  self.micro_batch_tokens, equal=self.par.pp > 1)
         if self.par.pp > 1 and rows % mbs:
             raise EngineError(f"with pipeline parallelism, rows ({rows}) must be a multiple of {mbs}")
-        device = megatron_build.device()
+        device = common.device()
         return [micro_batches.to_device(mb, device) for mb in micro_batches.split_rows(batch, mbs)]
 
     def _forward_step(
@@ -307,7 +307,7 @@ class MegatronEngine:
         buffer = (
             tensor.contiguous()
             if ps.is_pipeline_last_stage()
-            else torch.empty(size, dtype=dtype, device=megatron_build.device())
+            else torch.empty(size, dtype=dtype, device=common.device())
         )
         dist.broadcast(
             buffer,
@@ -354,7 +354,7 @@ class MegatronEngine:
         self.model.train()
         mbs, counted, self.last_step_rows = micro_batches.train_share(
             batch, self.par.dp, self.par.dp_rank, lambda part: self._micro_batches(part, micro_batch_size))
-        total = int(megatron_build.dp_sum(self.par, [float(counted)])[0])
+        total = int(common.dp_sum(self.par, [float(counted)])[0])
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         # Megatron divides each rank's loss by its micro-batch count and DDP averages gradients over
@@ -377,7 +377,7 @@ class MegatronEngine:
         metrics: dict[str, float] = {}
         if outs:  # the last pipeline stage: means over every micro-batch of every dp rank
             sums = {k: sum(o[k] for o in outs) if counted else 0.0 for k in outs[0]}
-            metrics = megatron_build.step_metrics(self.par, sums, total, reduction)
+            metrics = common.step_metrics(self.par, sums, total, reduction)
         metrics = self._metrics_from_last_stage(metrics)
         metrics.update(
             grad_norm=float(grad_norm or 0.0),

@@ -23,8 +23,9 @@ import torch.distributed as dist
 
 from tandem.checkpoint_engine import convert
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer.engines import megatron_build
-from tandem.sidecars.trainer.engines.megatron_build import Parallelism, global_name, layer_numbers
+from tandem.sidecars.trainer.engines import common
+from tandem.sidecars.trainer.engines.common import Parallelism
+from tandem.sidecars.trainer.engines.megatron_build import global_name, layer_numbers
 
 
 def _stage_tensors(gpt: Any, shape: ModelShape, par: Parallelism) -> Iterator[tuple[str, torch.Tensor]]:
@@ -82,7 +83,7 @@ def export_megatron(gpt: Any, shape: ModelShape, par: Parallelism) -> Iterator[t
                 dist.send(tensor, dst=ranks[0], group=group)
         elif exporting:
             for name, size, dtype in meta[0]:
-                buffer = torch.empty(size, dtype=dtype, device=megatron_build.device())
+                buffer = torch.empty(size, dtype=dtype, device=common.device())
                 dist.recv(buffer, src=ranks[stage], group=group)
                 yield name, buffer
 

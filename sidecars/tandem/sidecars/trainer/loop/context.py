@@ -35,7 +35,7 @@ from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.algorithms.rollout_correction import summarize as summarize_correction
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet, overlapped
 from tandem.sidecars.startup import etcd_security
-from tandem.sidecars.trainer.engines import megatron_build
+from tandem.sidecars.trainer.engines import common
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.interface import TrainerEngine
 from tandem.sidecars.trainer.engines.select import build_engine
@@ -186,7 +186,7 @@ class TrainerContext:
         """Whether the state moves around rollouts: `trainer.offload`, on an accelerator only. On a
         CPU the "host" is the memory the state already lives in: a copy would free nothing and hold
         a second copy of every parameter, gradient and Adam moment."""
-        return moves_state(self.job.spec.trainer.offload, megatron_build.device())
+        return moves_state(self.job.spec.trainer.offload, common.device())
 
     def onload(self) -> None:
         """Bring the trainer's models back to the accelerator (policy, and critic if any), unless

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from tandem.sidecars.trainer.engines import megatron_build, micro_batches
+from tandem.sidecars.trainer.engines import common, micro_batches
+from tandem.sidecars.trainer.engines.common import Parallelism
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
-from tandem.sidecars.trainer.engines.megatron_build import Parallelism
 
 Forward = Callable[[Any], torch.Tensor]  # packed rows -> [rows, len] in the engine's layout
 
@@ -38,7 +38,7 @@ def per_sample_outputs(
         out = forward(local)
         mine.append({i: v.tolist() for i, v in local.unpack(shift_to_labels(out)).items()})
     merged: list[dict[int, list[float]]] = [{} for _ in forwards]
-    for part in megatron_build.dp_gather(par, mine):
+    for part in common.dp_gather(par, mine):
         for into, got in zip(merged, part, strict=True):
             into.update(got)
     return merged

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from tandem.sidecars.trainer.engines import megatron_build
+from tandem.sidecars.trainer.engines import common
 
 if TYPE_CHECKING:
     from tandem.checkpoint_engine.durable import DurableStore
@@ -71,7 +71,7 @@ def layout_of(ctx: TrainerParts) -> dict[str, int]:
 
 def _optimizer(engine: TrainerEngine) -> Any:
     if engine.optimizer is None:
-        raise megatron_build.EngineError("a forward-only engine has no training state")
+        raise common.EngineError("a forward-only engine has no training state")
     return engine.optimizer
 
 
@@ -165,7 +165,7 @@ def _everyone(ok: bool) -> bool:
     """True only if `ok` on every rank (collective)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=megatron_build.device())
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=common.device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
