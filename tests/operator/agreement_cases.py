@@ -92,6 +92,15 @@ RULE_CASES: list[Case] = [
     ("guard-pause", {"algorithm.mismatchGuard": {"metric": "mismatch", "threshold": 0.5, "iterations": 2,
                                                   "action": "pause"}}),
     ("guard-action-unknown", {"algorithm.mismatchGuard": {"threshold": 0.01, "action": "stop"}}),
+    # spec.algorithm.routingReplay (MoE routing replay)
+    ("routing-replay-on-dpo", {"algorithm.name": "dpo", "algorithm.routingReplay": "on"}),
+    ("routing-replay-on-kto", {**KTO, "algorithm.routingReplay": "on"}),
+    ("routing-replay-off-on-dpo", {"algorithm.name": "dpo", "algorithm.routingReplay": "off"}),
+    ("routing-replay-on-hf", {"trainer.engine": "hf", "algorithm.routingReplay": "on"}),
+    ("routing-replay-auto-on-hf", {"trainer.engine": "hf", "algorithm.routingReplay": "auto"}),
+    ("routing-replay-on-megatron", {"trainer.engine": "megatron", "algorithm.routingReplay": "on"}),
+    ("routing-replay-on-tools", {**TOOLS, "algorithm.routingReplay": "on"}),
+    ("routing-replay-unknown", {"algorithm.routingReplay": "always"}),
     # their numbers as kubectl may send them (type_cases does not reach into optional objects)
     ("correction-high-quoted", {"algorithm.rolloutCorrection": {"high": "3.0"}}),
     ("correction-high-integer", {"algorithm.rolloutCorrection": {"high": 3}}),

@@ -78,6 +78,7 @@ _NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "rolloutCorrection": ("!has(self.rolloutCorrection)", lambda a: a.rollout_correction is None),
     "mismatchGuard": ("!has(self.mismatchGuard)", lambda a: a.mismatch_guard is None),
     "maxStaleness": ("self.maxStaleness == 0", lambda a: a.max_staleness == 0),
+    "routingReplay": ("!has(self.routingReplay) || self.routingReplay != 'on'", lambda a: a.routing_replay != "on"),
 }
 
 
@@ -170,6 +171,13 @@ class Algorithm(Base):
     mismatch_guard: MismatchGuard | None = Field(default=None, description=(
         "Warn, pause or fail when the rollout/trainer mismatch exceeds a threshold for some consecutive "
         "iterations (grpo, ppo)."))
+    routing_replay: Literal["auto", "on", "off"] = Field(default="auto", description=(
+        "Routing replay (R3) for mixture-of-experts models: the rollout engine records the experts each token was "
+        "routed to in every MoE layer, the samples carry them, and the trainer's old-log-prob, reference and "
+        "train forwards route each token to those experts (grpo, ppo). auto: on for a MoE model of a family both "
+        "engines replay (mixtral) on trainer.engine megatron with single-turn rollouts, off otherwise; on: the "
+        "same, refused where it cannot run (the hf engine, a dense model, multi-turn environments); off: each "
+        "engine routes by itself."))
     max_staleness: Annotated[int, Field(ge=0, le=64, description="Asynchronous RL: rollout-only pods generate "
                                         "continuously while the trainer trains, and the trainer never consumes a "
                                         "sample more than maxStaleness weight versions old. 0 is the synchronous "
@@ -184,7 +192,7 @@ class Algorithm(Base):
              ".rolloutCorrection",
              lambda a: a.rollout_correction is None or a.tis_cap is None),
         *(_not_for(name, f, "applies to grpo and ppo (the algorithms that train on the rollouts' samples)")
-          for name in ("dpo", "kto") for f in ("rolloutCorrection", "mismatchGuard")),
+          for name in ("dpo", "kto") for f in ("rolloutCorrection", "mismatchGuard", "routingReplay")),
         Rule("!has(self.preset) || self.name == 'grpo'", "presets are recipes of grpo (name: grpo)", ".preset",
              lambda a: a.preset is None or a.name == "grpo"),
         Rule("!has(self.advantage) || (self.name == 'ppo') == (self.advantage == 'gae')",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tandem.spec.models import JobSpec, ModelRef, model_type
+from tandem.spec.models import REPLAY_FAMILIES, JobSpec, ModelRef, model_type
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.85
@@ -43,6 +43,22 @@ def trainer_engine(spec: JobSpec) -> Literal["megatron", "hf"]:
         return "megatron"
     found = model_type(spec.model.path)
     return "hf" if found is not None and found not in ModelRef.FAMILIES else "megatron"
+
+
+def routing_replay(spec: JobSpec) -> bool:
+    """algorithm.routingReplay with auto resolved: on for grpo/ppo with single-turn rollouts on the megatron
+    engine when model.family or config.json's model_type is a family both engines replay (the spec's rules
+    have refused `on` where it cannot run); off for a dense model, an unreadable config with family auto, or
+    anything else."""
+    mode = spec.algorithm.routing_replay
+    if mode != "auto":
+        return mode == "on"
+    if spec.algorithm.name not in ("grpo", "ppo") or trainer_engine(spec) != "megatron":
+        return False
+    if spec.rollout.environment is not None and spec.rollout.environment.type != "single":
+        return False
+    family = spec.model.family if spec.model.family != "auto" else model_type(spec.model.path)
+    return family in REPLAY_FAMILIES
 
 
 @dataclass(frozen=True)

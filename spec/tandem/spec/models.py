@@ -484,6 +484,17 @@ class JobSpec(Base):
              "custom, agent) take none", ".algorithm.dynamicSampling",
              lambda s: s.rollout.environment is None or s.rollout.environment.type == "single"
              or s.algorithm.dynamic_sampling is None, **_DYNAMIC_PRESET),
+        Rule("self.algorithm.routingReplay != 'on' || (self.trainer.engine != 'hf' && !has(self.trainer.lora))",
+             "routing replay feeds the rollout's routed experts into megatron's MoE routers; the hf engine (also "
+             "trainer.lora's) routes by itself: use trainer.engine megatron, or routingReplay auto or off",
+             ".algorithm.routingReplay", lambda s: s.algorithm.routing_replay != "on"
+             or (s.trainer.engine != "hf" and s.trainer.lora is None)),
+        Rule("self.algorithm.routingReplay != 'on' || !has(self.rollout.environment) || "
+             "self.rollout.environment.type == 'single'",
+             "multi-turn rollouts (rollout.environment tools, custom, agent) do not carry routed experts: "
+             "routingReplay auto (off for them) or off", ".algorithm.routingReplay",
+             lambda s: s.algorithm.routing_replay != "on" or s.rollout.environment is None
+             or s.rollout.environment.type == "single"),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
     )
@@ -503,6 +514,10 @@ class JobSpec(Base):
                              f"picks hf (no value head) for model_type {found!r} of {self.model.path}/config.json, "
                              "which megatron has no weight mapping for: drop algorithm.critic (PPO then takes its "
                              "group baseline)")
+        if self.algorithm.routing_replay == "on" and found is not None and found not in REPLAY_FAMILIES:
+            raise ValueError(f"algorithm.routingReplay: on needs a mixture-of-experts model of a family both engines "
+                             f"replay ({', '.join(REPLAY_FAMILIES)}); model_type {found!r} of {self.model.path}/"
+                             "config.json is not one: use auto or off")
         return self
 
     def preset_note(self, rule: Rule) -> str:
@@ -514,6 +529,10 @@ class JobSpec(Base):
             return self.gpus_per_pod
         return self.trainer.tensor_parallel * self.trainer.pipeline_parallel
 
+
+# The mixture-of-experts families whose routing both engines replay (algorithm.routingReplay): vLLM records
+# the routed experts, megatron's routers take them (tandem.sidecars.trainer.engines.routing_replay).
+REPLAY_FAMILIES: tuple[str, ...] = ("mixtral",)
 
 # Fields that cannot change once the job exists (the CRD carries `self == oldSelf` on each).
 IMMUTABLE_FIELDS: tuple[str, ...] = (

@@ -55,6 +55,8 @@ class Sample:
     desirable: bool | None = None  # KTO: the row's label (True desirable, False undesirable); None: unlabelled
     kl_probe: bool = False  # KTO: a mismatched (prompt, completion) pair scored only for the KL estimate z0
     completion_mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
+    # routing replay (MoE): the rollout's experts per token of prompt + completion, [tokens(-1), layers, topk]
+    routed_experts: torch.Tensor | None = None
 
 
 Metrics = dict[str, float]
@@ -100,7 +102,8 @@ def pack_samples(
     return pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], token_budget,
                 units=prompt_groups(samples) if share_prompts else None, pad_id=pad_id,
                 pad_to_multiple=pad_to_multiple, share_prompts=share_prompts,
-                completion_masks=[s.completion_mask for s in samples])
+                completion_masks=[s.completion_mask for s in samples],
+                routings=[s.routed_experts for s in samples])
 
 
 def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:

@@ -27,6 +27,14 @@ equals that of the sample packed whole, while a group of g samples costs (n-1) +
 instead of g(n + c). The prompt's last token stays in each sample: the logits there predict the
 sample's first completion token. A group too long for a row is split into sub-units that fit,
 each with its own copy of the prefix.
+
+Routing replay (`routings`, MoE): each sample's routed experts `[tokens, layers, topk]` from the rollout
+engine, row p for token p of prompt + completion, become `PackedBatch.routed_experts` `[rows, length,
+layers, topk]`, aligned with `input_ids` (not `labels`): the experts each input position's token is routed
+to in the forward. A shared prefix takes the first sample's prompt rows. Rows the rollout never computed
+(a sample's last token, whose forward no log-prob reads) and padding route to experts 0..topk-1: a
+position's routing changes only its own hidden state and the keys later positions of its own segment
+read, so neither reaches a scored log-prob.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
+
+from tandem.sidecars.algorithms.routed import check_routings
 
 
 class PackingError(ValueError):
@@ -86,6 +96,7 @@ class PackedBatch:
     weights: torch.Tensor | None = None  # [R, L] float32
     stats: dict[str, float] = field(default_factory=dict)  # prepare-time metrics (advantage mean…)
     prefix_ids: torch.Tensor | None = None  # [R, L] int64: the shared-prompt segment a token also sees, 0: none
+    routed_experts: torch.Tensor | None = None  # [R, L, layers, topk] uint8/int16: routing replay (MoE)
 
     @property
     def num_rows(self) -> int:
@@ -174,7 +185,8 @@ class PackedBatch:
             move(self.loss_mask), move(self.seq_index), list(self.placements),
             {k: move(v) for k, v in self.token_fields.items()}, {k: move(v) for k, v in self.seq_fields.items()},
             None if self.weights is None else move(self.weights), dict(self.stats),
-            None if self.prefix_ids is None else move(self.prefix_ids))
+            None if self.prefix_ids is None else move(self.prefix_ids),
+            None if self.routed_experts is None else move(self.routed_experts))
 
     def normalised(self) -> PackedBatch:
         """This part as a batch of its own: weights rescaled to sum to 1 over its rows, DPO's pair
@@ -204,6 +216,7 @@ class PackedBatch:
             weights=None if self.weights is None else self.weights[sl],
             stats=dict(self.stats),
             prefix_ids=None if self.prefix_ids is None else self.prefix_ids[sl],
+            routed_experts=None if self.routed_experts is None else self.routed_experts[sl],
         )
 
 
@@ -255,6 +268,7 @@ def pack(
     pad_to_multiple: int = 1,
     share_prompts: bool = False,
     completion_masks: Sequence[Sequence[int] | None] | None = None,
+    routings: Sequence[torch.Tensor | None] | None = None,
 ) -> PackedBatch:
     """Pack samples i = (prompts[i] + completions[i]) into rows of at most `token_budget` tokens.
 
@@ -264,6 +278,8 @@ def pack(
     docstring); split into sub-units when the whole group exceeds the budget. `completion_masks[i]`
     (one 0/1 per completion token; None: all 1) keeps the 0 tokens out of the loss: a multi-turn
     completion's tool results and other environment tokens, which are context, not the model's.
+    `routings[i]` (routing replay; None: no routing for any sample) is sample i's routed experts (module
+    docstring); every sample must have one, covering at least all its tokens but the last.
     """
     if len(prompts) != len(completions):
         raise PackingError("prompts and completions differ in length")
@@ -275,6 +291,7 @@ def pack(
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise PackingError(f"sample {i} has an empty prompt: nothing predicts its first token")
+    routes = check_routings(routings, prompts, completions)
     unit_list = [list(u) for u in units] if units is not None else [[i] for i in range(len(prompts))]
     seen = sorted(i for u in unit_list for i in u)
     if seen != list(range(len(prompts))):
@@ -294,7 +311,17 @@ def pack(
     prefix_ids = torch.zeros(n_rows, length, dtype=torch.int64)
     seq_index = torch.full((n_rows, length), -1, dtype=torch.int64)
     loss_mask = torch.zeros(n_rows, length, dtype=torch.float32)
+    routed: torch.Tensor | None = None
+    if routes is not None:
+        _, layers, topk = routes[0].shape
+        routed = torch.arange(topk, dtype=routes[0].dtype).expand(n_rows, length, layers, topk).clone()
     placements: list[Placement] = []
+
+    def route(r: int, start: int, i: int, lo: int, hi: int) -> None:
+        """Sample i's routing of its tokens lo..hi-1 at row r from `start` (rows it lacks keep the fill)."""
+        if routed is not None and routes is not None:
+            part = routes[i][lo:hi]
+            routed[r, start:start + part.shape[0]] = part
 
     def put(r: int, start: int, ids: list[int], first_pos: int, segment: int) -> int:
         end = start + len(ids)
@@ -313,11 +340,13 @@ def pack(
             if n_shared:  # the group's prompt, all but its last token, once
                 segment += 1
                 prefix_segment = segment
+                route(r, start, unit_list[u][0], 0, n_shared)
                 start = put(r, start, list(prompts[unit_list[u][0]][:n_shared]), 0, segment)
             for i in unit_list[u]:
                 segment += 1
                 n_p, n_c = len(prompts[i]), len(completions[i])
                 own = [*prompts[i][n_shared:], *completions[i]]
+                route(r, start, i, n_shared, n_p + n_c)
                 end = put(r, start, own, n_shared, segment)
                 prefix_ids[r, start:end] = prefix_segment
                 seq_index[r, start:end] = len(placements)
@@ -327,7 +356,7 @@ def pack(
                 placements.append(Placement(i, r, start, n_p, n_c, n_shared, prefix if n_shared else 0))
                 start = end
     return PackedBatch(input_ids, position_ids, segment_ids, labels, loss_mask, seq_index, placements,
-                       prefix_ids=prefix_ids if any(shared) else None)
+                       prefix_ids=prefix_ids if any(shared) else None, routed_experts=routed)
 
 
 def _shares(unit: Sequence[int], prompts: Sequence[Sequence[int]]) -> int:

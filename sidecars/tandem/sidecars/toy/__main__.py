@@ -22,11 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-operand", type=int, default=defaults.max_operand)
     parser.add_argument("--target-accuracy", type=float, default=defaults.target_accuracy,
                         help="stop the warm-up once greedy accuracy reaches this (0: run all steps)")
+    parser.add_argument("--family", default=defaults.family, choices=("qwen2", "gemma", "mixtral"),
+                        help="the model's architecture (mixtral: the toy mixture-of-experts)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the warm-up")
     args = parser.parse_args(argv)
     paths = build_toy(args.out_dir, seed=args.seed, warmup_steps=args.warmup_steps,
                       max_operand=args.max_operand, target_accuracy=args.target_accuracy,
-                      threads=args.threads)
+                      threads=args.threads, family=args.family)
     print(json.dumps({"model": str(paths.model_dir), "train": str(paths.train_path),
                       "test": str(paths.test_path), "manifest": str(paths.manifest_path),
                       "metrics": paths.metrics}, indent=2))

@@ -1,7 +1,7 @@
 """Build the demo's tiny task and model into a directory, idempotently and cached.
 
 Role: `build_toy(out_dir, seed=..., warmup_steps=...)` writes
-    out_dir/model/      HF Qwen2 or Gemma (config.json, model.safetensors, generation_config.json,
+    out_dir/model/      HF Qwen2, Gemma or Mixtral (config.json, model.safetensors, generation_config.json,
                         tokenizer.json, tokenizer_config.json) — the job's `model.path`
     out_dir/train.jsonl prompts for RL ({prompt, answer}) — the job's `dataset.path`
     out_dir/test.jsonl  held-out prompts for evaluation
@@ -54,7 +54,8 @@ class ToyParams:
     check_every: int = 25
     check_from: int = 50
     tied: bool = False  # tied input and output embeddings
-    family: str = "qwen2"  # the model's architecture: qwen2, or gemma (tied; trains on the hf engine only)
+    family: str = "qwen2"  # the model's architecture: qwen2, gemma (tied; trains on the hf engine only), or
+    # mixtral (4 experts, top-2: the toy mixture-of-experts that routing replay runs on)
 
 
 @dataclass(frozen=True)

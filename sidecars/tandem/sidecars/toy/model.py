@@ -1,11 +1,15 @@
-"""The demo's tiny Qwen2 model (or a Gemma of the same size): config, random init, supervised warm-up, greedy eval.
+"""The demo's tiny Qwen2 model (or a Gemma or Mixtral of the same size): config, random init, supervised warm-up,
+greedy eval.
 
 Role: gives the RL demo a model that already emits the answer format and is right some of the
 time (a random model never is, so RL would see no reward signal), leaving room to improve.
 Callers: `toy.build`, tests/toy.
 
 The model: Qwen2, hidden 128, 2 layers, 4 heads with 2 KV heads (GQA), head dim 32, untied
-embeddings, fp32, max 128 positions. Warm-up: plain torch on the HF model, AdamW with linear
+embeddings, fp32, max 128 positions. The Mixtral (`family="mixtral"`, the toy mixture-of-experts of
+routing replay) has the same attention and, in each layer, 4 experts of intermediate size 192 with
+top-2 routing; its warm-up adds transformers' load-balancing loss (coefficient 0.02) so that every
+expert gets tokens. Warm-up: plain torch on the HF model, AdamW with linear
 decay, next-token loss on the completion tokens only (prompt masked), on freshly drawn problems.
 """
 
@@ -31,7 +35,10 @@ class ModelShape:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 128
     tied: bool = False  # tie_word_embeddings: the output layer is the embedding (as in SmolLM2, Qwen2-0.5B)
-    family: str = "qwen2"  # or gemma (tied always; a family only the hf trainer engine runs)
+    family: str = "qwen2"  # or gemma (tied always; a family only the hf trainer engine runs), or mixtral (MoE)
+    num_experts: int = 4  # mixtral: experts per layer
+    experts_per_token: int = 2  # mixtral: top-k routing
+    expert_size: int = 192  # mixtral: each expert's intermediate size
 
 
 def qwen2_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
@@ -61,11 +68,33 @@ def gemma_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
     )
 
 
+def mixtral_config(tokenizer: Any, shape: ModelShape = ModelShape()) -> Any:
+    """The same attention as a Mixtral: GQA without biases, and a sparse MoE MLP (softmax over the top-k router
+    logits, as megatron's router with pre-softmax off)."""
+    from transformers import MixtralConfig
+
+    return MixtralConfig(
+        vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.expert_size,
+        num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads, head_dim=shape.hidden_size // shape.num_attention_heads,
+        max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=shape.tied,
+        rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu", num_local_experts=shape.num_experts,
+        num_experts_per_tok=shape.experts_per_token, output_router_logits=True, router_aux_loss_coef=0.02,
+        router_jitter_noise=0.0, sliding_window=None, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32",
+    )
+
+
+CONFIGS = {"qwen2": qwen2_config, "gemma": gemma_config, "mixtral": mixtral_config}
+
+
 def random_model(tokenizer: Any, seed: int, shape: ModelShape = ModelShape()) -> Any:
     from transformers import AutoModelForCausalLM
 
+    if shape.family not in CONFIGS:
+        raise ValueError(f"toy family {shape.family!r} is not one of {sorted(CONFIGS)}")
     torch.manual_seed(seed)
-    config = gemma_config(tokenizer, shape) if shape.family == "gemma" else qwen2_config(tokenizer, shape)
+    config = CONFIGS[shape.family](tokenizer, shape)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
