@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         model, name = args.case.split(",")
         print(json.dumps(case(model, name, args.steps)))
         return 0
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    model = str(models.fetch("smollm2-135m"))
+    model = str(pretrained.fetch("smollm2-135m"))
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     for name in args.cases.split(","):

@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         model, length, path, recompute = args.case.split(",")
         print(json.dumps(case(model, int(length), path, recompute == "1")))
         return 0
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    model = str(models.fetch("smollm2-135m"))
+    model = str(pretrained.fetch("smollm2-135m"))
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     per_token: dict[tuple[str, bool], float] = {}  # MiB per token measured at a shorter length

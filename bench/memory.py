@@ -118,10 +118,10 @@ def environ() -> dict[str, str]:
 
 
 def run_tandem(iterations: int, out: Path) -> dict[str, Any]:
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
     doc = yaml.safe_load(DEMO.read_text())
-    doc["spec"]["model"]["path"] = str(models.fetch("smollm2-135m", progress=print))
+    doc["spec"]["model"]["path"] = str(pretrained.fetch("smollm2-135m", progress=print))
     for part in (doc["spec"]["dataset"], doc["spec"]["eval"]["dataset"]):
         part["path"] = str((DEMO.parent / part["path"]).resolve())
     doc["spec"]["algorithm"]["iterations"] = iterations

@@ -146,9 +146,9 @@ def main() -> None:
     p.add_argument("--parallel", action="store_true",
                    help="run the arms of a repeat at the same time (each job is one pod: they share the cores)")
     args = p.parse_args()
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    model = Path(models.fetch("smollm2-135m"))
+    model = Path(pretrained.fetch("smollm2-135m"))
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "multiturn_tools.json"
     arms = [a.strip() for a in args.arms.split(",")]

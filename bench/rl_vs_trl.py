@@ -138,9 +138,9 @@ def prepare(size: str, out: Path) -> tuple[Path, Path, int]:
     from tandem.sidecars.toy.build import build_toy
 
     if size == "smollm2":
-        from tandem.cli import models
+        from tandem.cli import pretrained
 
-        src = models.fetch("smollm2-135m", progress=print)
+        src = pretrained.fetch("smollm2-135m", progress=print)
         params = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(src).parameters())
         return src, ARITH / "train.jsonl", int(params)
     toy = build_toy(out / "toy", seed=0, warmup_steps=150, max_operand=10)

@@ -111,9 +111,9 @@ def long_prompt(n: int) -> dict[str, Any]:
 def build_task(out: Path) -> tuple[Path, Path, Path]:
     """(model dir, train.jsonl, test.jsonl): SmolLM2-135M-Instruct, examples/arith's 57 training sums with
     every LONG_SHARE-th prompt a long list, and the 24 held-out sums in each of 4 phrasings (96 prompts)."""
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    model = models.fetch("smollm2-135m")
+    model = pretrained.fetch("smollm2-135m")
     arith = ROOT / "examples" / "arith"
     rows = [json.loads(x) for x in (arith / "train.jsonl").read_text().splitlines() if x.strip()]
     train_rows: list[dict[str, Any]] = []

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from tandem.cli import models
+    from tandem.cli import pretrained
     from tandem.sidecars.algorithms.base import row_budget
     from tandem.sidecars.algorithms.grpo import GRPO
     from tandem.sidecars.trainer.engines import cpu_compat
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     cpu_compat.apply()
-    model = models.fetch("smollm2-135m", progress=print)
+    model = pretrained.fetch("smollm2-135m", progress=print)
     batch_samples = samples(AutoTokenizer.from_pretrained(model), args.group, args.completion)
     engine = MegatronEngine.from_hf(model, lr=1e-6, seed=0, micro_batch_size=8)
     variants = {}

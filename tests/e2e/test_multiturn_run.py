@@ -48,9 +48,9 @@ def tools_job(model: Path) -> dict[str, Any]:
 
 
 def test_asynchronous_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    run_ok(run_cmd(tools_job(models.fetch("smollm2-135m")), tmp_path))
+    run_ok(run_cmd(tools_job(pretrained.fetch("smollm2-135m")), tmp_path))
     rows = [json.loads(x) for x in (tmp_path / "runs" / NAME / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS))
     for r in rows:
@@ -85,9 +85,9 @@ def agent_job(model: Path) -> dict[str, Any]:
 
 
 def test_multi_turn_grpo_with_an_openai_agent(tmp_path: Path) -> None:
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    run_ok(run_cmd(agent_job(models.fetch("smollm2-135m")), tmp_path))
+    run_ok(run_cmd(agent_job(pretrained.fetch("smollm2-135m")), tmp_path))
     out = tmp_path / "runs" / "e2e-agent"
     [row] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["completions"] == 8 and 1.0 <= row["turns_mean"] <= 2.0, row

@@ -36,9 +36,9 @@ MISMATCH = 1e-3  # mean |log p_trainer - log p_rollout| of the sampled tokens; ~
 
 @pytest.fixture(scope="module")
 def model() -> Path:
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    return models.fetch("smollm2-135m")
+    return pretrained.fetch("smollm2-135m")
 
 
 def smollm2_job(model: Path, volume: Path) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import pytest
 
 @pytest.fixture(scope="package")
 def smollm2() -> Path:
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    return Path(models.fetch("smollm2-135m"))
+    return Path(pretrained.fetch("smollm2-135m"))
 
 
 @pytest.fixture(scope="package")

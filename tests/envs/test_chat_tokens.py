@@ -25,9 +25,9 @@ NATIVE = ("{% if tools %}<|im_start|>system\nTOOLS {{ tools | length }}: {% for 
 def tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    return AutoTokenizer.from_pretrained(Path(models.fetch("smollm2-135m")))
+    return AutoTokenizer.from_pretrained(Path(pretrained.fetch("smollm2-135m")))
 
 
 def _conversation(renderer: ChatRenderer, tokenizer: Any) -> tuple[Trajectory, list[dict[str, Any]]]:

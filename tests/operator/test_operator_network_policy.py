@@ -20,7 +20,7 @@ from wrappers import JobWrapper
 
 from tandem.operator import builders
 from tandem.operator.config import ConfigError, OperatorConfig
-from tandem.operator.network_policy import build_network_policy
+from tandem.operator.netpol_builder import build_network_policy
 
 PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 

@@ -47,10 +47,10 @@ def test_the_entry_point_refuses_in_one_line(tmp_path: Path, files: dict[str, st
 
 
 def test_an_environment_that_cannot_be_imported_is_refused_in_one_line(tmp_path: Path) -> None:
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
     environment = {"type": "agent", "entryPoint": "no_such_agents.mod:run", "pythonPath": [str(tmp_path)]}
-    done = run_rollout(tmp_path, Path(models.fetch("smollm2-135m")), rollout={"environment": environment})
+    done = run_rollout(tmp_path, Path(pretrained.fetch("smollm2-135m")), rollout={"environment": environment})
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

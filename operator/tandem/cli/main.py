@@ -102,11 +102,11 @@ app.add_typer(models_app, name="models")
 @models_app.command("list")
 def models_list() -> None:
     """Models `tandem models fetch` knows, and whether each is cached."""
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
-    for known in models.KNOWN.values():
-        path = models.model_dir(known.name)
-        state = f"cached at {path}" if models.is_fetched(path) else "not fetched"
+    for known in pretrained.KNOWN.values():
+        path = pretrained.model_dir(known.name)
+        state = f"cached at {path}" if pretrained.is_fetched(path) else "not fetched"
         out.print(f"{known.name}: {known.description} — {state}", markup=False)
 
 
@@ -114,11 +114,11 @@ def models_list() -> None:
 def models_fetch(name: str = typer.Argument(..., help="A name from `tandem models list`."),
                  force: bool = typer.Option(False, "--force", help="Fetch again even if cached.")) -> None:
     """Download and convert a model into ~/.cache/tandem/models/NAME; prints its path last."""
-    from tandem.cli import models
+    from tandem.cli import pretrained
 
     try:
-        path = models.fetch(name, force=force, progress=lambda m: err.print(say.styled(m, "dim")))
-    except models.ModelFetchError as e:
+        path = pretrained.fetch(name, force=force, progress=lambda m: err.print(say.styled(m, "dim")))
+    except pretrained.ModelFetchError as e:
         err.print(say.failed(str(e)))
         raise typer.Exit(1) from None
     print(path)

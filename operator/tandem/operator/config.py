@@ -16,7 +16,7 @@ Callers: `tandem.operator.handlers` (startup, timer interval) and `tandem.operat
   TANDEM_ETCD_CERT_FILE        client certificate and key the operator presents to etcd
   TANDEM_ETCD_KEY_FILE         (the chart mounts them from etcd.client.tlsSecret)
   TANDEM_JOB_NETWORK_POLICY    true: a NetworkPolicy per job, letting only the job's own pods reach
-                               them (`tandem.operator.network_policy`; default false)
+                               them (`tandem.operator.netpol_builder`; default false)
   TANDEM_NETWORK_POLICY_EXTRA_FROM  more allowed sources of those policies: a JSON list of
                                NetworkPolicyPeer objects (default [])
   TANDEM_ETCD_USERNAME         etcd user and password of the operator (the chart: from

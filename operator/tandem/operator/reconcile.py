@@ -8,7 +8,7 @@ Actions, after the decided status is written (conditional on the resourceVersion
 stale pass acts on nothing): ensure the Service, ConfigMap, Secret, the hybrid pods'
 PodDisruptionBudget (`tandem.operator.disruption`; deleted instead while spec.podDisruptionBudget is
 false) and, with
-TANDEM_JOB_NETWORK_POLICY, the job's NetworkPolicy (`tandem.operator.network_policy`), all
+TANDEM_JOB_NETWORK_POLICY, the job's NetworkPolicy (`tandem.operator.netpol_builder`), all
 create-if-absent (an existing token Secret is kept, never read; the job document's ConfigMap is
 immutable and named by its content: a new metadata.generation that changes the document, e.g. a
 /scale, gets a new one, which the pods started after it mount, so the operator never patches a
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.operator import builders, disruption, gang, gpu_sharing, network_policy, refusal_policy, status
+from tandem.operator import builders, disruption, gang, gpu_sharing, netpol_builder, refusal_policy, status
 from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.kube import CONFLICT, Kube, KubeError
 from tandem.operator.observe import PodState
@@ -163,7 +163,7 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
             else kube.delete_pod_disruption_budget(ref.namespace, disruption.budget_name(ref.name)),
         ]
         if policy_from is not None:
-            creates.append(kube.create(network_policy.build_network_policy(
+            creates.append(kube.create(netpol_builder.build_network_policy(
                 job, owner_uid=ref.uid, extra_from=[dict(p) for p in policy_from])))
     ensured = len(creates)
     if job is not None:

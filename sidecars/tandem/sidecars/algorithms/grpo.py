@@ -42,6 +42,7 @@ from tandem.sidecars.algorithms.base import (
     per_token,
 )
 from tandem.sidecars.algorithms.packing import PackedBatch
+from tandem.sidecars.algorithms.policy_gradient import policy_terms
 
 if TYPE_CHECKING:
     from tandem.spec.models import Algorithm as AlgorithmSpec
@@ -216,36 +217,17 @@ class GRPO:
         if batch.weights is None:
             raise AlgorithmError("batch was not prepared by GRPO.prepare (no weights)")
         batch = batch.to(logprobs.device)
-        mask = batch.loss_mask
-        old = batch.token_fields.get("old_logprobs")
-        old = logprobs.detach() if old is None else old
-        logprobs, old = F.masked_inputs(mask, logprobs, old)
-        high = self.clip if self.clip_high is None else self.clip_high
-        pg, ratio, clipped = F.policy_loss(self.policy_loss, logprobs, old, batch.token_fields["advantages"], mask,
-                                           batch.seq_index, self.clip, high, self.clip_c)
-        metrics: Metrics = {}
-        behaviour = batch.token_fields.get("rollout_logprobs")
-        if behaviour is not None:
-            tis, mismatch = RC.weights(old, behaviour, mask, batch.seq_index,
-                                       RC.Correction.of(self.correction, self.tis_cap, self.tis_mode))
-            pg = pg * tis
-            metrics.update(mismatch)
-        per_tok = pg
+        terms = policy_terms(self, logprobs, batch)
+        mask = terms.mask
+        metrics: Metrics = dict(terms.mismatch)
+        per_tok = terms.pg
         if self.kl_coef > 0 and self.kl_penalty == "loss":
             (ref,) = F.masked_inputs(mask, batch.token_fields["ref_logprobs"])
-            kl = est.kl(self.kl_estimator, logprobs, ref)
-            per_tok = pg + self.kl_coef * kl
+            kl = est.kl(self.kl_estimator, terms.logprobs, ref)
+            per_tok = terms.pg + self.kl_coef * kl
             metrics["kl"] = float(F.masked_mean(kl.detach(), mask))
         loss = torch.where(mask > 0, per_tok * batch.weights, 0.0).sum()
-        metrics.update({
-            "loss": float(loss.detach()),
-            "pg_loss": float(F.masked_mean(pg.detach(), mask)),
-            "clip_frac": float(F.masked_mean(clipped, mask)),
-            "ratio_mean": float(F.masked_mean(ratio.detach(), mask)),
-            **F.policy_metrics(logprobs, ratio, batch.token_fields["advantages"], mask, self.clip, high,
-                               self.policy_loss),
-            "tokens": float(mask.sum()),
-        })
+        metrics.update(terms.metrics(loss))
         return loss, metrics
 
 

@@ -33,6 +33,7 @@ from tandem.sidecars.algorithms.base import (
     per_token,
 )
 from tandem.sidecars.algorithms.packing import PackedBatch
+from tandem.sidecars.algorithms.policy_gradient import policy_terms
 
 if TYPE_CHECKING:
     from tandem.spec.models import Algorithm as AlgorithmSpec
@@ -149,29 +150,11 @@ class PPO:
         if batch.weights is None:
             raise AlgorithmError("batch was not prepared by PPO.prepare (no weights)")
         batch = batch.to(logprobs.device)
-        mask = batch.loss_mask
-        old = batch.token_fields.get("old_logprobs")
-        old = logprobs.detach() if old is None else old
-        logprobs, old = F.masked_inputs(mask, logprobs, old)
-        high = self.clip if self.clip_high is None else self.clip_high
-        pg, ratio, clipped = F.policy_loss(self.policy_loss, logprobs, old, batch.token_fields["advantages"], mask,
-                                           batch.seq_index, self.clip, high, self.clip_c)
-        mismatch: Metrics = {}
-        behaviour = batch.token_fields.get("rollout_logprobs")
-        if behaviour is not None:
-            tis, mismatch = RC.weights(old, behaviour, mask, batch.seq_index,
-                                       RC.Correction.of(self.correction, self.tis_cap, self.tis_mode))
-            pg = pg * tis
-        loss = torch.where(mask > 0, pg * batch.weights, 0.0).sum()
-        return loss, mismatch | {
-            "loss": float(loss.detach()),
-            "pg_loss": float(F.masked_mean(pg.detach(), mask)),
-            "clip_frac": float(F.masked_mean(clipped, mask)),
-            "ratio_mean": float(F.masked_mean(ratio.detach(), mask)),
-            **F.policy_metrics(logprobs, ratio, batch.token_fields["advantages"], mask, self.clip, high,
-                               self.policy_loss),
-            "approx_kl_old": float(F.masked_mean((old - logprobs.detach()), mask)),
-            "tokens": float(mask.sum()),
+        terms = policy_terms(self, logprobs, batch)
+        mask = terms.mask
+        loss = torch.where(mask > 0, terms.pg * batch.weights, 0.0).sum()
+        return loss, terms.mismatch | terms.metrics(loss) | {
+            "approx_kl_old": float(F.masked_mean((terms.old - terms.logprobs.detach()), mask)),
         }
 
     def critic_loss(self, values: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, Metrics]:
