@@ -25,7 +25,8 @@ smollm2: setup-python
 	ln -sfn "$$($(VENV)/bin/tandem models fetch smollm2-135m)" examples/models/smollm2-135m
 	$(VENV)/bin/tandem run examples/smollm2-grpo.yaml
 
-test: setup
+# The venv first; the Kubernetes control plane (operator tests) builds beside the suite (scripts/test.sh).
+test: setup-python
 	scripts/test.sh
 
 lint: setup-python

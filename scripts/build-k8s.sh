@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane used by the operator tests, from Go modules, into
-# $TANDEM_CACHE/k8s-<version>/bin (cached across runs and clones):
+# $TANDEM_CACHE/k8s-<version>/bin (cached across runs and clones); `--check` only says (exit 0) whether
+# every binary is there:
 #   kube-apiserver, kube-controller-manager, kube-scheduler  (k8s.io/kubernetes, wrapper go.mod)
 #   etcd 3.5 (kube-apiserver >= 1.31 needs health endpoints Debian's 3.4.23 lacks)
 #   kwok (simulated nodes and pod lifecycle)
@@ -12,6 +13,11 @@ KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
 out="$cache/k8s-$K8S_VERSION"
 bin="$out/bin"
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok helm kubectl)
+if [[ ${1:-} == --check ]]; then
+  for b in "${BINARIES[@]}"; do [[ -x $bin/$b ]] || exit 1; done
+  exit 0
+fi
 mkdir -p "$bin"
 log() { printf '\033[1;34m[build-k8s]\033[0m %s\n' "$*" >&2; }
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0

@@ -1,21 +1,58 @@
 #!/usr/bin/env bash
-# The test command (README, CI): lint, type-check, layering contracts, then the whole pytest suite.
+# The test command (README, CI): lint, type-check, layering contracts, and the whole pytest suite.
+# Usage: scripts/test.sh [pytest args]. `make test` runs it after scripts/setup.sh python (the venv).
+#
+# Side by side, to keep a fresh machine's `make test` short (tests/README.md, the suite's budget):
+# - the Kubernetes control plane (scripts/build-k8s.sh, ~12 minutes of Go on a fresh machine) builds at the
+#   lowest CPU priority beside the suite when its binaries are missing: it takes the cycles the end-to-end
+#   runs leave idle, and the control-plane fixture (tests/operator/conftest.py) waits for it to end;
+# - ruff, mypy and the import contracts run beside pytest; their output is printed when they end;
+# - two pytest workers by default (TANDEM_TEST_WORKERS=1: one process). tests/conftest.py keeps together
+#   what must not run side by side and hands out the longest groups first (xdist's own reordering by test
+#   count is off). Each test directory's seconds and the wall time are printed at the end.
+# The run fails when any of them fails.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-venv=${TANDEM_VENV:-${TANDEM_CACHE:-$HOME/.cache/tandem}/venv}
+cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
+venv=${TANDEM_VENV:-$cache/venv}
 cd "$here"
 export PATH="$venv/bin:$PATH"
-echo "== ruff";          ruff check operator sidecars spec checkpoint_engine tests bench
-echo "== mypy --strict"; mypy
-echo "== import-linter"; lint-imports
-# Two pytest workers by default (TANDEM_TEST_WORKERS=1: one process): the end-to-end runs leave about half of
-# the cores idle (process start-up, HTTP, etcd), so two side by side finish sooner. tests/conftest.py keeps
-# together what must not run side by side and hands out the longest groups first (xdist's own reordering by
-# test count is off). Each test directory's seconds and the wall time are printed at the end.
+started=$SECONDS
+work=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+
+build=""
+if ! "$here/scripts/build-k8s.sh" --check; then
+  export TANDEM_K8S_BUILD_LOG="$cache/k8s-build.log" TANDEM_K8S_BUILD_RC="$work/k8s-build.rc"
+  echo "== control plane: building beside the tests (log: $TANDEM_K8S_BUILD_LOG)"
+  # own session (killed as a group if this script is stopped); the rc file appears only once it ended
+  setsid bash -c 'nice -n 19 "$1" > "$2" 2>&1; echo $? > "$3.tmp"; mv "$3.tmp" "$3"' _ \
+    "$here/scripts/build-k8s.sh" "$TANDEM_K8S_BUILD_LOG" "$TANDEM_K8S_BUILD_RC" &
+  build=$!; pids+=("$build")
+fi
+
+setsid bash -c 'set -e; echo "== ruff"; ruff check operator sidecars spec checkpoint_engine tests bench
+                echo "== mypy --strict"; mypy; echo "== import-linter"; lint-imports' > "$work/checks.log" 2>&1 &
+checks=$!; pids+=("$checks")
+
 workers=${TANDEM_TEST_WORKERS:-2}
 echo "== pytest ($workers workers)"
+status=0
 if [[ $workers -gt 1 ]]; then
-  python -m pytest -n "$workers" --no-loadscope-reorder "$@"
+  python -m pytest -n "$workers" --no-loadscope-reorder "$@" || status=$?
 else
-  python -m pytest "$@"
+  python -m pytest "$@" || status=$?
 fi
+
+wait "$checks" || status=$?
+cat "$work/checks.log"
+if [[ -n $build ]]; then
+  wait "$build" || true
+  rc=$(cat "$TANDEM_K8S_BUILD_RC" 2>/dev/null || echo "?")
+  echo "== control plane build: exit $rc (log: $TANDEM_K8S_BUILD_LOG)"
+  [[ $rc == 0 ]] || { tail -20 "$TANDEM_K8S_BUILD_LOG"; status=1; }
+fi
+pids=()
+echo "== scripts/test.sh: exit $status after $((SECONDS - started)) s"
+exit "$status"

@@ -3,12 +3,15 @@ rendered manifests, and the operator running with the chart ServiceAccount's cre
 
 Everything here is session-scoped and lazy: unit tests of the builders and policies never start
 the control plane. Tests that need it are marked `k8s`; without the binaries they skip with a reason
-naming scripts/build-k8s.sh.
+naming scripts/build-k8s.sh, unless scripts/test.sh is building them beside the suite (a fresh machine's
+`make test`): then the first of them waits for that build to end, and fails with its log if it failed.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +30,32 @@ from harness import (  # noqa: E402
     wait_for,
 )
 
+BUILD_WAIT_S = 3600.0  # the Go build at the lowest priority beside the suite: ~12 minutes alone on 2 cores
+
+
+def wait_for_build() -> None:
+    """Wait for scripts/test.sh's build of the control plane (TANDEM_K8S_BUILD_RC: a file written with its
+    exit status when it ends); fail naming its log if it failed or did not end within BUILD_WAIT_S."""
+    rc_file, log = os.environ.get("TANDEM_K8S_BUILD_RC"), os.environ.get("TANDEM_K8S_BUILD_LOG", "?")
+    if not rc_file:
+        return
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while not os.path.exists(rc_file):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the control plane's build (scripts/build-k8s.sh, log {log}) did not end in "
+                        f"{BUILD_WAIT_S:.0f} s")
+        time.sleep(2.0)
+    rc = Path(rc_file).read_text().strip()
+    if rc != "0":
+        tail = "".join(Path(log).read_text(errors="replace").splitlines(keepends=True)[-20:]) \
+            if os.path.exists(log) else ""
+        pytest.fail(f"the control plane's build (scripts/build-k8s.sh) exited {rc}; the end of {log}:\n{tail}")
+
 
 @pytest.fixture(scope="session")
 def k8s() -> Iterator[ControlPlane]:
     """etcd 3.5 + kube-apiserver (RBAC) + controller-manager + scheduler + kwok with 4 GPU nodes."""
+    wait_for_build()
     missing = missing_binaries()
     if missing:
         pytest.skip(f"Kubernetes binaries missing ({', '.join(missing)}): run scripts/build-k8s.sh")

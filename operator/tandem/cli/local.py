@@ -27,6 +27,7 @@ import secrets
 import shutil
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,18 @@ async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer
         await client.close()
 
 
+def _plot(run_dir: Path, title: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Path] | None:
+    """The run's metrics rows, its evaluations and progress.png drawn from them; None without metrics."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists() or not metrics.stat().st_size:
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    evals_file = run_dir / "eval.jsonl"
+    evals = [json.loads(line) for line in evals_file.read_text().splitlines() if line.strip()] \
+        if evals_file.exists() else []
+    return rows, evals, plot.plot_metrics(rows, run_dir / "progress.png", title=title, evals=evals)
+
+
 def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: bool = False,
             pin_pods: bool = False) -> int:
     """Run to completion; returns the process exit code (0: the driver reported done).
@@ -212,6 +225,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
     for sig in previous:
         signal.signal(sig, on_term)
     result: Progress | None = None
+    plotting: Future[tuple[list[dict[str, Any]], list[dict[str, Any]], Path] | None] | None = None
     try:
         containers = _prepare(job, run_dir, etcd, resume, pin_pods)
         console.print(Text.assemble(("tandem run", "bold"), f" {job.metadata.name}: {len(containers)} processes, "
@@ -219,6 +233,10 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         for c in containers:
             c.start()
         result = asyncio.run(_follow(job, etcd, containers))
+        if result is not None and result.phase == "done":  # the rows are final: plot while the sidecars stop
+            pool = ThreadPoolExecutor(1, thread_name_prefix="plot")
+            plotting = pool.submit(_plot, run_dir, job.metadata.name)
+            pool.shutdown(wait=False)
     except KeyboardInterrupt:
         console.print(say.styled("interrupted: stopping sidecars", "yellow"))
     finally:
@@ -239,14 +257,10 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
         if c.exit_code() not in (0, None, -signal.SIGTERM, 128 + signal.SIGTERM) or not ok:
             console.print(say.styled(f"--- {c.label} (exit {c.exit_code()}), last lines of {c.log_path}:", "dim"))
             console.print(c.tail(15), markup=False, highlight=False)
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists() and metrics.stat().st_size:
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        evals_file = run_dir / "eval.jsonl"
-        evals = [json.loads(line) for line in evals_file.read_text().splitlines() if line.strip()] \
-            if evals_file.exists() else []
-        png = plot.plot_metrics(rows, run_dir / "progress.png", title=job.metadata.name, evals=evals)
-        console.print(f"metrics: {metrics}  plot: {png}", markup=False)
+    plotted = plotting.result() if plotting is not None else _plot(run_dir, job.metadata.name)
+    if plotted is not None:
+        rows, evals, png = plotted
+        console.print(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {png}", markup=False)
         plot.print_summary(rows, console, evals)
     state = result.phase if result else "no progress"
     if ok:
