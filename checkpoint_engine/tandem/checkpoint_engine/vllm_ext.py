@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine.layout import MappedVersion, VersionIndex
+from tandem.checkpoint_engine.vllm_routing import RoutingCapture
 
 
 def _request_amx() -> bool:
@@ -54,8 +55,9 @@ def _request_amx() -> bool:
 _request_amx()
 
 
-class ShmWeightLoader:
-    """Mixed into vLLM's worker class; `self` is the worker (has reload_weights, model_runner)."""
+class ShmWeightLoader(RoutingCapture):
+    """Mixed into vLLM's worker class; `self` is the worker (has reload_weights, model_runner). Also records
+    routed experts for routing replay (`vllm_routing.RoutingCapture`)."""
 
     def tandem_load_shm(self, path: str, index_json: str) -> dict[str, Any]:
         t0 = time.perf_counter()

@@ -48,7 +48,8 @@ def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
     """vLLM's settings from the job: dtype (= the trainer's), memory share, CUDA graphs, sleep mode
     (`tandem.spec.devices`), context length (`model_dir.context_length`, which the trainer checks every
     prompt against), on CPU the cores it reserves, with trainer.lora.sync adapter the LoRA rank it serves, and
-    the pod's sampling seed (`seeds.engine_seed` of spec.seed)."""
+    the pod's sampling seed (`seeds.engine_seed` of spec.seed), and whether it records routed experts
+    (algorithm.routingReplay, `devices.routing_replay`)."""
     vllm = devices.vllm_settings(spec)
     config = model_dir.read_config(spec.model.path, "spec.model.path")
     return EngineConfig(shm_root=env.shm_dir, job=env.job, tensor_parallel=spec.rollout.tensor_parallel,
@@ -58,7 +59,8 @@ def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
                         lora_rank=spec.trainer.lora.rank if devices.adapter_sync(spec) and spec.trainer.lora else None,
                         cpu_reserved_cores=cores.reserved_cores(spec, rollout_only=env.rollout_only,
                                                                 cores=len(os.sched_getaffinity(0))),
-                        seed=seeds.engine_seed(spec.seed, env.pod_index, env.rollout_only))
+                        seed=seeds.engine_seed(spec.seed, env.pod_index, env.rollout_only),
+                        routing_replay=devices.routing_replay(spec))
 
 
 def chat_and_turns(engine: PodRolloutEngine, spec: JobSpec, env: PodEnv, loaded: Any) -> tuple[Any, Any]:

@@ -43,6 +43,7 @@ class EngineConfig:
     cpu_reserved_cores: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU on CPU (None: vLLM's default, 1)
     lora_rank: int | None = None  # trainer.lora.sync adapter: adapter versions served as LoRA of this rank;
     # the base weights then come from the model directory at start (never dummy)
+    routing_replay: bool = False  # algorithm.routingReplay: record each token's routed experts (routing.py)
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 

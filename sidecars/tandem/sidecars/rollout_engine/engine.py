@@ -42,6 +42,7 @@ from typing import Any
 from tandem.checkpoint_engine import adapters, errors, layout
 from tandem.checkpoint_engine.models import EngineStatus, Phase, UpdateReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.sidecars.rollout_engine import routing
 from tandem.sidecars.rollout_engine.config import (
     CPU_BIND_ENV,
     CPU_RESERVED_ENV,
@@ -101,6 +102,7 @@ class RolloutEngine:
         self.killed_for: str | None = None  # why `kill` ended the engine's processes (a hang)
         self.restarts = 0  # engines started again after a failure (the sidecar's supervisor counts)
         self.recovering = False  # the supervisor is starting it again: not ready (/health 503)
+        self._routing = (0, 0)  # routing replay: (MoE layers, experts per token) recorded
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
@@ -124,6 +126,9 @@ class RolloutEngine:
                 self.procs.record()
                 self.watch.wrap(self.llm.llm_engine)
                 self.killed_for = None
+                if self.cfg.routing_replay:
+                    bound = routing.start_capture(self.llm)
+                    self._routing = (int(bound["layers"]), int(bound["topk"]))
                 dt = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
                 self._expected, self._optional = expected_parameters(model_dir, dt)
             except Exception as e:
@@ -152,6 +157,7 @@ class RolloutEngine:
             enable_sleep_mode=self.cfg.enable_sleep_mode,
             worker_extension_cls=EXTENSION,
             **lora,
+            **routing.llm_kwargs(self.cfg.routing_replay),
             **self.cfg.llm_kwargs,
         )
 
@@ -421,7 +427,11 @@ class RolloutEngine:
                     self._destroy()
                 self._set_phase(Phase.FAILED, error=f"generate failed: {self._cause(e)}")
                 raise errors.EngineNotRunning(f"vLLM failed while generating: {self._cause(e)}") from e
-        return [[completion(out, c, i, j) for j, c in enumerate(out.outputs)] for i, out in enumerate(outs)]
+            records = routing.take(self.llm) if self.cfg.routing_replay else None
+        result = [[completion(out, c, i, j) for j, c in enumerate(out.outputs)] for i, out in enumerate(outs)]
+        if records is not None:
+            routing.attach(records, outs, result, *self._routing)
+        return result
 
     @contextmanager
     def serving(self) -> Iterator[tuple[Any, Any]]:

@@ -7,7 +7,9 @@ sources send and read them. Imports nothing of vLLM: the trainer's image imports
 
 from __future__ import annotations
 
+import base64
 import hashlib
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -44,8 +46,32 @@ def _seed_of(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") % 2**31
 
 
+class RoutedExperts(BaseModel):
+    """Routing replay (MoE): the experts each token of prompt + completion was routed to in every MoE layer,
+    `[tokens, layers, topk]` C-ordered, base64 on the wire (uint8 up to 255 experts: layers x topk bytes a
+    token). `tokens` is prompt + completion - 1: vLLM runs no forward on the last sampled token."""
+
+    shape: tuple[int, int, int]
+    dtype: Literal["uint8", "uint16"]
+    data: str  # base64 of the array's bytes
+
+    @classmethod
+    def of(cls, raw: bytes, shape: tuple[int, int, int], dtype: Literal["uint8", "uint16"]) -> RoutedExperts:
+        return cls(shape=shape, dtype=dtype, data=base64.b64encode(raw).decode("ascii"))
+
+    def array(self) -> Any:
+        """The routing as a numpy array of `shape` and `dtype`."""
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(self.data), dtype=self.dtype).reshape(self.shape)
+
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2] * (1 if self.dtype == "uint8" else 2)
+
+
 class Completion(BaseModel):
-    """One sampled completion: token ids and the log-prob of each sampled token."""
+    """One sampled completion: token ids and the log-prob of each sampled token (and, with routing replay,
+    each token's routed experts)."""
 
     prompt_index: int
     sample_index: int
@@ -54,3 +80,4 @@ class Completion(BaseModel):
     logprobs: list[float]
     text: str
     finish_reason: str | None = None
+    routed_experts: RoutedExperts | None = None  # algorithm.routingReplay: the experts of each token

@@ -62,10 +62,12 @@ def check_experts(shape: ModelShape, ep: int) -> None:
                           f"it divides; this model has {shape.num_experts or 'no'} experts")
 
 
-def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype, recompute: bool = False) -> Any:
+def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype, recompute: bool = False,
+                       routing_replay: bool = False) -> Any:
     """Megatron TransformerConfig equal to the HF architecture, with every fusion off. `recompute`
     (trainer.activationCheckpointing): each layer keeps only its input for the backward and runs its
-    forward again there (Megatron's full, uniform recompute, one layer per checkpoint).
+    forward again there (Megatron's full, uniform recompute, one layer per checkpoint). `routing_replay`
+    (algorithm.routingReplay, MoE only): each router gets megatron's RouterReplay (see `routing_replay`).
 
     ``kv_channels`` is the HF ``head_dim`` (Qwen3's may differ from hidden / heads);
     ``qk_layernorm`` gives Qwen3's per-head q/k RMSNorm (same eps as the other norms).
@@ -88,6 +90,7 @@ def transformer_config(shape: ModelShape, par: Parallelism, dtype: torch.dtype, 
             moe_router_load_balancing_type="none",
             moe_router_pre_softmax=False,
             moe_aux_loss_coeff=0.0,
+            moe_enable_routing_replay=routing_replay,
         )
     return TransformerConfig(
         num_layers=shape.num_layers,

@@ -33,7 +33,14 @@ import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine.convert import ModelShape
-from tandem.sidecars.trainer.engines import common, heads, megatron_build, megatron_export, micro_batches
+from tandem.sidecars.trainer.engines import (
+    common,
+    heads,
+    megatron_build,
+    megatron_export,
+    micro_batches,
+    routing_replay,
+)
 from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
 
@@ -80,6 +87,8 @@ class MegatronEngine:
         # ones through the dense mask; tests set it to compare the two
         self.dense_max_tokens = micro_batches.DENSE_MAX_TOKENS
         self._head: torch.Tensor | None = None  # the output weight while a micro-batch's loss runs
+        # this stage's MoE routers that replay a batch's routed_experts (empty: no replay)
+        self._routers = routing_replay.routers(gpt, megatron_build.layer_numbers(gpt))
 
     # ----- construction -----
     @classmethod
@@ -101,6 +110,7 @@ class MegatronEngine:
         trainable: bool = True,
         value_head: bool = False,
         recompute: bool = False,
+        routing_replay: bool = False,
     ) -> MegatronEngine:
         """Start process groups, build the model matching ``model_dir`` and load its weights.
 
@@ -111,10 +121,17 @@ class MegatronEngine:
         with an untied output layer set to zero, whose first column is the value head; its
         ``token_logprobs`` and train-step inputs are then values (``heads.values``). ``recompute``
         recomputes each layer's activations in the backward (``megatron_build.transformer_config``).
+        ``routing_replay`` (a MoE model; algorithm.routingReplay): a batch's ``routed_experts`` are replayed
+        in every MoE layer of every forward that takes the batch (:mod:`.routing_replay`).
         """
         model_dir = Path(model_dir)
         shape = ModelShape.from_hf_dir(model_dir).with_padded_vocab(tensor_parallel)
         megatron_build.check_experts(shape, expert_parallel)
+        if routing_replay and not shape.num_experts:
+            raise EngineError("algorithm.routingReplay needs a mixture-of-experts model; this one has no experts")
+        if routing_replay and recompute and pipeline_parallel > 1:
+            raise EngineError("algorithm.routingReplay with trainer.activationCheckpointing and pipeline parallelism "
+                              "is not supported (a recomputed forward would replay another micro-batch's routing)")
         par = megatron_build.init_distributed(tensor_parallel, pipeline_parallel, expert_parallel)
         if value_head:
             shape = dataclasses.replace(shape, tie_embeddings=False)
@@ -129,7 +146,8 @@ class MegatronEngine:
 
         torch.manual_seed(seed)
         mtp.model_parallel_cuda_manual_seed(seed)
-        config = megatron_build.transformer_config(shape, par, dtype, recompute=recompute)
+        config = megatron_build.transformer_config(shape, par, dtype, recompute=recompute,
+                                                   routing_replay=routing_replay)
         gpt = megatron_build.build_gpt(shape, config)
         megatron_build.load_hf_weights(gpt, model_dir, shape, par, skip=(VALUE_HEAD,) if value_head else ())
         if value_head:
@@ -197,6 +215,7 @@ class MegatronEngine:
         if sp:  # each TP rank takes an equal part of the sequence: padding columns (segment 0) at the end
             ids, seg, positions, prefix = micro_batches.pad_columns((ids, seg, positions, prefix), self._length(cols))
         rope = None if prefix is None else positions  # shared prompts: RoPE at the batch's positions
+        self._replay(mb, cols)
         # sequence parallelism: scored positions always take the chunked head (the output layer would
         # gather a sequence the cut has already gathered)
         chunked = index is not None and (self.chunked_head or sp) and bool(self.gpt.post_process)
@@ -208,6 +227,21 @@ class MegatronEngine:
         if loss_fn is None:
             return output, None
         return output, partial(self._with_head, loss_fn, mb, head[-1] if head else None, cols)
+
+    def _replay(self, mb: Any, cols: int) -> None:
+        """Set this micro-batch's routing on every MoE router (a batch without ``routed_experts``: the
+        routers choose); an engine built without replay refuses a batch that carries routing."""
+        routed = micro_batches.field(mb, "routed_experts")
+        if routed is None:
+            routing_replay.release(self._routers)
+            return
+        if not self._routers:
+            raise EngineError("the batch carries routed_experts but this engine was built without routing replay "
+                              "(algorithm.routingReplay)")
+        routing_replay.check_batch(routed, self.shape.num_layers, self.shape.moe_top_k, self.shape.num_experts)
+        target = routing_replay.targets(routed, self._length(cols), self.par.tp, self.par.tp_rank,
+                                        bool(self.config.sequence_parallel))
+        routing_replay.replay(self._routers, target.to(common.device()))
 
     def _length(self, cols: int) -> int:
         """The sequence length the model runs for rows of `cols` tokens: a multiple of the TP size under
@@ -234,17 +268,20 @@ class MegatronEngine:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         rows, cols = micro_batches.require(batches[0], "input_ids").shape
-        return list(
-            get_forward_backward_func()(
-                forward_step_func=partial(self._forward_step, loss),
-                data_iterator=iter(batches),
-                model=[self.model],
-                num_microbatches=len(batches),
-                seq_length=self._length(cols),
-                micro_batch_size=rows,
-                forward_only=forward_only,
+        try:
+            return list(
+                get_forward_backward_func()(
+                    forward_step_func=partial(self._forward_step, loss),
+                    data_iterator=iter(batches),
+                    model=[self.model],
+                    num_microbatches=len(batches),
+                    seq_length=self._length(cols),
+                    micro_batch_size=rows,
+                    forward_only=forward_only,
+                )
             )
-        )
+        finally:
+            routing_replay.release(self._routers)
 
     def _outputs(self, logits: torch.Tensor, mb: Any) -> torch.Tensor:
         """What the losses and forwards see: values for a critic, token log-probs otherwise."""

@@ -17,7 +17,8 @@ from tandem.spec.models import JobSpec
 def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> TrainerEngine:
     """The policy's engine (or PPO's critic, with `value_head`: Megatron only) as the spec lays it out:
     trainer.engine, tensorParallel, pipelineParallel, expertParallel, distributedOptimizer,
-    activationCheckpointing, lora, in trainer.dtype (which the rollout's vLLM runs too)."""
+    activationCheckpointing, lora, in trainer.dtype (which the rollout's vLLM runs too); megatron with
+    algorithm.routingReplay (resolved by `spec.devices.routing_replay`) replays the samples' routed experts."""
     t = spec.trainer
     dtype = getattr(torch, devices.trainer_dtype(spec))
     common: dict[str, Any] = dict(lr=spec.algorithm.lr, seed=seed, dtype=dtype, micro_batch_size=t.micro_batch_size,
@@ -31,4 +32,5 @@ def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> Trai
 
     return MegatronEngine.from_hf(spec.model.path, tensor_parallel=t.tensor_parallel,
                                   pipeline_parallel=t.pipeline_parallel, expert_parallel=t.expert_parallel,
-                                  distributed_optimizer=t.distributed_optimizer, **common)
+                                  distributed_optimizer=t.distributed_optimizer,
+                                  routing_replay=devices.routing_replay(spec), **common)

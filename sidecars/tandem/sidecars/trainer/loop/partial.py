@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.sidecars.rollout_engine.sampling import Completion
+from tandem.sidecars.rollout_engine.sampling import Completion, RoutedExperts
 from tandem.sidecars.trainer.loop.dataset import Prompt
 
 # (prompt inputs, max_tokens per input) -> (one completion per input, the version that generated them)
@@ -52,6 +52,9 @@ class Pending:
     mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
     turns: dict[str, float] | None = None  # multi-turn: turns, tool_calls, tool_errors, tool_seconds, tool_results
     env_reward: float | None = None  # multi-turn: the environment's own reward (the `environment` reward)
+    # routing replay: the last segment's routed experts, which cover the prompt and every earlier segment (each
+    # continuation's prompt is the prompt plus the tokens so far, routed anew by the weights that continue it)
+    routed_experts: RoutedExperts | None = None
 
     def versions(self) -> list[int]:
         """The version that sampled each token."""
@@ -135,6 +138,7 @@ class PartialRollouts:
             m.segments.append(Segment(version, len(ids)))
             m.text = c.text if len(m.segments) == 1 else ""
             m.finish_reason = c.finish_reason
+            m.routed_experts = c.routed_experts
             cut = c.finish_reason == "length" and len(ids) >= limit
             m.done = not cut or len(m.token_ids) >= self.max_tokens
 
@@ -168,6 +172,7 @@ def whole_groups(prompts: Sequence[Prompt], groups: Sequence[Sequence[Completion
     out = []
     for prompt, group in zip(prompts, groups, strict=True):
         members = [Pending(list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs),
-                           [Segment(version, len(c.token_ids))], c.text, c.finish_reason, done=True) for c in group]
+                           [Segment(version, len(c.token_ids))], c.text, c.finish_reason, done=True,
+                           routed_experts=c.routed_experts) for c in group]
         out.append(Group(prompt, members, born=version))
     return out

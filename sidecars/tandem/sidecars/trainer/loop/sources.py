@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
+import torch
+
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
@@ -305,6 +307,14 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
     return AsyncSource(spec, dataset, producer.start(), producing, shared=shared), rollouts
 
 
+def routed(m: Pending) -> torch.Tensor | None:
+    """A completion's routed experts as the trainer replays them (`Sample.routed_experts`), None without
+    routing replay or for an empty completion (stood in for by EOS, which no rollout routed)."""
+    if m.routed_experts is None or not m.token_ids:
+        return None
+    return torch.from_numpy(m.routed_experts.array().copy())
+
+
 def to_samples(groups: Sequence[Group], eos_id: int,
                decode: Callable[[list[int]], str]) -> tuple[list[Sample], list[RewardInput]]:
     """The algorithm's samples (behaviour log-probs per token) and what the rewards judge; the text
@@ -318,7 +328,8 @@ def to_samples(groups: Sequence[Group], eos_id: int,
             samples.append(Sample(prompt_ids=m.prompt_ids, completion_ids=list(ids), group=g,
                                   rollout_logprobs=list(m.logprobs) if ok else None,
                                   truncated=m.finish_reason == "length" if m.finish_reason else None,
-                                  completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None))
+                                  completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None,
+                                  routed_experts=routed(m)))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
             inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer, m.env_reward))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
