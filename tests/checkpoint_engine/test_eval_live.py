@@ -12,7 +12,7 @@ from tandem.checkpoint_engine.models import Phase
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.evaluate import Evaluator
+from tandem.sidecars.trainer.loop.held_out import Evaluator
 from tandem.spec.models import Dataset, Eval, Reward
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]

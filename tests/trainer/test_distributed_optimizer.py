@@ -1,7 +1,7 @@
 """`trainer.distributedOptimizer` and `trainer.expertParallel` reach Megatron: two gloo ranks on CPU.
 
 One spawn of two processes (distopt_worker.run) builds every engine through the trainer's
-`context.build_engine` from a job spec with two CPU pods (data parallelism 2). Megatron's distributed
+`select.build_engine` from a job spec with two CPU pods (data parallelism 2). Megatron's distributed
 optimizer must change where the optimizer state lives and nothing else: the same steps (policy and
 PPO critic, uneven data-parallel shares, an offload/onload between steps) as the unsharded
 optimizer, half the state per rank, and a durable training state (`train_state`) that a restarted

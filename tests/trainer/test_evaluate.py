@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.evaluate import Evaluator, pass_at_k
+from tandem.sidecars.trainer.loop.held_out import Evaluator, pass_at_k
 from tandem.spec.models import Dataset, Eval, JobSpec, Reward
 
 # ---- pass@k --------------------------------------------------------------------------------------

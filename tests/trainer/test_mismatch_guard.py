@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples
-from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.mismatch_guard import Guard, MismatchGuardTripped, Verdict, enforce
+from tandem.sidecars.trainer.loop.train import train
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.spec.load import parse_job
 from tandem.spec.models import Algorithm
@@ -66,7 +66,7 @@ def test_the_spec_refuses_what_does_not_apply() -> None:
 
 
 class Loop:
-    """The trainer context as `enforce` sees it: one rank, its reports recorded."""
+    """The trainer context as `enforce` sees it, and its phase report: one rank, its reports recorded."""
 
     def __init__(self, driver: bool = True) -> None:
         self.driver = driver
@@ -89,10 +89,10 @@ class Loop:
 def test_warn_logs_records_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     ctx, g = Loop(), guard(iterations=1, action="warn")
     info: dict[str, Any] = {"mismatch_kl": 0.002}
-    assert enforce(ctx, g, 0, 1, info).action == "ok" and "mismatch_guard" not in info
+    assert enforce(ctx, g, 0, 1, info, report=ctx.report).action == "ok" and "mismatch_guard" not in info
     info = {"mismatch_kl": 0.2}
     with caplog.at_level("WARNING"):
-        assert enforce(ctx, g, 1, 2, info).action == "warn"
+        assert enforce(ctx, g, 1, 2, info, report=ctx.report).action == "warn"
     assert "mismatch_kl 0.2 > 0.01" in caplog.text and info["mismatch_guard"]["action"] == "warn"
     assert ctx.reports == []  # the loop goes on: its next report carries the warning (ctx.last_guard)
 
@@ -105,7 +105,7 @@ def test_fail_raises_with_the_reason_on_every_rank_after_recording_the_row() -> 
             ctx.broadcast = lambda obj: Verdict("fail", "algorithm.mismatchGuard: x", 1)  # type: ignore[method-assign]
         info: dict[str, Any] = {"mismatch_kl": 1.0}
         with pytest.raises(MismatchGuardTripped, match="algorithm.mismatchGuard"):
-            enforce(ctx, g, 4, 5, info, record=lambda: rows.append(dict(info)))  # noqa: B023
+            enforce(ctx, g, 4, 5, info, report=ctx.report, record=lambda: rows.append(dict(info)))  # noqa: B023
         assert rows == [info] and info["mismatch_guard"]["action"] == "fail"  # metrics.jsonl has the iteration
 
 
@@ -113,7 +113,7 @@ def test_pause_reports_why_holds_then_fails_saying_so() -> None:
     ctx, slept, recorded = Loop(), list[float](), list[int]()
     with pytest.raises(MismatchGuardTripped, match="paused 0.05 h without being suspended"):
         enforce(ctx, guard(iterations=1, action="pause"), 3, 4, {"mismatch_kl": 0.5, "reward_mean": 0.3},
-                record=lambda: recorded.append(len(slept)), sleep=slept.append, limit=180.0)
+                report=ctx.report, record=lambda: recorded.append(len(slept)), sleep=slept.append, limit=180.0)
     assert recorded == [0]  # the row is written before the wait
     (phase, iteration, message), = ctx.reports
     assert phase == "paused" and iteration == 3
@@ -147,7 +147,7 @@ class Steps:
 
 
 def test_the_loop_reports_the_first_steps_agreement_as_the_batchs_ratios() -> None:
-    """`TrainerContext.train`: the rc_ sums of the first optimizer step (before any update) become mismatch_kl,
+    """`train.train`: the rc_ sums of the first optimizer step (before any update) become mismatch_kl,
     the ESS and the shares; the other metrics are the steps' mean; no rc_ entry is left in the row."""
     samples = [Sample([1], [2, 3], group=0, reward=1.0), Sample([1], [4], group=0, reward=0.0)]
     batch = pack_samples(samples, 3)  # a row each: two optimizer steps of one sample
@@ -161,8 +161,9 @@ def test_the_loop_reports_the_first_steps_agreement_as_the_batchs_ratios() -> No
            "spec": {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"},
                     "rewards": [{"type": "answerMatch"}], "trainer": {"globalBatchSize": 1, "microBatchSize": 1}}}
     ctx = SimpleNamespace(job=parse_job(doc), engine=Steps([first, later]), critic=None,
-                          _pack=lambda s: batch, _loss=lambda steps, critic=False: None, last_kl=None)
-    out = TrainerContext.train(ctx, samples)  # type: ignore[arg-type]
+                          algorithm=SimpleNamespace(prepare=lambda s, budget: batch, loss=None),
+                          token_budget=lambda s: 3, last_kl=None)
+    out = train(ctx, samples)  # type: ignore[arg-type]
     assert out["loss"] == 2.0 and out["prepare_reward_mean"] == 0.5  # the two steps' mean
     assert out["mismatch_mean"] == 0.2 and out["mismatch_kl"] == pytest.approx(0.02)  # the first step's
     assert out["mismatch_ess"] == pytest.approx(16 / 20) and out["is_ess"] == pytest.approx(9 / 12)

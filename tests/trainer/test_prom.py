@@ -44,7 +44,7 @@ def test_rows_set_the_logprob_mismatch_and_keep_it_when_absent() -> None:
 
 
 def test_eval_results_become_gauges() -> None:
-    from tandem.sidecars.trainer.loop.evaluate import EvalResult
+    from tandem.sidecars.trainer.loop.held_out import EvalResult
 
     m = LoopMetrics()
     get = m.registry.get_sample_value

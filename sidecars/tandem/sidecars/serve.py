@@ -2,7 +2,7 @@
 
 Role: both sidecars advertise their address in etcd only once the server accepts connections,
 so the driver never calls a port that is not listening yet. Callers: the rollout entry point
-(control + generation API) and the trainer context (its checkpoint-engine API).
+(control + generation API) and the trainer's start (`loop.start`: its checkpoint-engine API).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ so that the published weights pass the rollout's check (which demands the exact 
 allowed there, so the trainer publishes in this one), and `rollout.gpuMemoryUtilization`, `sleepLevel`
 and `cudaGraphs`. Both sidecars read the job file named by the pod env contract (TANDEM_JOB_FILE) and
 call these functions, so they always agree.
-Callers: the trainer's context (`tandem.sidecars.trainer.loop.context`) and the rollout's entry point.
+Callers: the trainer's loop (`tandem.sidecars.trainer.loop`: start, switch, publish, report)
+and the rollout's entry point.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class VllmSettings:
 
 def sleep_level(spec: JobSpec) -> int:
     """rollout.sleepLevel with auto resolved. Level 2 drops the weights instead of copying them to host
-    memory; in RL every wake-up is followed by loading the new version (`TrainerContext.sync`), so the
+    memory; in RL every wake-up is followed by loading the new version (`trainer.loop.publish.sync`), so the
     copy level 1 keeps would be thrown away: auto is 2; with adapter sync 1, whose versions apply to the
     base weights vLLM keeps."""
     level = spec.rollout.sleep_level

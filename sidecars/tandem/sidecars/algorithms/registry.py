@@ -1,7 +1,8 @@
 """The one place choosing an algorithm: the job's `algorithm.name` -> its class, configured from the spec.
 
 Role: sits above the algorithm modules (they import `base`, never this), so no import cycle joins
-them. Caller: the trainer context (`make_algorithm(spec.algorithm, pad_id=..., share_prompts=...)`), tests.
+them. Caller: the trainer's start (`loop.start.create`:
+`make_algorithm(spec.algorithm, pad_id=..., share_prompts=...)`), tests.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine a job's spec asks for: `trainer.engine` (auto resolved by `spec.devices.trainer_engine`: hf with
 trainer.lora or for a model_type Megatron has no mapping for, megatron otherwise) in the spec's layout.
-Caller: `loop.context.TrainerContext.create`.
+Caller: `loop.start.create`.
 """
 
 from __future__ import annotations

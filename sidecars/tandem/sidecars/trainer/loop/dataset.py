@@ -1,6 +1,6 @@
 """Prompt dataset of a job: read once, rendered with the model's chat template, sampled per iteration.
 
-Callers: the trainer's context and driver (`tandem.sidecars.trainer.loop.context`, `.driver`):
+Callers: the trainer's loop (`tandem.sidecars.trainer.loop.start`, `.driver`):
 `PromptDataset.load(spec.dataset, tokenizer)` once, `batch(iteration, size)` every iteration,
 `head(n)` for an evaluation set (its first n prompts in file order).
 

@@ -6,7 +6,7 @@ would park those ranks in a GPU collective for the whole phase, where NCCL's wat
 once the process-group timeout passes. `start` makes a gloo group beside the main one, with a timeout
 of its own (a day, or the main group's if longer); `broadcast` sends rank 0's object to every rank
 over it, so the waiting happens in a CPU socket. The main group keeps `trainer.processGroupTimeoutMinutes`
-(`init`), which now bounds only real collectives (gradients, exports). Callers: `driver.run_rank`
+(`init`), which now bounds only real collectives (gradients, exports). Callers: `trainer.rank.run_rank`
 (`init`, `start`), `TrainerContext.broadcast`.
 """
 

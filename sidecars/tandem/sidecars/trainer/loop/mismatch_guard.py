@@ -74,16 +74,21 @@ class Loop(Protocol):
 
     def broadcast(self, obj: Any) -> Any: ...
 
-    def report(self, phase: Any, iteration: int, version: int, *, reward: float | None = None,
-               message: str = "") -> None: ...
+
+class Report(Protocol):
+    """The loop's phase report (`report.report` bound to the context)."""
+
+    def __call__(self, phase: Any, iteration: int, version: int, *, reward: float | None = None,
+                 message: str = "") -> None: ...
 
 
 def enforce(ctx: Loop, guard: Guard | None, iteration: int, version: int, info: dict[str, Any], *,
-            record: Callable[[], None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
+            report: Report, record: Callable[[], None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
             limit: float = PAUSE_LIMIT) -> Verdict:
     """Judge the iteration on the driver, tell every rank, act (collective: every rank calls it when the
     job has a guard). Returns the verdict; its line is also in `info["mismatch_guard"]`. Before a pause or
-    a failure, `record` writes the iteration's metrics row (the loop stops before its usual record)."""
+    a failure, `record` writes the iteration's metrics row (the loop stops before its usual record); a
+    pause is reported (phase `paused`, with the reason) through `report`."""
     verdict = guard.observe(iteration, info) if guard is not None and ctx.is_driver else None
     verdict = ctx.broadcast(verdict)
     if not isinstance(verdict, Verdict):
@@ -99,7 +104,7 @@ def enforce(ctx: Loop, guard: Guard | None, iteration: int, version: int, info: 
         raise MismatchGuardTripped(verdict.message)
     reason = (f"paused: {verdict.message}; the update was not published. spec.suspend: true frees the pods (the "
               f"next gang resumes from the newest durable copy); the job fails after {limit / 3600:g} h paused")
-    ctx.report("paused", iteration, version, reward=info.get("reward_mean"), message=reason)
+    report("paused", iteration, version, reward=info.get("reward_mean"), message=reason)
     if ctx.is_driver:
         log.warning("%s", reason)
         waited = 0.0

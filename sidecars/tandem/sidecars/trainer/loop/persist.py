@@ -6,7 +6,7 @@ so a gang restart — new pods, empty /dev/shm — resumes from it instead of th
 The copy runs in one worker thread while the next rollout proceeds; the version is pinned in
 etcd for the copy's duration so the publisher's GC cannot delete it under the reader. A copy
 still running when the next one is due is waited for (backpressure, reported as `wait_s`).
-Caller: `TrainerContext` (driver rank only): `after_publish` per iteration, `close` at the end.
+Callers: `publish.persist` (driver rank only: `after_publish` per due iteration), `TrainerContext.close` at the end.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Role: KL needs log-probs under the reference model. Instead of a second model on
 accelerator, the reference weights live in host memory (this rank's shards only) and are swapped
 in for the reference forward, then the policy weights are swapped back: the "reload reference
 only when needed" phase of the VRAM plan, with Megatron's numerics and parallelism for free.
-Caller: `tandem.sidecars.trainer.loop.context` (Inference phase). Collective like every forward.
+Callers: `tandem.sidecars.trainer.loop.start` (capture), `.inference` (the Inference phase).
+Collective like every forward.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ results on every rank. Each dp rank runs the forwards on its share of the packed
 (`micro_batches.dp_share`, the same split the train step uses), turns them into per-sample lists in the
 algorithms' layout, and the lists are gathered over the dp group — so N model copies do 1/N of the
 work each instead of all of it. Tensor- and pipeline-parallel ranks of one copy share a share.
-Caller: `TrainerContext.inference` (every rank).
+Caller: `inference.inference` (every rank).
 """
 
 from __future__ import annotations

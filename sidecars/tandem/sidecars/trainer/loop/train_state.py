@@ -15,7 +15,7 @@ rank's shard of the moments and master weights, which `state_dict()` leaves out.
 rank looks for its file of the version being resumed; the state is restored only if every rank has
 a readable one written under the same parallel layout — data-parallel replicas must never
 disagree — otherwise all ranks go on with fresh optimizer state (master weights re-read from the
-loaded model) and the log says why. Callers: `TrainerContext.persist` (after each due publish, every rank) and
+loaded model) and the log says why. Callers: `publish.persist` (after each due publish, every rank) and
 `resume.resume_point` (on resume, every rank).
 """
 

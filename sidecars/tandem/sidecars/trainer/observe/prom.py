@@ -11,8 +11,8 @@ samples (partial or asynchronous rollouts) tandem_trainer_sample_staleness (hist
 _wasted_tokens_total and _dropped_completions_total; tandem_trainer_peak_memory_bytes{phase,kind} (the
 driver rank's peak RSS and, on a GPU, torch's peak allocation in each phase of the latest iteration); and
 `observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
-`checkpoint_engine.api.create_app`, which adds the engine's own collector. Caller: `TrainerContext`
-(driver rank only).
+`checkpoint_engine.api.create_app`, which adds the engine's own collector. Callers: the trainer's
+loop (`loop.start`, `loop.report`, `loop.evaluate`; driver rank only).
 """
 
 from __future__ import annotations

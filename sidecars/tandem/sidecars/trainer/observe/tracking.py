@@ -3,8 +3,8 @@
 Role: the driver rank hands each row it appends to metrics.jsonl to `Tracker.log(iteration, row)`.
 Nested dicts are flattened with dots (`seconds.train`, `reward_components.answerMatch`,
 `eval.pass_at_1`) and only finite numbers are logged (bools, strings, lists, NaN and inf are
-skipped), with the iteration as the step. Callers: the trainer driver (`tandem.sidecars.trainer.loop.driver`
-/ `context`): `Tracker.create(spec.tracking, run_dir, job_name, params)` once, `log` per iteration,
+skipped), with the iteration as the step. Callers: the trainer's loop (`tandem.sidecars.trainer.loop`:
+`start`, `report`, `evaluate`): `Tracker.create(spec.tracking, run_dir, job_name, params)` once, `log` per iteration,
 `close` at the end. Settings: `spec.tracking` (`tandem.spec.models.Tracking`).
 
 - TensorBoard: torch.utils.tensorboard's SummaryWriter in `<run_dir>/tensorboard/` (tags use `/`
