@@ -4,8 +4,9 @@ Started by tests/trainer/test_megatron_parallel.py (two ranks: TP=2, PP=2, EP=2,
 test_megatron_parallel_4ranks.py (four: TP2xPP2, TP2xEP2) with torch.multiprocessing (spawn); each
 rank builds a MegatronEngine per layout, runs the same fixed script, and saves what it saw to
 ``out/tp{tp}pp{pp}ep{ep}-rank{r}.pt`` for the test process to compare with a single-rank engine
-(`assert_same_after_adam`, `assert_vllm_tp2_slice`). test_distributed_optimizer.py's ranks run
-`distopt_run` (in distopt_worker.py) after `join`.
+(`assert_same_after_adam`, `assert_vllm_tp2_slice`); with `replay`, a MoE layout also runs `replay_script`
+(routing replay on a fresh engine). test_distributed_optimizer.py's ranks run `distopt_run` (in
+distopt_worker.py) after `join`.
 """
 
 from __future__ import annotations
@@ -134,6 +135,39 @@ def scored_script(model_dir: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) 
             "train": engine.train_step(batch, scored_nll, micro_batch_size=1)}
 
 
+def replay_batch() -> dict[str, torch.Tensor]:
+    """`scored_batch` (rows of 11 tokens: sequence parallelism pads them to 12) with a random top-2 of 4
+    experts per token and layer as its `routed_experts` (so they differ from what the routers would choose)."""
+    batch = scored_batch()
+    gen = torch.Generator().manual_seed(11)
+    rows, cols = batch["input_ids"].shape
+    routed = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(rows * cols * 2)])
+    batch["routed_experts"] = routed.reshape(rows, cols, 2, 2).to(torch.uint8)
+    return batch
+
+
+def replay_script(model_dir: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
+    """A fresh engine with routing replay: scored log-probs without and with the batch's routing (the routing
+    map each router produced in the replayed forward, one forward of both rows), then a replayed train step."""
+    from megatron.core import parallel_state as ps
+
+    from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
+
+    engine = MegatronEngine.from_hf(model_dir, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep,
+                                    lr=1e-2, seed=0, routing_replay=True)
+    batch = replay_batch()
+    plain = {k: v for k, v in batch.items() if k != "routed_experts"}
+    maps: dict[int, torch.Tensor] = {}
+    handles = [router.register_forward_hook(lambda _m, _a, out, layer=layer: maps.__setitem__(layer, out[1].clone()))
+               for layer, router in engine._routers]
+    replayed = engine.token_logprobs(batch, micro_batch_size=2, scored_only=True)
+    for h in handles:
+        h.remove()
+    return {"plain": engine.token_logprobs(plain, scored_only=True), "replayed": replayed, "maps": maps,
+            "train": engine.train_step(batch, scored_nll, micro_batch_size=1),
+            "tp_rank": ps.get_tensor_model_parallel_rank(), "ep_rank": ps.get_expert_model_parallel_rank()}
+
+
 def single_rank_script(model_dir: str | Path, scored: bool = False) -> dict[str, Any]:
     """What one rank (TP=PP=EP=1) sees of the fixed script: logits, a train step, the export after it,
     and with `scored` then `scored_script`."""
@@ -162,14 +196,16 @@ def assert_same_after_adam(got: torch.Tensor, want: torch.Tensor, name: str, ste
 
 
 def spawn_layouts(model_dirs: Mapping[str, Path], layouts: list[tuple[str, int, int, int]], world: int,
-                  out: Path, scored: bool = False) -> dict[tuple[str, int, int, int], list[dict[str, Any]]]:
+                  out: Path, scored: bool = False,
+                  replay: bool = False) -> dict[tuple[str, int, int, int], list[dict[str, Any]]]:
     """`run` on `world` spawned gloo ranks for each (family, tp, pp, ep) layout; what each rank saw, by layout."""
     import torch.multiprocessing as mp
 
     from tandem.checkpoint_engine.local_etcd import free_port
 
     dirs = [(str(model_dirs[f]), tp, pp, ep) for f, tp, pp, ep in layouts]
-    mp.start_processes(run, args=(world, free_port(), str(out), dirs, scored), nprocs=world, start_method="spawn")
+    mp.start_processes(run, args=(world, free_port(), str(out), dirs, scored, replay), nprocs=world,
+                       start_method="spawn")
     return {(f, tp, pp, ep): [torch.load(out / f"tp{tp}pp{pp}ep{ep}-rank{r}.pt", weights_only=False)
                               for r in range(world)] for f, tp, pp, ep in layouts}
 
@@ -224,9 +260,9 @@ def join(rank: int, world: int, port: int) -> None:
 
 
 def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str, int, int, int]],
-        scored: bool = False) -> None:
+        scored: bool = False, replay: bool = False) -> None:
     """Build an engine for each (model_dir, tp, pp, ep) layout in turn; save what rank ``rank`` saw
-    (with `scored`, also `scored_script`)."""
+    (with `scored`, also `scored_script`; with `replay`, a MoE layout (ep > 1) also `replay_script`)."""
     join(rank, world, port)
     from megatron.core import parallel_state
 
@@ -252,6 +288,8 @@ def run(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[str,
         result["train_rows"] = engine.last_step_rows
         if scored:
             result["scored"] = scored_script(model_dir, tp, pp, ep)
+        if replay and ep > 1:
+            result["replay"] = replay_script(model_dir, tp, pp, ep)
         if (tp, pp, ep) == (2, 1, 1):  # a critic's value head lives on tensor-parallel rank 0 only
             result["critic"] = critic_script(model_dir, tp)
         if tp * pp * ep == 1:  # two ranks, one model copy each: data parallelism

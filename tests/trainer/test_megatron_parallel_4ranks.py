@@ -3,7 +3,8 @@
 One spawn of four processes per module runs both layouts in turn (dist_worker.run, the script of the
 two-rank tests); the test process compares what they saw with the HF tensors and with a single-rank
 engine: the export, logits and one training step, the RL path's scored positions on rows of odd
-length, the rollout's TP=2 slices, and which layers, experts and batch rows each rank holds.
+length, the rollout's TP=2 slices, which layers, experts and batch rows each rank holds, and (TP2xEP2)
+routing replay: each rank's routers use exactly its sequence part of the given routing in every layer.
 TP2xPP2 is one model copy cut four ways (data-parallel size 1); TP2xEP2 is two data-parallel copies
 of the dense layers whose experts are split over the two, run with sequence parallelism (megatron
 trains MoE layers under tensor parallelism only so).
@@ -38,7 +39,8 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def ranks(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ranks:
-    return dist_worker.spawn_layouts(model_dirs, LAYOUTS, WORLD, tmp_path_factory.mktemp("ranks"), scored=True)
+    return dist_worker.spawn_layouts(model_dirs, LAYOUTS, WORLD, tmp_path_factory.mktemp("ranks"), scored=True,
+                                     replay=True)
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +116,29 @@ def test_tp2ep2_ranks_hold_half_the_experts_and_half_the_batch(ranks: Ranks) -> 
         assert {n.split(".")[6] for n in rank["local_names"] if ".local_experts." in n} == {"0", "1"}
         assert rank["train_rows"] == 1
     assert {n.split(".")[5] for n in seen[0]["export"] if ".experts." in n} == {"0", "1", "2", "3"}
+
+
+def test_tp2ep2_each_rank_replays_its_part_of_the_routing(ranks: Ranks) -> None:
+    """Sequence parallelism: each TP rank routes its 6 of the 12 (padded) positions of both rows; the EP ranks
+    (two data-parallel copies) route alike. The routers' maps equal the given routing, every layer."""
+    from tandem.sidecars.trainer.engines.routing_replay import targets
+
+    routed = dist_worker.replay_batch()["routed_experts"]
+    seen_all = [rank["replay"] for rank in ranks[("mixtral", 2, 1, 2)]]
+    assert sorted((s["tp_rank"], s["ep_rank"]) for s in seen_all) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for seen in seen_all:
+        want = targets(routed, 12, 2, seen["tp_rank"], True)  # [6 positions x 2 rows, layers, topk]
+        assert sorted(seen["maps"]) == [0, 1]
+        for layer, got in seen["maps"].items():
+            expected = torch.zeros(want.shape[0], 4, dtype=torch.bool).scatter_(1, want[:, layer], True)
+            assert torch.equal(got, expected), (seen["tp_rank"], seen["ep_rank"], layer)
+
+
+def test_tp2ep2_replayed_logprobs_and_train_step_match_single_rank(ranks: Ranks, model_dirs: dict[str, Path]) -> None:
+    one = dist_worker.replay_script(model_dirs["mixtral"])
+    assert (one["replayed"] - one["plain"]).abs().max() > 1e-3, "the random routing changes the log-probs"
+    for seen in (rank["replay"] for rank in ranks[("mixtral", 2, 1, 2)]):
+        assert (seen["replayed"] - one["replayed"]).abs().max().item() < 1e-5
+        assert (seen["plain"] - one["plain"]).abs().max().item() < 1e-5
+        assert abs(seen["train"]["loss"] - one["train"]["loss"]) < 1e-5
+        assert abs(seen["train"]["grad_norm"] - one["train"]["grad_norm"]) < 1e-4
