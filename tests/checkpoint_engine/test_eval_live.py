@@ -13,7 +13,8 @@ from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.held_out import Evaluator
-from tandem.spec.models import Dataset, Eval, Reward
+from tandem.spec.data import Dataset, Eval
+from tandem.spec.models import Reward
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tandem.cli.main import app
 from tandem.spec import model_dir
-from tandem.spec.models import Rollout
+from tandem.spec.rollout import Rollout
 
 runner = CliRunner()
 

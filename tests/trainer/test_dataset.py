@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
-from tandem.spec.models import Dataset as DatasetSpec
+from tandem.spec.data import Dataset as DatasetSpec
 
 CHATML = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' and m.get('name') == 'forbidden' %}"
           "{{ raise_exception('tool name not allowed') }}{% endif %}"
@@ -272,7 +272,7 @@ def refuse(*a, **k): raise OSError("network used")
 socket.socket.connect = refuse
 socket.create_connection = refuse
 from tandem.sidecars.trainer.loop.dataset import PromptDataset
-from tandem.spec.models import Dataset
+from tandem.spec.data import Dataset
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained({str(chatml_dir)!r})
 for path, fields in [("rows.jsonl", {{}}), ("list.json", {{}}), ("rows.parquet", {{}}), ("saved", {{}}),

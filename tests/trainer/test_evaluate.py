@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
 from tandem.sidecars.trainer.loop.held_out import Evaluator, pass_at_k
-from tandem.spec.models import Dataset, Eval, JobSpec, Reward
+from tandem.spec.data import Dataset, Eval
+from tandem.spec.models import JobSpec, Reward
 
 # ---- pass@k --------------------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from test_dataset import build_tokenizer, jsonl
 
 from tandem.sidecars.trainer.loop.dataset import DatasetError, PromptDataset
 from tandem.sidecars.trainer.loop.sources import LabelledSource
+from tandem.spec.data import Dataset as DatasetSpec
 from tandem.spec.load import SpecError, parse_job
-from tandem.spec.models import Dataset as DatasetSpec
 
 KTO_FIELDS = {"completionField": "completion", "labelField": "label"}
 

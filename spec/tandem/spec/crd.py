@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tandem.spec import base, models, podtemplate, presets
+from tandem.spec import base, ckpt_engine, data, models, podtemplate, presets, rollout
 from tandem.spec.models import GROUP, IMMUTABLE_FIELDS, KIND, PLURAL, VERSION
 
 _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
@@ -23,9 +23,10 @@ _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclus
 
 def _rules_by_title() -> dict[str, list[dict[str, str]]]:
     out: dict[str, list[dict[str, str]]] = {}
-    for obj in [*vars(models).values(), *vars(podtemplate).values()]:
-        if isinstance(obj, type) and issubclass(obj, base.Base) and obj.rules:
-            out[obj.__name__] = [_validation(r) for r in obj.rules]
+    for module in (models, podtemplate, rollout, data, ckpt_engine):  # where the job's models are declared
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, base.Base) and obj.rules:
+                out[obj.__name__] = [_validation(r) for r in obj.rules]
     return out
 
 

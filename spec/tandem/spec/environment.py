@@ -14,7 +14,7 @@ Role: the spec of what a completion's turns are made of (tandem.sidecars.envs):
 Module paths resolve in the image or in `pythonPath` (directories, e.g. on one of the job's volumes). The
 limits bound every trajectory: model turns, completion tokens of the whole trajectory (model and tool turns;
 each model turn is also bounded by rollout.maxTokens), tokens of each tool message, seconds of each tool call.
-Caller: models.Rollout (the job spec), the rollout sidecar (builds the environment), the trainer (limits).
+Caller: rollout.Rollout (the job spec), the rollout sidecar (builds the environment), the trainer (limits).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tandem.spec.models import JobSpec, Rollout
+from tandem.spec.models import JobSpec
+from tandem.spec.rollout import Rollout
 
 CONFIG = "config.json"
 # Any one of these lets transformers (and vLLM) build the tokenizer: a fast tokenizer, a tokenizer

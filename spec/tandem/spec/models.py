@@ -4,6 +4,10 @@ Role: the single source of the job's shape. Field names are camelCase on the wir
 snake_case in Python. Cross-field rules are declared once per model as `Rule`s: each carries a CEL
 expression (emitted into the CRD as `x-kubernetes-validations`, enforced by the API server) and the
 equivalent Python predicate (enforced by `tandem validate`, `tandem run` and the operator).
+Here: the RLHFJob root (`JobSpec`, `JobStatus`, `RLHFJob`), the fields that tie the parts together and their
+cross-part rules, and the smaller parts (rewards, reference, volumes, export, tracking, failure policy). The larger
+parts have files of their own: `trainer` (model, trainer), `algorithm`, `rollout`, `environment`, `data`
+(dataset, eval), `ckpt_engine` (checkpointEngine), `podtemplate`, `rollout_correction`.
 Callers: everything that reads a job; `tandem.spec.crd` turns these models into the CRD schema.
 """
 
@@ -17,10 +21,12 @@ from pydantic.alias_generators import to_camel
 
 from tandem.spec import presets
 from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
-from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, ENDPOINT, IMAGE, Base, Quantity, Rule
-from tandem.spec.environment import Environment
+from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, Base, Rule
+from tandem.spec.ckpt_engine import CheckpointEngine
+from tandem.spec.data import Dataset, Eval
 from tandem.spec.parallel import PARALLEL_RULES
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
+from tandem.spec.rollout import Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
 from tandem.spec.trainer import Lora as Lora  # re-exported, with the rest of spec.trainer's shape
@@ -34,55 +40,6 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
-
-
-class Partial(Base):
-    """Partial rollouts: a completion generates at most tokenBudget tokens per iteration; one cut there is
-    kept (tokens, sampling log-probs, the version of each segment) and continued in the next iteration
-    under the newer weights, so a long answer never stalls the batch."""
-
-    token_budget: Annotated[int, Field(ge=1, le=131_072, description="Tokens a completion may generate per "
-                                       "iteration (below rollout.maxTokens).")]
-    max_age: Annotated[int, Field(ge=0, le=1000, description="A carried group whose first segment is more than "
-                                  "maxAge versions older than the current weights is dropped (its tokens "
-                                  "wasted).")] = 4
-
-
-class Rollout(Base):
-    image: Annotated[str, Field(pattern=IMAGE)] = "ghcr.io/tandem-rl/rollout:0.1.0"
-    tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    max_tokens: Annotated[int, Field(ge=1, le=131_072)] = 1024
-    temperature: Annotated[float, Field(gt=0, le=4, description="Sampling temperature; above 0, since every "
-                                        "algorithm compares groupSize different completions of a prompt.")] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    prompts_per_iteration: Annotated[int, Field(ge=1, le=100_000)] = 64
-    between_rollouts: Literal["terminate", "sleep", "keep"] = Field(
-        default="terminate", description="What the rollout does with vLLM while the trainer trains: terminate "
-        "frees the accelerator completely; sleep uses vLLM sleep mode; keep leaves it up (CPU runs).")
-    partial: Partial | None = Field(default=None, description="Partial rollouts (Kimi k1.5): long "
-                                    "completions are cut at a per-iteration token budget and continued later.")
-    environment: Environment | None = Field(default=None, description="Multi-turn rollouts: the model may "
-                                            "call tools before it answers (tandem.sidecars.envs); absent: one "
-                                            "reply per completion.")
-    gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1, description="Share of each GPU's "
-                                      "memory vLLM takes (weights, activations, KV cache); default 0.85. Ignored "
-                                      "on CPU.")] = None
-    sleep_level: Annotated[Literal["auto", 1, 2], Field(json_schema_extra={"x-kubernetes-int-or-string": True},
-                           description="betweenRollouts: sleep: 1 keeps the weights in host memory, 2 drops them; "
-                           "auto is 2 because every wake-up is followed by loading the next version, and 1 with "
-                           "trainer.lora.sync adapter, whose versions need the base weights kept.")] = "auto"
-    cuda_graphs: bool = Field(default=True, description="Capture CUDA graphs in vLLM (faster decoding, slower "
-                              "start); false runs eagerly. CPU runs are always eager.")
-    max_model_len: Annotated[int | None, Field(ge=2, le=1_048_576, description="vLLM's context length (prompt + "
-                             "completion tokens); every dataset prompt must leave room for a generated token (the "
-                             "trainer refuses a longer row at start). Default: maxTokens + 1024, at most the "
-                             "model's max_position_embeddings.")] = None
-    resources: Resources = Field(default_factory=Resources)
-    rules = (
-        Rule("!has(self.partial) || self.partial.tokenBudget < self.maxTokens",
-             "must be below rollout.maxTokens (otherwise no completion is ever cut)", ".partial.tokenBudget",
-             lambda r: r.partial is None or r.partial.token_budget < r.max_tokens),
-    )
 
 
 class Reward(Base):
@@ -123,97 +80,6 @@ class Reward(Base):
 
 class Reference(Base):
     path: Annotated[str | None, Field(min_length=1, description="Reference model; default: the initial model.")] = None
-
-
-class Dataset(Base):
-    """Prompts (a string or an OpenAI-style messages list per row), reference answers; kto: labelled completions."""
-
-    path: Annotated[str, Field(min_length=1, description="Prompts: a .jsonl, .json (a list of objects) or "
-                               ".parquet file, or a directory written by datasets' save_to_disk.")]
-    format: Literal["auto", "jsonl", "json", "parquet", "datasets"] = Field(
-        default="auto", description="auto: from the file's extension, or datasets for a directory.")
-    split: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$",
-                                description="Split of a saved DatasetDict directory.")] = "train"
-    prompt_field: Annotated[str, Field(min_length=1)] = "prompt"
-    answer_field: Annotated[str, Field(min_length=1)] = "answer"
-    chat_template: bool = Field(default=True, description="Render prompts with the tokenizer's chat template "
-                                "and the generation prompt; false: plain strings as they are.")
-    system_prompt: Annotated[str | None, Field(max_length=65_536, description="System message put before each "
-                                               "prompt that does not start with one (needs chatTemplate).")] = None
-    completion_field: Annotated[str | None, Field(min_length=1, description=(
-        "kto: the field holding each row's completion, a string (or a list of one assistant message), trained "
-        "as the assistant's reply to the rendered prompt and ended with the EOS token as the model's own "
-        "completions are. kto only."))] = None
-    label_field: Annotated[str | None, Field(min_length=1, description=(
-        "kto: the field holding each row's label, true (a desirable completion) or false (undesirable); 1 and 0 "
-        "are read as true and false. A row without a valid label is refused naming the file and row. kto "
-        "only."))] = None
-    rules = (
-        Rule("self.chatTemplate || !has(self.systemPrompt)", "needs chatTemplate: true", ".systemPrompt",
-             lambda d: d.chat_template or d.system_prompt is None),
-    )
-
-
-class Eval(Base):
-    """Held-out evaluation on the rollouts' live vLLM: iteration 0, every `every` iterations, and the end."""
-
-    dataset: Dataset
-    every: Annotated[int, Field(ge=1, le=1_000_000, description="Iterations between evaluations.")] = 10
-    prompts: Annotated[int, Field(ge=1, le=100_000, description="The first N prompts of the dataset.")] = 256
-    samples: Annotated[int, Field(ge=1, le=64, description="Samples per prompt (pass@k with k = samples).")] = 1
-    temperature: Annotated[float, Field(ge=0, le=4)] = 0.0
-    max_tokens: Annotated[int | None, Field(ge=1, le=131_072, description="Default: rollout.maxTokens.")] = None
-    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
-
-
-class Etcd(Base):
-    endpoints: Annotated[list[Annotated[str, Field(pattern=ENDPOINT)]], Field(max_length=16)] = Field(
-        default_factory=list, description="Empty: the chart's etcd (tandem-etcd in the operator's namespace). "
-        "https:// dials TLS; with tlsSecret, an endpoint without a scheme does too.")
-    tls_secret: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret in the "
-                          "job's namespace with ca.crt (etcd's CA), tls.crt and tls.key (a client certificate etcd "
-                          "trusts); the sidecars read them at /etc/tandem/etcd/.")] = None
-    auth_secret: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret in the "
-                           "job's namespace with username and password of the job's etcd user (it needs read-write "
-                           "on /tandem/jobs/<namespace>/<job>/ only).")] = None
-    rules = (
-        Rule("!has(self.tlsSecret) || self.endpoints.all(e, !e.startsWith('http://'))",
-             "with tlsSecret every endpoint must be https:// or name no scheme", ".endpoints",
-             lambda e: e.tls_secret is None or not any(x.startswith("http://") for x in e.endpoints)),
-    )
-
-
-RENDEZVOUS_PORT = 29500  # torch.distributed's MASTER_PORT in every pod (tandem.operator.builders)
-
-
-class Persist(Base):
-    path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024, description="Directory on a writable volume "
-                               "(volumes[].mountPath) that keeps durable copies of published versions.")]
-    every: Annotated[int, Field(ge=1, le=1_000_000, description="Iterations between durable copies; the last "
-                                "iteration is always copied.")] = 10
-    keep: Annotated[int, Field(ge=1, le=100, description="Durable copies kept (newest first).")] = 2
-
-
-class CheckpointEngine(Base):
-    shm_size: Quantity = "64Gi"
-    transport: Literal["auto", "rdma", "tcp"] = "auto"
-    shard_size_mi_b: Annotated[int, Field(ge=1, le=65_536, alias="shardSizeMiB")] = 512
-    port: Annotated[int, Field(ge=1024, le=65_534, description="The trainer's checkpoint-engine API port; the "
-                               "rollout's is port + 1 (so at most 65534).")] = 8700
-    shard_port: Annotated[int, Field(ge=1024, le=65_535, description="Port of each pod's shard server, which "
-                                     "serves published weights to the job's other pods (only to those proving the "
-                                     "job's token); fixed so a NetworkPolicy can name it. Pods run as non-root: "
-                                     "1024 and up.")] = 8702
-    etcd: Etcd = Field(default_factory=Etcd)
-    persist: Persist | None = Field(default=None, description="Durable copies of published versions: a gang "
-                                    "restart (which loses the pods' shared memory) resumes from the newest.")
-    rules = (
-        Rule("self.shardPort != self.port && self.shardPort != self.port + 1 && self.shardPort != 29500",
-             "must differ from port and port + 1 (the checkpoint-engine APIs) and 29500 (rendezvous)", ".shardPort",
-             lambda c: c.shard_port not in (c.port, c.port + 1, RENDEZVOUS_PORT)),
-        Rule("self.port != 29500 && self.port + 1 != 29500", "port and port + 1 must not be 29500 (rendezvous)",
-             ".port", lambda c: RENDEZVOUS_PORT not in (c.port, c.port + 1)),
-    )
 
 
 class Volume(Base):

@@ -53,7 +53,7 @@ from typing import Any
 
 from tandem.sidecars.trainer.loop import labelled as kto_rows
 from tandem.sidecars.trainer.loop.labelled import Labelled
-from tandem.spec.models import Dataset as DatasetSpec
+from tandem.spec.data import Dataset as DatasetSpec
 
 ROLES = ("system", "user", "assistant", "tool")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.spec.models import Eval as EvalSpec
+from tandem.spec.data import Eval as EvalSpec
 from tandem.spec.models import Reward
 
 VERIFIABLE = ("answerMatch", "codeExec", "environment")

@@ -26,7 +26,8 @@ from typing import Any
 
 from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
 from tandem.spec import model_dir
-from tandem.spec.models import Dataset, JobSpec
+from tandem.spec.data import Dataset
+from tandem.spec.models import JobSpec
 
 ROWS_NAMED = 5  # rows listed after the first too-long one
 
