@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.models import Phase
+from tandem.checkpoint_engine.engine_status import Phase
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

@@ -16,7 +16,7 @@ import tiny_model
 import torch
 
 from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.models import Phase
+from tandem.checkpoint_engine.engine_status import Phase
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

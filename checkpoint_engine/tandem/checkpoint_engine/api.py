@@ -34,8 +34,8 @@ from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from tandem.checkpoint_engine import errors, metrics
+from tandem.checkpoint_engine.engine_status import Phase
 from tandem.checkpoint_engine.metrics import EngineCore
-from tandem.checkpoint_engine.models import Phase
 from tandem.checkpoint_engine.publisher import Publisher
 
 Operations = Callable[["Serial"], APIRouter]  # a core's POST routes, given the app's one-at-a-time runner

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tandem.checkpoint_engine.models import EngineStatus, Phase
+from tandem.checkpoint_engine.engine_status import EngineStatus, Phase
 
 
 class EngineCore(Protocol):

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from tandem.checkpoint_engine import errors, keys, layout, slots
-from tandem.checkpoint_engine.models import EngineStatus, Phase, PublishReport
+from tandem.checkpoint_engine.engine_status import EngineStatus, Phase, PublishReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from tandem.checkpoint_engine.models import Phase, UpdateReport
+from tandem.checkpoint_engine.engine_status import Phase, UpdateReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine import adapters, errors, layout
-from tandem.checkpoint_engine.models import EngineStatus, Phase, UpdateReport
+from tandem.checkpoint_engine.engine_status import EngineStatus, Phase, UpdateReport
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.rollout_engine import routing
 from tandem.sidecars.rollout_engine.config import (
