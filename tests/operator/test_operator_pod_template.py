@@ -185,8 +185,9 @@ RDMA = {"spec": {"containers": [
 
 
 def test_rdma_adds_its_device_resource_and_ipc_lock_beside_the_operators_own() -> None:
-    """What an RDMA device plugin's cluster needs (README "RDMA"): its resource on both containers
-    (the trainer publishes, the rollout receives), requests equal to limits, and IPC_LOCK."""
+    """What an RDMA device plugin's cluster needs (docs/gpu-clusters.md, "GPUs, drivers, RDMA and parallelism"):
+    its resource on both containers (the trainer publishes, the rollout receives), requests equal to limits, and
+    IPC_LOCK."""
     job = W().gpus(8).set("podTemplate", RDMA).set("checkpointEngine.transport", "rdma").job()
     pod = builders.build_pod(job, 0)
     for name, c in containers(pod).items():

@@ -13,7 +13,7 @@ What the Kubernetes Pod Security Standards' restricted profile asks, and what th
 - automountServiceAccountToken false: the sidecars never call the Kubernetes API (they meet the
   operator through etcd and the job document), so no token is mounted into the job's pods.
 A spec.volumes hostPath entry still violates restricted (and baseline): such a job needs a namespace
-that enforces privileged (README); so does IPC_LOCK, which baseline does not allow either.
+that enforces privileged (docs/security.md); so does IPC_LOCK, which baseline does not allow either.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def fanout(nbytes: int, receivers: int, hop_bytes: int = HOP_BYTES) -> int:
     Tree: every sender feeds two children at half the rate each, each of its levels after the first adds a
     hop at that rate: 2 x nbytes + 2 x (depth - 1) x hop. The quarter covers what the model leaves out
     (a sender serving two streams, each level's set-up): on shaped 1 Gbit links with 8 receivers the chain
-    was as fast or faster for 4 and 20 MiB versions (bench/broadcast.py --fan 1|2, in the README), and the
+    was as fast or faster for 4 and 20 MiB versions (bench/broadcast.py --fan 1|2, in its docstring), and the
     rule keeps it there; it picks the tree from 16 receivers for versions of a few MiB (4 MiB: 64 vs 32) and
     for large versions only from about 128 (256 MiB: 1018 vs 584)."""
     if receivers < 2:

@@ -15,7 +15,7 @@ Isolation, chosen once per process by `isolation_mode()`:
   "restricted": no capability to setuid, and the runtime's default seccomp profile refuses the
   user/net namespaces the next mode needs, so a program run by the trainer itself would share its
   uid, files, /proc (the job's token in its environ), GPUs and container. The server shares none of
-  it. Cost: a connect and two JSON messages per program (README, `bench/sandbox_overhead.py`).
+  it. Cost: a connect and two JSON messages per program (docs/security.md, `bench/sandbox_overhead.py`).
 - "namespaces" (root, `unshare` works, no server — direct callers such as tests and benchmarks on
   these machines): `unshare --net --mount --pid --fork --kill-child --mount-proc` starts the harness
   in a fresh network namespace (loopback down: no connection anywhere, 127.0.0.1 included), a

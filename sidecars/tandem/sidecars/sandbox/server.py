@@ -15,7 +15,7 @@ its own container as uid 10002, with no GPU, no token, no Secret and a read-only
 that is reachable from its programs whatever a kernel layer misses. User namespaces (the
 `namespaces` mode, kept for a root caller with `unshare`) would give the same separation inside one
 container, but the runtimes' default profiles refuse them to unprivileged pods. A round trip costs a
-connect and two JSON messages (measured in the README).
+connect and two JSON messages (measured in docs/security.md).
 
 Per request: the program and its tests arrive as one JSON document (the client then shuts its write
 side); the server runs it with `sandbox.run_tests(..., isolation="basic")` — a fresh `python -I -S`

@@ -1,7 +1,7 @@
 """`python -m tandem.sidecars.toy OUT_DIR`: build (or reuse) the demo's task and model.
 
 Role: command-line entry of `toy.build.build_toy`; prints the paths and the warm-up metrics as
-JSON. Callers: people, the README's setup, scripts.
+JSON. Callers: people, `make toy-demo` (docs/benchmarks.md), scripts.
 """
 
 from __future__ import annotations
