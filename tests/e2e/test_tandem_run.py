@@ -51,7 +51,7 @@ def remove_shm_dirs() -> Iterator[None]:
 
 
 def demo_job(toy: Path, name: str) -> dict[str, Any]:
-    """The toy job (examples/tiny-grpo.yaml, `make toy-demo`), renamed and pointed at the test's toy model and prompts."""
+    """The toy job (examples/tiny-grpo.yaml, `make toy-demo`), renamed, on the test's toy model and prompts."""
     USED.append(name)
     job: dict[str, Any] = yaml.safe_load((Path(__file__).parents[2] / "examples" / "tiny-grpo.yaml").read_text())
     job["metadata"]["name"] = name
