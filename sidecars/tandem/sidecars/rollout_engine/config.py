@@ -101,9 +101,32 @@ def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Ex
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    expected = {n: layout.Expected(tuple(t.shape), dtype) for n, t in model.state_dict().items()}
+    stored = _checkpoint_shapes(model_dir) if _experts(config) else {}
+    if stored:  # transformers 5 fuses a MoE's experts in memory; versions (and vLLM) take the checkpoint's names
+        expected = {n: layout.Expected(shape, dtype) for n, shape in stored.items()}
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        expected = {n: layout.Expected(tuple(t.shape), dtype) for n, t in model.state_dict().items()}
     tied = bool(getattr(config, "tie_word_embeddings", False))
     optional = {n for n in expected if tied and n.startswith("lm_head.")}
     return expected, optional
+
+
+def _experts(config: Any) -> int:
+    """The experts per MoE layer a HF config names (0: a dense model)."""
+    return int(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0) or 0)
+
+
+def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the safetensors checkpoint in `model_dir` (headers only; {} when none).
+    A MoE checkpoint keeps one tensor per expert (e.g. mixtral's block_sparse_moe.experts.{e}.w1), which is
+    what the trainer's export and vLLM's loader use, while transformers 5's model holds them fused."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
