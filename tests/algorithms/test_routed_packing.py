@@ -99,3 +99,41 @@ def test_attach_sets_each_completions_routing_and_refuses_a_missing_record() -> 
     records[("0", 1)] = (bytes(rows - 4), "uint8")
     with pytest.raises(errors.CheckpointEngineError, match="recorded 3 of its 4 routed tokens"):
         routing.attach(records, outs, made, LAYERS, TOPK)
+
+
+def test_the_drivers_samples_carry_the_rollouts_routing_through_partial_rollouts() -> None:
+    """Whole completions and a completion continued over two segments (partial rollouts: the continuation's
+    record covers the prompt and the first segment) become samples whose routing packs; an empty completion
+    (stood in for by EOS) gets the filler row for its last prompt token."""
+    from tandem.sidecars.rollout_engine.sampling import RoutedExperts
+    from tandem.sidecars.trainer.loop.dataset import Prompt
+    from tandem.sidecars.trainer.loop.partial import PartialRollouts, whole_groups
+    from tandem.sidecars.trainer.loop.sources import to_samples
+
+    def done(prompt: list[int], ids: list[int], reason: str = "stop") -> Completion:
+        n = len(prompt) + len(ids) - 1
+        return Completion(prompt_index=0, sample_index=0, prompt_token_ids=prompt, token_ids=ids,
+                          logprobs=[-0.5] * len(ids), text="x", finish_reason=reason,
+                          routed_experts=RoutedExperts.of(routed(n, n).numpy().tobytes(), (n, LAYERS, TOPK), "uint8"))
+
+    prompt = Prompt("p", "1", 0, token_ids=[5, 6, 7])
+    groups = whole_groups([prompt], [[done([5, 6, 7], [8, 9]), done([5, 6, 7], [])]], version=0)
+    partial = PartialRollouts(token_budget=2, max_tokens=8, max_age=2, group_size=1)
+    calls: list[list[int]] = []
+
+    def generate(inputs: list[str | list[int]], limits: list[int]) -> tuple[list[Completion], int]:
+        ids = list(inputs[0]) if not isinstance(inputs[0], str) else []
+        calls.append(ids)
+        first = len(calls) == 1
+        return [done(ids, [10, 11] if first else [12], "length" if first else "stop")], 0
+
+    groups += partial.step(generate, [prompt], 0).finished
+    assert calls[1] == [5, 6, 7, 10, 11], "the continuation's prompt: the prompt and the first segment"
+    samples, _ = to_samples(groups, eos_id=2, decode=lambda ids: "x")
+    assert [len(s.completion_ids) for s in samples] == [2, 1, 3]
+    empty = samples[1].routed_experts
+    assert empty is not None and empty.shape[0] == 3 and (empty[-1] == torch.tensor([0, 1], dtype=torch.uint8)).all()
+    continued = samples[2].routed_experts
+    assert continued is not None and continued.shape == (3 + 3 - 1, LAYERS, TOPK)
+    batch = pack_samples(samples, 16, share_prompts=True)
+    assert batch.routed_experts is not None

@@ -307,12 +307,18 @@ def make_source(spec: JobSpec, dataset: PromptDataset, rollouts: RolloutClient, 
     return AsyncSource(spec, dataset, producer.start(), producing, shared=shared), rollouts
 
 
-def routed(m: Pending) -> torch.Tensor | None:
-    """A completion's routed experts as the trainer replays them (`Sample.routed_experts`), None without
-    routing replay or for an empty completion (stood in for by EOS, which no rollout routed)."""
-    if m.routed_experts is None or not m.token_ids:
+def routed(m: Pending, completion: list[int]) -> torch.Tensor | None:
+    """A completion's routed experts as the trainer replays them (`Sample.routed_experts`), None without routing
+    replay. An empty completion, stood in for by EOS, lacks the routing of its last prompt token (vLLM records
+    the tokens before the last one it runs): that row routes to experts 0..topk-1, as the packer's filler does."""
+    if m.routed_experts is None:
         return None
-    return torch.from_numpy(m.routed_experts.array().copy())
+    rows = torch.from_numpy(m.routed_experts.array().copy())
+    missing = len(m.prompt_ids) + len(completion) - 1 - rows.shape[0]
+    if missing > 0:
+        filler = torch.arange(rows.shape[2], dtype=rows.dtype).expand(missing, rows.shape[1], rows.shape[2])
+        rows = torch.cat([rows, filler])
+    return rows
 
 
 def to_samples(groups: Sequence[Group], eos_id: int,
@@ -329,7 +335,7 @@ def to_samples(groups: Sequence[Group], eos_id: int,
                                   rollout_logprobs=list(m.logprobs) if ok else None,
                                   truncated=m.finish_reason == "length" if m.finish_reason else None,
                                   completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None,
-                                  routed_experts=routed(m)))
+                                  routed_experts=routed(m, ids)))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
             inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer, m.env_reward))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS
