@@ -59,6 +59,8 @@ def prepare_env(cfg: EngineConfig) -> None:
     # cores are shared (or a long prefill on a small one) can take that long without anything being wrong,
     # and the loop has its own deadlines (trainer.processGroupTimeoutMinutes, the request timeouts)
     os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(EXECUTE_TIMEOUT_S))
+    if cfg.routing_replay:  # the recording reads the V1 runner's step layout (rollout_engine.routing)
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if cfg.cpu_reserved_cores is not None:  # an explicit setting in the environment wins
         os.environ.setdefault(CPU_RESERVED_ENV, str(cfg.cpu_reserved_cores))
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)

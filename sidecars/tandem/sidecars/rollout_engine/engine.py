@@ -168,8 +168,8 @@ class RolloutEngine:
         return bool(torch.cuda.is_available())
 
     def _enforce_eager(self) -> bool:
-        if not self._on_gpu():
-            return True  # vLLM-CPU: no CUDA graphs
+        if not self._on_gpu() or self.cfg.routing_replay:
+            return True  # vLLM-CPU: no CUDA graphs; routing replay's recording runs in Python (routing.py)
         return False if self.cfg.enforce_eager is None else self.cfg.enforce_eager
 
     def _dtype(self) -> str:

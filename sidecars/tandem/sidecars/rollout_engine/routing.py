@@ -13,6 +13,11 @@ Request ids: vLLM's engine core names a request `{id}-{8 hex}` and sample k of a
 `{k}_{id}-{8 hex}`; `LLM.generate` numbers requests with plain integers, so the key parses back to
 (request id, sample index).
 
+On GPUs the same recording runs, with two costs: vLLM's V1 model runner (`VLLM_USE_V2_MODEL_RUNNER=0`: the
+recording reads its step layout) and no CUDA graphs (the hook is Python, which a graph replay does not run).
+vLLM's own `enable_return_routed_experts` (Model Runner V2, graph-safe, prefix caching kept) is the path to
+take there once it can be tested (no GPU vLLM was at hand: only this recording is tested, on CPU).
+
 Multi-turn rollouts (turns.py) record nothing: the spec refuses routingReplay on with an environment and
 auto resolves off for them.
 """
