@@ -28,13 +28,11 @@ instead of g(n + c). The prompt's last token stays in each sample: the logits th
 sample's first completion token. A group too long for a row is split into sub-units that fit,
 each with its own copy of the prefix.
 
-Routing replay (`routings`, MoE): each sample's routed experts `[tokens, layers, topk]` from the rollout
-engine, row p for token p of prompt + completion, become `PackedBatch.routed_experts` `[rows, length,
-layers, topk]`, aligned with `input_ids` (not `labels`): the experts each input position's token is routed
-to in the forward. A shared prefix takes the first sample's prompt rows. Rows the rollout never computed
-(a sample's last token, whose forward no log-prob reads) and padding route to experts 0..topk-1: a
-position's routing changes only its own hidden state and the keys later positions of its own segment
-read, so neither reaches a scored log-prob.
+Routing replay (`routings`, MoE): each sample's routed experts `[tokens, layers, topk]` (row p: token p of
+prompt + completion) become `PackedBatch.routed_experts` `[rows, length, layers, topk]`, aligned with
+`input_ids`; a shared prefix takes the first sample's prompt rows. A sample's last token (never routed by
+the rollout) and padding route to experts 0..topk-1: a position's routing reaches only its own hidden
+state and the keys later positions of its segment read, so no scored log-prob.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Routing replay's per-sample check: the rollout's routed experts of each sample fit its tokens.
+"""Routing replay's per-sample check: the rollout's routed experts of each sample fit its tokens; their size.
 
 Role: `check_routings` validates `pack(..., routings=...)`'s input before anything is packed (see
 `algorithms.packing`, "Routing replay"). Callers: `packing.pack`; the driver before it builds samples.
@@ -44,6 +44,7 @@ def check_routings(routings: Sequence[torch.Tensor | None] | None, prompts: Sequ
 
 
 def bytes_per_sample(routings: Sequence[torch.Tensor | None]) -> float:
-    """Mean bytes of routing a sample carries (the cost of replay on the wire and in memory)."""
+    """Mean bytes of routing a sample carries (the cost of replay on the wire and in memory); 0 for none.
+    Caller: bench/moe_replay.py."""
     sizes = [int(r.numel()) * int(r.element_size()) for r in routings if r is not None]
     return sum(sizes) / max(len(sizes), 1)
