@@ -309,17 +309,14 @@ def pack(
     prefix_ids = torch.zeros(n_rows, length, dtype=torch.int64)
     seq_index = torch.full((n_rows, length), -1, dtype=torch.int64)
     loss_mask = torch.zeros(n_rows, length, dtype=torch.float32)
-    routed: torch.Tensor | None = None
-    if routes is not None:
-        _, layers, topk = routes[0].shape
-        routed = torch.arange(topk, dtype=routes[0].dtype).expand(n_rows, length, layers, topk).clone()
+    routed = None if routes is None else torch.arange(routes[0].shape[2], dtype=routes[0].dtype).expand(
+        n_rows, length, *routes[0].shape[1:]).clone()
     placements: list[Placement] = []
 
     def route(r: int, start: int, i: int, lo: int, hi: int) -> None:
         """Sample i's routing of its tokens lo..hi-1 at row r from `start` (rows it lacks keep the fill)."""
         if routed is not None and routes is not None:
-            part = routes[i][lo:hi]
-            routed[r, start:start + part.shape[0]] = part
+            routed[r, start:start + len(routes[i][lo:hi])] = routes[i][lo:hi]
 
     def put(r: int, start: int, ids: list[int], first_pos: int, segment: int) -> int:
         end = start + len(ids)
