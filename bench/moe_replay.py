@@ -33,6 +33,7 @@ not (1.19x, medians of 6, noisy on 2 shared cores), trainer old-log-prob pass 29
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -163,6 +164,7 @@ def main() -> int:
             print(f"iteration {it}: reward {rows[-1]['reward']:.3f}", flush=True)
     finally:
         rollout.terminate()
+        shutil.rmtree(shm, ignore_errors=True)  # the versions written to shared memory
     report(rows, cost, len(samples))
     return 0
 
