@@ -9,7 +9,6 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
 what=${1:-all}
-UV_VERSION=0.13.9  # the installer of the venv (not a dependency of Tandem)
 mkdir -p "$cache"
 
 log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*" >&2; }
@@ -43,7 +42,7 @@ python_env() {
     # uv installs the same pinned files as pip would (same versions), several times faster on a fresh machine.
     # Bytecode is compiled at install, as pip does: vLLM's spawned processes run with -B, and where
     # PYTHONDONTWRITEBYTECODE is set no process writes it, so every start would compile torch and vLLM again.
-    "$venv/bin/pip" install -q "uv==$UV_VERSION"
+    "$venv/bin/pip" install -q -r "$here/requirements/setup.txt"
     local uv=("$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python")
     # The versions live in requirements/ only (the sidecar images install the same files).
     "${uv[@]}" -r "$here/requirements/torch.txt"

