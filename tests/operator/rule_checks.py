@@ -8,12 +8,20 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane
 from wrappers import JobWrapper
 
 from tandem.spec.load import SpecError, parse_job
+
+
+def model_dir(tmp_path: Path, model_type: str) -> str:
+    """A model directory holding only a config.json of `model_type` (what the rules read of a model)."""
+    (tmp_path / model_type).mkdir()
+    (tmp_path / model_type / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return str(tmp_path / model_type)
 
 
 def refused_offline(case: str, build: Callable[[], JobWrapper], field: str, words: str) -> None:

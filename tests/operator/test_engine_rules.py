@@ -6,11 +6,10 @@ read where the path is readable, as `tandem run` and the sidecars read it).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from rule_checks import Accepted, Rejected, rule_tests
+from rule_checks import Accepted, Rejected, model_dir, rule_tests
 from wrappers import JobWrapper
 
 from tandem.spec import devices
@@ -63,14 +62,8 @@ ACCEPTED: Accepted = [
  test_api_server_accepts) = rule_tests(REJECTED, ACCEPTED)
 
 
-def _model(tmp_path: Path, model_type: str) -> str:
-    (tmp_path / model_type).mkdir()
-    (tmp_path / model_type / "config.json").write_text(json.dumps({"model_type": model_type}))
-    return str(tmp_path / model_type)
-
-
 def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: Path) -> None:
-    llama, gemma = _model(tmp_path, "llama"), _model(tmp_path, "gemma")
+    llama, gemma = model_dir(tmp_path, "llama"), model_dir(tmp_path, "gemma")
     assert devices.trainer_engine(parse_job(W().set("model.path", llama).obj(), "x").spec) == "megatron"
     assert devices.trainer_engine(parse_job(W().set("model.path", gemma).obj(), "x").spec) == "hf"
     assert devices.trainer_engine(parse_job(hf().set("model.path", llama).obj(), "x").spec) == "hf"
@@ -95,7 +88,7 @@ def test_auto_picks_megatron_where_a_mapping_exists_and_hf_elsewhere(tmp_path: P
 def test_ppo_critic_where_auto_picks_hf_is_refused_offline(tmp_path: Path) -> None:
     """Engine auto picks hf for a model megatron cannot map (config.json, readable here): no value head for
     PPO's critic. The CEL rules cannot read the file; LoRA, which also makes auto pick hf, both refuse."""
-    gemma, llama = _model(tmp_path, "gemma"), _model(tmp_path, "llama")
+    gemma, llama = model_dir(tmp_path, "gemma"), model_dir(tmp_path, "llama")
     def ppo() -> JobWrapper:
         return W().set("algorithm.name", "ppo").set("algorithm.critic", True)
 

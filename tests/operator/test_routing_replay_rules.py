@@ -6,11 +6,10 @@ the offline-only refusal of `on` for a config.json of a family no engine replays
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from rule_checks import Accepted, Rejected, rule_tests
+from rule_checks import Accepted, Rejected, model_dir, rule_tests
 from wrappers import JobWrapper
 
 from tandem.spec import devices
@@ -43,14 +42,8 @@ ACCEPTED: Accepted = [
  test_api_server_accepts) = rule_tests(REJECTED, ACCEPTED)
 
 
-def _model(tmp_path: Path, model_type: str) -> str:
-    (tmp_path / model_type).mkdir()
-    (tmp_path / model_type / "config.json").write_text(json.dumps({"model_type": model_type}))
-    return str(tmp_path / model_type)
-
-
 def test_auto_is_on_for_a_mixtral_on_megatron_and_off_elsewhere(tmp_path: Path) -> None:
-    mixtral, qwen2 = _model(tmp_path, "mixtral"), _model(tmp_path, "qwen2")
+    mixtral, qwen2 = model_dir(tmp_path, "mixtral"), model_dir(tmp_path, "qwen2")
 
     def resolved(w: JobWrapper) -> bool:
         return devices.routing_replay(parse_job(w.obj(), "x").spec)
@@ -69,5 +62,5 @@ def test_auto_is_on_for_a_mixtral_on_megatron_and_off_elsewhere(tmp_path: Path) 
 
 def test_on_for_a_dense_config_is_refused_offline(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
-        parse_job(on().set("model.path", _model(tmp_path, "qwen2")).obj(), "x")
+        parse_job(on().set("model.path", model_dir(tmp_path, "qwen2")).obj(), "x")
     assert FIELD in err.value.fields and "model_type 'qwen2'" in str(err.value) and "mixtral" in str(err.value)
