@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,12 +38,8 @@ def wait_for_build() -> None:
     rc_file, log = os.environ.get("TANDEM_K8S_BUILD_RC"), os.environ.get("TANDEM_K8S_BUILD_LOG", "?")
     if not rc_file:
         return
-    deadline = time.monotonic() + BUILD_WAIT_S
-    while not os.path.exists(rc_file):
-        if time.monotonic() > deadline:
-            pytest.fail(f"the control plane's build (scripts/build-k8s.sh, log {log}) did not end in "
-                        f"{BUILD_WAIT_S:.0f} s")
-        time.sleep(2.0)
+    wait_for(f"the control plane's build (scripts/build-k8s.sh, log {log}) to end",
+             lambda: os.path.exists(rc_file), BUILD_WAIT_S, every=2.0)
     rc = Path(rc_file).read_text().strip()
     if rc != "0":
         tail = "".join(Path(log).read_text(errors="replace").splitlines(keepends=True)[-20:]) \
