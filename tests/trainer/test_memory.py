@@ -53,3 +53,41 @@ def test_release_returns_memory_freed_inside_the_heap() -> None:
     assert held - base > 200, (base, held)  # free() kept the pages: the case release() exists for
     assert after - base < 0.3 * (held - base), (base, held, after)
     del keep
+
+
+def test_only_the_phases_that_free_memory_release_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's meter hands memory back after the phases in `FREEING` only: a CPU pod's onload,
+    offload or release phase moves nothing in the trainer's heap and costs no collection."""
+    released: list[str] = []
+    meter = memory.PhaseMemory(releasing=memory.FREEING)
+    for phase in ("rollout", "release", "onload", "inference", "train", "publish", "offload", "sync", "eval"):
+        monkeypatch.setattr(memory, "release", lambda p=phase: released.append(p) or True)
+        with meter.measure(phase):
+            pass
+    assert released == ["rollout", "inference", "train", "publish", "eval"]
+    assert set(meter.phases) >= {"onload", "offload", "sync"}  # measured all the same
+
+
+def test_freeze_leaves_start_up_out_of_later_collections() -> None:
+    """After `freeze()` a collection walks only what was allocated since: start-up's objects are in the
+    permanent generation, and a reference cycle made later is still found and freed."""
+    import gc
+    import weakref
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+
+    start_up = [Node() for _ in range(50_000)]  # objects that live for the run
+    try:
+        memory.freeze()
+        assert gc.get_freeze_count() >= len(start_up)
+        later = Node()
+        ref = weakref.ref(later)
+        del later  # a cycle: only the collector frees it
+        assert ref() is not None
+        gc.collect()
+        assert ref() is None
+    finally:
+        gc.unfreeze()
+        del start_up

@@ -27,7 +27,7 @@ from tandem.sidecars.trainer.loop.sources import LabelledSource, RolloutSource
 from tandem.sidecars.trainer.loop.start import create, start_version
 from tandem.sidecars.trainer.loop.switch import offload, onload, release_rollouts
 from tandem.sidecars.trainer.loop.train import train
-from tandem.sidecars.trainer.observe.memory import PhaseMemory
+from tandem.sidecars.trainer.observe import memory
 from tandem.sidecars.trainer.observe.timing import PhaseTimer
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -47,8 +47,10 @@ def run(env: PodEnv, job: RLHFJob) -> None:
         rows = LabelledSource(ctx.dataset, job.spec.rollout.prompts_per_iteration) if ctx.is_driver and kto else None
         with source.exclusive(version) if source is not None else nullcontext():
             evaluate(ctx, ctx.first_iteration, version)  # the starting weights, before any training
+        memory.freeze()  # start-up's objects live for the run: later collections skip them
         for it in range(ctx.first_iteration, iterations):
-            timer = PhaseTimer(PhaseMemory())  # seconds and memory per phase; freed memory handed back
+            # seconds and memory per phase; freed memory handed back after the phases that free some
+            timer = PhaseTimer(memory.PhaseMemory(releasing=memory.FREEING))
             info: dict[str, Any] = {}
             report(ctx, "rollout", it, version)
             with timer("rollout"):
