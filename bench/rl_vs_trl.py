@@ -88,6 +88,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import arith_heldout  # bench/: the 96 held-out prompts
+
 ROOT = Path(__file__).resolve().parents[1]
 ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 sys.path[:0] = [str(ROOT / r) for r in ROOTS]
@@ -123,7 +125,7 @@ SIZES = {"tiny": Size(max_tokens=12, prompts=32, iterations=20, global_batch=128
          # examples/smollm2-grpo.yaml's settings, fewer iterations
          "smollm2": Size(max_tokens=48, prompts=8, iterations=10, global_batch=32, micro_batch=8, group=4, lr=1e-5,
                          kl=0.0, task="arith")}
-EVAL = {"prompts": 24, "samples": 4, "temperature": 1.0}  # arith: pass@1 on the first 24 held-out prompts
+EVAL = {"prompts": 96, "samples": 4, "temperature": 1.0}  # arith: pass@1 on the 96 held-out prompts (arith_heldout)
 # ~105M parameters: 14 layers x (attention 1.6M + MLP 5.9M) + embeddings; head_dim 64
 SHAPE_100M = {"hidden_size": 768, "intermediate_size": 2560, "num_hidden_layers": 14, "num_attention_heads": 12,
               "num_key_value_heads": 4}
@@ -185,7 +187,7 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
     extra: dict[str, Any] = {}
     if s.task == "arith":
         dataset |= {"promptField": "messages", "answerField": "answer"}
-        extra = {"eval": {"dataset": {"path": str(ARITH / "test.jsonl"), "promptField": "messages"},
+        extra = {"eval": {"dataset": {"path": str(arith_heldout.write(path.parent)), "promptField": "messages"},
                           "every": iterations, **EVAL},
                  "volumes": [{"name": "bench", "mountPath": "/bench", "hostPath": str(path.parent)}],
                  "export": {"path": "/bench/tandem-export", "every": iterations}}

@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -75,13 +74,13 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+import arith_heldout  # bench/: the 96 held-out prompts
+
 ROOT = Path(__file__).resolve().parents[1]
 ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 JOB = "bench-rollout-modes"
 LONG_SHARE = 8  # every 8th training prompt asks for a long list (its answers run to rollout.maxTokens)
 MAX_TOKENS = 128
-PHRASES = ("What is {a} + {b}?", "Compute {a} + {b}.", "What do you get when you add {a} and {b}?",
-           "Add {a} and {b}.")
 ITERATIONS, PROMPTS, GROUP, LR, BATCH = 10, 8, 4, 1e-5, 32
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
@@ -121,14 +120,9 @@ def build_task(out: Path) -> tuple[Path, Path, Path]:
         if i % (LONG_SHARE - 1) == LONG_SHARE - 2:
             train_rows.append(long_prompt(i))
         train_rows.append(row)
-    held = [json.loads(x) for x in (arith / "test.jsonl").read_text().splitlines() if x.strip()]
-    pairs = [tuple(int(t) for t in re.findall(r"\d+", r["messages"][0]["content"])) for r in held]
-    test_rows = [{"messages": [{"role": "user", "content": p.format(a=a, b=b)}], "answer": a + b}
-                 for p in PHRASES for a, b in pairs]
-    train, test = out / "train-long-tail.jsonl", out / "test-96.jsonl"
+    train = out / "train-long-tail.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
-    test.write_text("".join(json.dumps(r) + "\n" for r in test_rows))
-    return Path(model), train, test
+    return Path(model), train, arith_heldout.write(out)
 
 
 def job_yaml(mode: str, model: Path, train: Path, test: Path, path: Path, *, iterations: int, prompts: int,
