@@ -17,6 +17,7 @@ imported before vLLM starts: a bad entryPoint or tool is refused at once, naming
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -135,6 +136,8 @@ def main() -> int:
         chat, turns = chat_and_turns(engine, spec, env, loaded)
         app = build_app(engine, env.token, turns, chat)
         server, thread = start_server(app, env.port, "rollout-api")
+        gc.collect()  # start-up is over: its objects (vLLM's client, the app) leave the collector's view, so
+        gc.freeze()  # the collections that per-token objects trigger walk only those (trainer: observe.memory)
         endpoint = keys.endpoint(registry.namespace, registry.scope, env.pod, "rollout")
         record = {"address": env.address, "ready": True, "pod": env.pod, "rolloutOnly": env.rollout_only,
                   "generation": env.restart_generation}
