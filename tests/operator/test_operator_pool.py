@@ -2,7 +2,9 @@
 pod is replaced alone (counted once, an Event, the job still Running), a hybrid pod's failure still
 restarts the gang but keeps the running rollout-only pods (relabelled into the new generation), a
 refusal still fails the job, a crash-looping pool is a stuck verdict, Kueue-queued jobs keep the gang
-behaviour, and a job without durable copies says at creation what a restart costs.
+behaviour, and a job without durable copies says at creation what a restart costs. A pool pod lost before
+the status says Running counts too, even one no pass saw (the pass remembers the pods it created, and asks
+the API when one of them is missing from the pod index).
 On the real control plane: a rollout-only pod marked Failed as the kubelet would, then one deleted, each
 come back alone (restarts 0, the other pods keep their UIDs, an Event, the counter), and a hybrid pod's
 failure restarts the gang: a new hybrid pod, the rollout-only pods kept (same UIDs, the new generation)."""
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 import pytest
 from controlplane import ControlPlane
@@ -47,8 +50,9 @@ def running_status() -> JobStatus:
 
 
 def step(pod_list: list[PodState], st: JobStatus | None = None, *, job: JobWrapper | None = None,
-         now: datetime = T0) -> Plan:
-    return decide(observe(job or pool_job(), st if st is not None else running_status(), pod_list, now=now))
+         now: datetime = T0, created: dict[str, int] | None = None) -> Plan:
+    obs = observe(job or pool_job(), st if st is not None else running_status(), pod_list, now=now)
+    return decide(replace(obs, created=created) if created else obs)
 
 
 def events(plan: Plan, reason: str = pool_policy.REPLACED) -> list[str]:
@@ -113,6 +117,43 @@ def test_a_pool_pod_failing_before_the_job_runs_is_replaced_alone_too() -> None:
     plan = step(pod_list, StatusWrapper().phase("Pending").get())
     assert plan.status.phase == "Pending" and plan.status.restarts == 0 and plan.delete == ["demo-2"]
     assert plan.status.rollout_replacements == 1
+
+
+@pytest.mark.parametrize(("created", "counted"), [
+    ({"demo-0": 0, "demo-1": 0, "demo-2": 0}, 1),  # this operator created demo-2: it existed, it is gone
+    ({"demo-0": 0, "demo-1": 0}, 0),  # never created, never seen: only missing
+    ({"demo-0": 0, "demo-1": 0, "demo-2": 1}, 0),  # created in another gang generation
+])
+def test_a_pool_pod_that_ran_and_went_before_any_pass_saw_it_is_counted(
+    created: dict[str, int], counted: int
+) -> None:
+    """The spot-pool race: the pods ran and the rollout-only one was evicted between two passes, while the
+    status still said Pending with no pool seen (rolloutOnlyReplicas 0: the pod index lagged the creates)."""
+    seen_nothing = StatusWrapper().phase("Pending").rollout_only(0).get()
+    plan = step(healthy()[:2], seen_nothing, created=created)
+    assert plan.create == [2] and plan.delete == [] and plan.status.restarts == 0
+    assert plan.status.rollout_replacements == counted and plan.status.phase == "Pending"
+    if counted:
+        assert events(plan) == ["rollout-only pod demo-2 disappeared: replacing it alone, no gang restart "
+                                "(1 replaced so far)"]
+        back = step(healthy()[:2] + [pod(2, "uid-2b").running().state()], plan.status, created=created)
+        assert (back.status.phase, back.status.message, back.status.rollout_replacements) == (
+            "Running", "3 pods running", 1)
+        assert pool_policy.replacing(back.status.rollout_pool) == [] and events(back) == []
+    else:
+        assert events(plan) == [] and plan.status.rollout_pool is None
+
+
+def test_a_known_pool_pod_evicted_before_the_status_says_running_is_counted() -> None:
+    """The Eviction API (a drain, a reclaimed spot node) deletes the pod: a loss whatever the job's phase,
+    as the kubelet's eviction (phase Failed, reason Evicted) is."""
+    pending = StatusWrapper().phase("Pending").rollout_only(2).get()  # the last pass saw the pool, not yet all running
+    plan = step(healthy()[:2] + [pod(2).running().deleting().state()], pending)
+    assert plan.status.rollout_replacements == 1 and plan.delete == [] and plan.create == []
+    assert events(plan) == ["rollout-only pod demo-2 is being deleted: replacing it alone, no gang restart "
+                            "(1 replaced so far)"]
+    gone = step(healthy()[:2], plan.status.model_copy(update={"rollout_only_replicas": 1}))
+    assert gone.create == [2] and gone.status.rollout_replacements == 1 and events(gone) == []  # counted once
 
 
 def test_a_hybrid_pods_failure_restarts_the_gang_and_keeps_its_running_pool() -> None:
@@ -205,6 +246,54 @@ def test_a_job_says_at_creation_whether_a_gang_restart_can_resume(persist: bool)
         assert "starts training over from the initial model at iteration 0" in cond.message
         again = decide(observe(job, plan.status, now=later(5)))
         assert events(again, status.NO_DURABLE_CHECKPOINTS) == []  # once, at creation
+
+
+class ListingKube(RecordingKube):
+    """An API server that already holds `existing` (a create of one answers 409) and lists `pods`."""
+
+    def __init__(self, existing: tuple[str, ...] = (), pods: tuple[PodState, ...] = ()) -> None:
+        super().__init__()
+        self.existing, self.pods, self.lists = existing, list(pods), 0
+
+    async def create(self, manifest: dict[str, Any]) -> bool:
+        await super().create(manifest)
+        return manifest["metadata"]["name"] not in self.existing
+
+    async def list_job_pods(self, namespace: str, job: str) -> list[Any]:
+        self.lists += 1
+        return self.pods
+
+
+def test_the_operator_remembers_the_pods_it_created_until_it_deletes_them() -> None:
+    ref, memory = reconcile.JobRef("ns", "demo", "uid", 1, "1"), reconcile.JobMemory()
+    reconcile.parse(memory, ref, pool_job().obj()["spec"])
+    kube = ListingKube(existing=("demo-0",))
+    first = step([], JobStatus())
+    assert first.create == [0, 1, 2]
+    asyncio.run(reconcile.carry_out(kube, ref, memory, first, "etcd:2379"))  # type: ignore[arg-type]
+    assert memory.created == {"demo-1": 0, "demo-2": 0}  # demo-0 existed: not made by this create
+    failed = step(healthy()[:2] + [pod(2).failed().state()])
+    assert failed.delete == ["demo-2"]
+    asyncio.run(reconcile.carry_out(kube, ref, memory, failed, "etcd:2379"))  # type: ignore[arg-type]
+    assert memory.created == {"demo-1": 0}  # deleted by the operator itself: its absence is no news
+
+
+@pytest.mark.parametrize(("phase", "created", "index", "lists"), [
+    ("Pending", {"demo-2": 0}, 2, 1),  # created, not in the index: ask the API before calling it gone
+    ("Pending", {"demo-2": 0}, 3, 0),
+    ("Pending", {"demo-2": 1}, 2, 0),  # another generation's
+    ("Pending", {}, 2, 0),  # not created yet: the index is the view
+    ("Running", {}, 2, 1),
+])
+def test_a_pass_asks_the_api_when_a_pod_it_created_is_missing_from_the_index(
+    phase: str, created: dict[str, int], index: int, lists: int
+) -> None:
+    ref, memory = reconcile.JobRef("ns", "demo", "uid", 1, "1"), reconcile.JobMemory()
+    reconcile.parse(memory, ref, pool_job().obj()["spec"])
+    kube, indexed = ListingKube(pods=tuple(healthy())), healthy()[:index]
+    pods = asyncio.run(reconcile.observe_pods(kube, ref, indexed, memory.job,  # type: ignore[arg-type]
+                                              StatusWrapper().phase(phase).get(), created))
+    assert kube.lists == lists and pods == (healthy() if lists else indexed)
 
 
 # ---- the real control plane ------------------------------------------------------------------------------

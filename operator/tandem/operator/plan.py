@@ -22,7 +22,7 @@ failurePolicy.maxRestarts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -56,6 +56,10 @@ class Observation:
     pods: Sequence[PodState]
     progress: Progress | None
     now: datetime
+    # pods this operator created (the API server answered 201) and has not deleted since, by name: the
+    # gang generation created in (`reconcile.JobMemory.created`); a rollout-only pod among them that is
+    # gone was lost, though no pass saw it (`pool_policy`)
+    created: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,8 +281,10 @@ def decide(obs: Observation) -> Plan:
         decision = restart_policy.on_failure(new.restarts, policy.max_restarts)
         return _gang_failed(obs, obs.job, plan, before, what, "", decision)
     if not queue:
-        pool = pool_policy.replace(obs.pods, expected[spec.replicas:], known[spec.replicas:], generation,
-                                   job_running=was_running, record=new.rollout_pool, now=now,
+        made = [name for name, gen in obs.created.items() if gen == generation]
+        existed = scale_policy.known(expected, spec.replicas, obs.status.rollout_only_replicas, created=made)
+        pool = pool_policy.replace(obs.pods, expected[spec.replicas:], existed[spec.replicas:], generation,
+                                   record=new.rollout_pool, now=now,
                                    limit=pool_policy.bound(policy.max_restarts, spec.rollout_only_replicas))
         if pool.verdict:
             new.rollout_pool = None

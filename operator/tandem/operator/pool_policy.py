@@ -7,9 +7,12 @@ left in status.rolloutPool and the clock value passed in.
 
 Rules:
 - A rollout-only pod (index >= spec.replicas) of the current gang generation is lost when it reached
-  phase Failed (a crash, an OOM, an eviction: reason Evicted, a node shutdown), or, once the pool had
-  been seen (`scale_policy.known`) and while the job is Running, when it is being deleted (a drain, a
-  reclaimed spot node, `kubectl delete`) or is gone. A Failed pod is deleted; once its name is free,
+  phase Failed (a crash, an OOM, an eviction: reason Evicted, a node shutdown), or, once it is known to
+  have existed (`scale_policy.known`: the last pass saw the pool hold it, or this operator created it),
+  when it is being deleted (a drain, the Eviction API, a reclaimed spot node, `kubectl delete`) or is
+  gone. Like a Failed pod, whatever the job's phase: the status says Running only from the pass that saw
+  every pod run, and a pod may run and be evicted before that pass, even before any pass saw it (the pod
+  index lags the API; hence "created"). A Failed pod is deleted; once its name is free,
   plan.decide's "create what is missing" recreates it with the same name, index and generation. The
   hybrid pods (the trainers' collective) are untouched and status.restarts does not move; the driver
   adopts the new rollout before its next rollout phase and sends it the current version.
@@ -79,21 +82,22 @@ def _time(text: str) -> datetime | None:
         return None
 
 
-def _cause(pod: PodState, *, known: bool, job_running: bool) -> str:
+def _cause(pod: PodState, *, known: bool) -> str:
     """Why `pod` is lost, "" when it is not."""
     if pod.phase == "Failed":
         return "evicted" if pod.reason == "Evicted" else f"failed ({pod.reason or 'Failed'})"
-    if pod.deleting and known and job_running:
+    if pod.deleting and known:
         return "is being deleted"
     return ""
 
 
 def replace(
     pods: Iterable[PodState], pool: Sequence[str], known: Sequence[str], generation: int, *,
-    job_running: bool, record: RolloutPoolStatus | None, limit: int, now: datetime,
+    record: RolloutPoolStatus | None, limit: int, now: datetime,
 ) -> Replacement:
     """What to do about the rollout-only pods `pool` (expected names, in index order) of `generation`;
-    `known` are those the last pass saw (only these can have gone)."""
+    `known` are those known to have existed: the last pass saw them, or this operator created them
+    (only these can have gone)."""
     current = {p.name: p for p in pods if p.generation == generation}
     was = record or RolloutPoolStatus()
     open_ = [r for r in was.replacing if r.generation == generation
@@ -102,10 +106,10 @@ def replace(
     for name in pool:
         pod = current.get(name)
         if pod is None:
-            if job_running and name in known and not any(r.pod == name for r in open_):
+            if name in known and not any(r.pod == name for r in open_):
                 out.lost.append(Loss(name, "", "disappeared"))
             continue
-        cause = _cause(pod, known=name in known, job_running=job_running)
+        cause = _cause(pod, known=name in known)
         if not cause:
             continue
         if pod.phase == "Failed" and not pod.deleting:

@@ -2,7 +2,8 @@
 
 Callers: the timer handler in `tandem.operator.handlers` (every reconcile interval, per job).
 Observation: the spec (validated by `tandem.spec.load.parse_spec`), the status, the job's pods
-(from the operator's pod index; re-listed from the API when a pod seems to be missing), and the
+(from the operator's pod index; re-listed from the API when a pod seems to be missing), the pods this
+process created (`JobMemory.created`: one may run and go before any pass sees it), and the
 progress record in etcd (from the second pass on). Decision: `tandem.operator.plan.decide`.
 Actions, after the decided status is written (conditional on the resourceVersion observed, so a
 stale pass acts on nothing): ensure the Service, ConfigMap, Secret, the hybrid pods'
@@ -53,6 +54,10 @@ class JobMemory:
     refused: str = ""  # the API server's message when it last refused a create ("" once creates succeed)
     refusals: int = 0  # refusals in a row
     retry_at: float = 0.0  # time.monotonic() before which no pod create is tried again
+    # pods this process created (201) and has not deleted since: name -> gang generation. The pod index lags
+    # the API, and a pod may run and go (an eviction) between two passes, before any pass saw it: a pass
+    # that misses one of these asks the API, and plan.decide counts a rollout-only one that is gone as lost
+    created: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,14 +97,20 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def observe_pods(
-    kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None, current: JobStatus
+    kube: Kube, ref: JobRef, indexed: Iterable[PodState], job: RLHFJob | None, current: JobStatus,
+    created: Mapping[str, int] | None = None,
 ) -> list[PodState]:
+    """The job's pods from the index; from the API when one that should be there is missing (the index
+    may lag): any expected pod of a Running job, or one this operator created (`JobMemory.created`)."""
     pods = list(indexed)
-    if job is not None and current.phase == "Running":
-        names = {p.name for p in pods}
-        generation = status.gang_generation(current)
-        if any(n not in names for n in builders.pod_names(job, generation)):  # the index may lag: ask the API
-            pods = await kube.list_job_pods(ref.namespace, ref.name)
+    if job is None:
+        return pods
+    generation = status.gang_generation(current)
+    names = {p.name for p in pods if p.generation == generation}
+    should = builders.pod_names(job, generation) if current.phase == "Running" else []
+    should += [name for name, gen in (created or {}).items() if gen == generation]
+    if any(n not in names for n in should):
+        pods = await kube.list_job_pods(ref.namespace, ref.name)
     return pods
 
 
@@ -131,6 +142,8 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
     job = memory.job
     if plan.delete:
         await asyncio.gather(*(kube.delete_pod(ref.namespace, n) for n in plan.delete))
+        for name in plan.delete:  # gone by our own hand: not a loss
+            memory.created.pop(name, None)
     if plan.adopt:  # rollout-only pods kept through a gang restart join its generation (pool_policy.kept)
         labels = {builders.LABEL_GENERATION: str(plan.restart_generation)}
         labelled = await asyncio.gather(*(kube.label_pod(ref.namespace, n, labels) for n in plan.adopt),
@@ -166,21 +179,17 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
             creates.append(kube.create(netpol_builder.build_network_policy(
                 job, owner_uid=ref.uid, extra_from=[dict(p) for p in policy_from])))
     ensured = len(creates)
-    if job is not None:
-        creates += [
-            kube.create(
-                builders.build_pod(
-                    job,
-                    i,
-                    restart_generation=plan.restart_generation,
-                    owner_uid=ref.uid,
-                    default_etcd=default_etcd,
-                )
-            )
-            for i in plan.create
-        ]
+    pods = [] if job is None else [
+        builders.build_pod(job, i, restart_generation=plan.restart_generation, owner_uid=ref.uid,
+                           default_etcd=default_etcd)
+        for i in plan.create
+    ]
+    creates += [kube.create(pod) for pod in pods]
     if creates:
         results = await asyncio.gather(*creates, return_exceptions=True)
+        for pod, made in zip(pods, results[ensured:], strict=True):
+            if made is True:  # a new pod (False: one of that name existed, perhaps of an older generation)
+                memory.created[pod["metadata"]["name"]] = plan.restart_generation
         errors = [r for r in results if isinstance(r, BaseException)]
         refusals = [e for e in errors if isinstance(e, KubeError) and refusal_policy.refused(e.status)]
         others = [e for e in errors if e not in refusals]
@@ -224,7 +233,7 @@ async def run(
     # creates the pods without an etcd round trip (100 new jobs at once: bench/operator_scale.py)
     reported = job is not None and bool(current.conditions)
     progress = await read_progress(etcd, endpoints or default_etcd, ref, logger) if reported else None
-    pods = await observe_pods(kube, ref, indexed_pods, job, current)
+    pods = await observe_pods(kube, ref, indexed_pods, job, current, memory.created)
     plan = decide(
         Observation(
             name=ref.name,
@@ -235,6 +244,7 @@ async def run(
             pods=pods,
             progress=progress,
             now=datetime.now(UTC),
+            created=dict(memory.created),
         )
     )
     if not plan.create:

@@ -6,9 +6,9 @@ operator last observed (status.rolloutOnlyReplicas) and the pool's label selecto
 
 Rules:
 - Scaling up creates the new rollout-only pods in the current gang generation, with no gang
-  restart: a pod the last pass did not see cannot have "disappeared". They join the running
-  driver, which adopts newly registered rollouts before each rollout phase and sends them the
-  current weight version (by broadcast from a pod that has it).
+  restart: a pod the last pass did not see, and that this operator has not created, cannot have
+  "disappeared". They join the running driver, which adopts newly registered rollouts before each
+  rollout phase and sends them the current weight version (by broadcast from a pod that has it).
 - Scaling down deletes the highest-index rollout-only pods; a pod beyond the pool is neither a
   failure nor a preemption.
 - While the job is Running, a pool that is still growing keeps it Running: every hybrid (trainer)
@@ -17,14 +17,18 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from tandem.operator.observe import PodState
 
 
-def known(expected: Sequence[str], replicas: int, observed_rollout_only: int) -> list[str]:
-    """The expected pods the last pass saw the pool hold: only these can have vanished."""
-    return list(expected[: replicas + max(0, observed_rollout_only)])
+def known(expected: Sequence[str], replicas: int, observed_rollout_only: int,
+          created: Collection[str] = ()) -> list[str]:
+    """The expected pods known to have existed, in index order: those the last pass saw the pool hold,
+    and those of `created` (pods this operator created, which may have run and gone before any pass
+    saw them). Only these can have vanished."""
+    seen = replicas + max(0, observed_rollout_only)
+    return [name for i, name in enumerate(expected) if i < seen or name in created]
 
 
 def excess(pods: Iterable[PodState], generation: int, count: int) -> list[str]:
