@@ -361,3 +361,25 @@ def test_kept_pods_are_relabelled_and_a_refused_relabel_is_a_plain_gang_restart(
         assert kube.labelled == [] and "could not keep pod ns/demo-1 through the gang restart" in caplog.text
     else:
         assert kube.labelled == [(n, {"tandem.dev/restart-generation": "1"}) for n in ("demo-1", "demo-2")]
+
+
+def test_a_cleared_pool_record_is_removed_from_the_stored_status() -> None:
+    """A status field the new status no longer has (the pool record, once its hour passed) is written as a
+    null, which is how a merge patch removes it; without it the stored record stayed, never matched the new
+    status, and every pass patched the job again."""
+    from tandem.operator import reconcile
+    from tandem.spec.models import JobStatus
+
+    kube = RecordingKube()
+    ref = reconcile.JobRef(namespace="ns", name="job", uid="u", generation=1, resource_version="7")
+    stored = {"phase": "Running", "rolloutPool": {"replacing": [], "windowStart": "2026-01-01T00:00:00Z",
+                                                  "windowReplacements": 1}}
+    new = JobStatus(phase="Running")
+    written = asyncio.run(reconcile.write_status(kube, ref, reconcile.JobMemory(), new, stored, "7"))
+    assert written is not None and "rolloutPool" not in written[0]
+    [(version, patch)] = kube.status_writes
+    assert version == "7" and "rolloutPool" in patch and patch["rolloutPool"] is None
+    assert patch["phase"] == "Running"
+    # the next pass, given what the server then stores, writes nothing
+    again = asyncio.run(reconcile.write_status(kube, ref, reconcile.JobMemory(), new, written[0], "8"))
+    assert again == (written[0], "8") and len(kube.status_writes) == 1

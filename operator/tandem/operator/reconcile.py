@@ -291,10 +291,12 @@ async def write_status(kube: Kube, ref: JobRef, memory: JobMemory, new_status: J
     """Patch the status when it changed, on `resource_version` only. Returns the status now stored and
     the resourceVersion to write on next; None when the object moved on (409: this pass's view is stale)."""
     new = _clean(status.dump_status(new_status))
-    if new == _clean(raw_status if isinstance(raw_status, Mapping) else {}):
+    stored = _clean(raw_status if isinstance(raw_status, Mapping) else {})
+    if new == stored:
         return new, resource_version
+    cleared = {k: None for k in stored if k not in new}  # a merge patch removes a field only by a null
     try:
-        patched = await kube.patch_status(ref.namespace, ref.name, new, resource_version)
+        patched = await kube.patch_status(ref.namespace, ref.name, cleared | new, resource_version)
     except KubeError as e:
         if e.status != CONFLICT:
             raise
