@@ -12,8 +12,8 @@ the first restarted engine is back at the current version. One run asserts what 
 folded: every iteration ran once, in order, with consecutive versions; each iteration's samples came from
 the version published just before it (on-policy: the version check drops a stale rollout); the driver
 dropped the rollouts, re-sent the killed generation's prompts, waited, and re-admitted them; each sidecar
-restarted its engine and logged why; the hang was cut after the stall limit, not the HTTP timeout; no job
-restart happened; and nothing was left running or in shared memory.
+began restarting its engine and logged why (one restart completed, re-admitted); the hang was cut after the
+stall limit, not the HTTP timeout; no job restart happened; and nothing was left running or in shared memory.
 """
 
 from __future__ import annotations
@@ -89,9 +89,12 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
     causes = " ".join(c for r in rows for c in r.get("rollout_faults", []))
     assert all(f"e2e-faults-{i}" in causes for i in range(3)), causes
     logs = {i: (run_dir / "logs" / f"e2e-faults-{i}-rollout.log").read_text() for i in range(3)}
-    for log in logs.values():
-        assert "vLLM engine failed (" in log, log[-3000:]
-    assert sum(log.count("vLLM engine restarted") for log in logs.values()) >= 2
+    for log in logs.values():  # each sidecar saw its engine fail, said why, and began a restart
+        assert "vLLM engine failed (" in log and "restarting it (restart 1)" in log, log[-3000:]
+    # at least one restart completed and was re-admitted: for a while all three engines were down, and the
+    # driver waited for one (below). The others may still be restarting when the last iteration ends (a
+    # restart takes 40-90 s on a loaded machine, a toy iteration about 1 s): the job does not wait for them.
+    assert sum(log.count("vLLM engine restarted") for log in logs.values()) >= 1
     assert "vLLM hung: its" in logs[0] and "made no progress" in logs[0]
     assert "a vLLM process died during its step" in logs[2]
     trainer = (run_dir / "logs" / "e2e-faults-0-trainer.log").read_text()
