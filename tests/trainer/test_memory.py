@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem.sidecars import startup
 from tandem.sidecars.trainer.observe import memory
 
 pytestmark = pytest.mark.skipif(not memory.reset_peak(), reason="/proc/self/clear_refs refused: no peak reset")
@@ -69,8 +70,9 @@ def test_only_the_phases_that_free_memory_release_it(monkeypatch: pytest.MonkeyP
 
 
 def test_freeze_leaves_start_up_out_of_later_collections() -> None:
-    """After `freeze()` a collection walks only what was allocated since: start-up's objects are in the
-    permanent generation, and a reference cycle made later is still found and freed."""
+    """After `startup.freeze_start_up()` (the trainer's driver and the rollout sidecar call it) a collection
+    walks only what was allocated since: start-up's objects are in the permanent generation, and a reference
+    cycle made later is still found and freed."""
     import gc
     import weakref
 
@@ -80,7 +82,7 @@ def test_freeze_leaves_start_up_out_of_later_collections() -> None:
 
     start_up = [Node() for _ in range(50_000)]  # objects that live for the run
     try:
-        memory.freeze()
+        startup.freeze_start_up()
         assert gc.get_freeze_count() >= len(start_up)
         later = Node()
         ref = weakref.ref(later)

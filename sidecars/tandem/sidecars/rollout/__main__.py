@@ -17,7 +17,6 @@ imported before vLLM starts: a bad entryPoint or tool is refused at once, naming
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import sys
@@ -37,7 +36,7 @@ from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
 from tandem.sidecars.rollout.supervisor import EngineSupervisor
 from tandem.sidecars.rollout_engine.engine import EngineConfig
 from tandem.sidecars.serve import start_server, wait_until_stopped
-from tandem.sidecars.startup import etcd_security, refuse, start_sidecar
+from tandem.sidecars.startup import etcd_security, freeze_start_up, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
@@ -136,8 +135,7 @@ def main() -> int:
         chat, turns = chat_and_turns(engine, spec, env, loaded)
         app = build_app(engine, env.token, turns, chat)
         server, thread = start_server(app, env.port, "rollout-api")
-        gc.collect()  # start-up is over: its objects (vLLM's client, the app) leave the collector's view, so
-        gc.freeze()  # the collections that per-token objects trigger walk only those (trainer: observe.memory)
+        freeze_start_up()  # the collections that per-token objects trigger walk only what came after
         endpoint = keys.endpoint(registry.namespace, registry.scope, env.pod, "rollout")
         record = {"address": env.address, "ready": True, "pod": env.pod, "rolloutOnly": env.rollout_only,
                   "generation": env.restart_generation}

@@ -17,6 +17,7 @@ from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
+from tandem.sidecars.startup import freeze_start_up
 from tandem.sidecars.trainer.loop import inflight, mismatch_guard
 from tandem.sidecars.trainer.loop.evaluate import evaluate
 from tandem.sidecars.trainer.loop.generation import labelled, rollout, start_source
@@ -47,7 +48,7 @@ def run(env: PodEnv, job: RLHFJob) -> None:
         rows = LabelledSource(ctx.dataset, job.spec.rollout.prompts_per_iteration) if ctx.is_driver and kto else None
         with source.exclusive(version) if source is not None else nullcontext():
             evaluate(ctx, ctx.first_iteration, version)  # the starting weights, before any training
-        memory.freeze()  # start-up's objects live for the run: later collections skip them
+        freeze_start_up()  # start-up's objects live for the run: later collections skip them
         for it in range(ctx.first_iteration, iterations):
             # seconds and memory per phase; freed memory handed back after the phases that free some
             timer = PhaseTimer(memory.PhaseMemory(releasing=memory.FREEING))

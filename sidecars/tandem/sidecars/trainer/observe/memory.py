@@ -8,10 +8,10 @@ collector and glibc's `malloc_trim(0)`, which returns the free pages of every ma
 kernel (without it, glibc keeps what a train step freed in its heaps, and the RSS the kernel sees —
 and the OOM killer acts on — climbs with every iteration whose tensors are shaped differently).
 Only the phases that free what they allocated are followed by a release (`FREEING`: a phase that moves
-nothing in this process, such as a CPU pod's onload, costs nothing), and `freeze()` at the end of start-up
-moves the objects that live for the whole run (modules, the model, the optimizer) out of the collector's
-view: each later collection walks only what the loop allocated (SmolLM2's trainer: 0.21 s per collection
-before, under a millisecond after, which was 0.3 s on every phase of every iteration).
+nothing in this process, such as a CPU pod's onload, costs nothing), and the driver ends start-up with
+`tandem.sidecars.startup.freeze_start_up`, so a release's collection walks only what the loop allocated
+(SmolLM2's trainer: 0.21 s per collection before, under a millisecond after, which was 0.3 s on every phase
+of every iteration).
 The numbers go into metrics.jsonl (`memory`), Prometheus and the run summary; `bench/memory.py`
 reads them. Caller: `driver.run` (through `PhaseTimer`).
 """
@@ -68,13 +68,6 @@ def reset_peak() -> bool:
 
 FREEING = ("rollout", "inference", "train", "publish", "persist", "export", "eval")
 """The driver's phases that free memory of this process (samples, activations, exported tensors)."""
-
-
-def freeze() -> None:
-    """Collect once, then move every object alive now (start-up's) to the collector's permanent
-    generation (`gc.freeze`): later collections skip them. Called once, when start-up is over."""
-    gc.collect()
-    gc.freeze()
 
 
 def release() -> bool:
