@@ -31,12 +31,22 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.local_etcd import EtcdNotFound, LocalEtcd, free_port
+from tandem.cli.procs import pod_cpus
 
 __all__ = ["EtcdServer", "free_port"]
 
 
+ALL_CORES = frozenset(os.sched_getaffinity(0))  # before `pytest_configure` pins an xdist worker to its share
+
+
 class EtcdServer(LocalEtcd):
-    """The session's etcd; `stop()`/`start()` restart it on the same port and data."""
+    """The session's etcd; `stop()`/`start()` restart it on the same port and data. It runs on every core, not
+    on its worker's share: tests of that worker whose processes busy their core must not starve its answers."""
+
+    def launch(self) -> None:
+        super().launch()
+        if self.proc is not None:
+            os.sched_setaffinity(self.proc.pid, ALL_CORES)
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +106,19 @@ def group_order() -> tuple[str, ...]:
     rest = tuple(g for g in LONGEST_FIRST if g != "tests/operator")
     at = rest.index("tests/trainer") + 1
     return rest[:at] + ("tests/operator",) + rest[at:]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker, its own share of the cores (`pod_cpus`: one core each of two), inherited by everything
+    its tests start; TANDEM_TEST_PIN=0 leaves every worker on every core. Measured (tests/README.md): two
+    SmolLM2 runs side by side took 327 and 324 s unpinned, 142 and 193 s pinned (96 s alone on both cores).
+    Unpinned, each run's trainer and vLLM start an OpenMP thread per core, and four busy-waiting teams
+    time-slicing two cores wait on each other's preempted threads at every parallel region."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker is None or count is None or os.environ.get("TANDEM_TEST_PIN", "1") == "0":
+        return
+    workers = [f"gw{i}" for i in range(int(count))]
+    os.sched_setaffinity(0, pod_cpus(workers, sorted(os.sched_getaffinity(0)))[worker])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -79,7 +79,8 @@ def test_tp2_engine_updated_through_etcd_generates_like_transformers(
     ([0, 1], 2, "0|1"),
     ([0, 1, 2, 3, 4], 2, "0,1,2|3,4"),
     ([4, 5, 6, 7], 4, "4|5|6|7"),
-    ([0], 2, "all|all"),  # fewer cores than workers: no binding rather than a refusal
+    ([0], 2, "0|0"),  # fewer cores than workers share them: vLLM takes it (a pinned test worker has one core)
+    ([4, 6], 3, "4|6|4"),
 ])
 def test_cpu_worker_binding_splits_this_process_cores(cores: list[int], ranks: int, want: str) -> None:
     assert cpu_threads_bind(cores, ranks) == want

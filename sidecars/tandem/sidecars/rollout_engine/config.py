@@ -70,9 +70,10 @@ def prepare_env(cfg: EngineConfig) -> None:
 
 def cpu_threads_bind(cores: Sequence[int], ranks: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: this process's cores split into `ranks`
-    contiguous shares ("0,1|2,3"); with fewer cores than ranks, no binding ("all" per rank)."""
+    contiguous shares ("0,1|2,3"); with fewer cores than ranks, ranks share cores round-robin ("0|0" for two
+    ranks on one core: vLLM takes only core ids per rank, or "nobind" for the whole setting)."""
     if len(cores) < ranks:
-        return "|".join(["all"] * ranks)
+        return "|".join(str(cores[r % len(cores)]) for r in range(ranks))
     share, extra = divmod(len(cores), ranks)
     parts, at = [], 0
     for r in range(ranks):
