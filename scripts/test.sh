@@ -7,9 +7,10 @@
 #   lowest CPU priority beside the suite when its binaries are missing: it takes the cycles the end-to-end
 #   runs leave idle, and the control-plane fixture (tests/operator/conftest.py) waits for it to end;
 # - ruff, mypy and the import contracts run beside pytest; their output is printed when they end;
-# - two pytest workers by default (TANDEM_TEST_WORKERS=1: one process). tests/conftest.py keeps together
-#   what must not run side by side and hands out the longest groups first (xdist's own reordering by test
-#   count is off). Each test directory's seconds and the wall time are printed at the end.
+# - two pytest workers by default (TANDEM_TEST_WORKERS=1: one process), each pinned to its own share of the
+#   cores (TANDEM_TEST_PIN=0: not pinned). tests/conftest.py keeps together what must not run side by side and
+#   hands out the longest groups first (xdist's own reordering by test count is off). Each test directory's
+#   seconds and the wall time are printed at the end.
 # The run fails when any of them fails.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)

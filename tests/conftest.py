@@ -5,8 +5,9 @@ Heavier shared fixtures live beside their users (tests/operator/conftest.py star
 control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per session).
 
 `make test` runs pytest on two workers (pytest-xdist, scheduled by `group_of`, the longest groups handed
-out first: `LONGEST_FIRST`; `TANDEM_TEST_WORKERS=1` runs one process): end-to-end runs leave about half
-of the cores idle, waiting on process start-up and I/O. `group_of` keeps
+out first: `LONGEST_FIRST`; `TANDEM_TEST_WORKERS=1` runs one process), each pinned to its own share of the
+cores (`pytest_configure`): end-to-end runs wait on process start-up and I/O part of the time, and two
+side by side on separate cores never make their OpenMP teams wait on each other. `group_of` keeps
 together what must not run side by side: every test of the Kubernetes control plane (one per session); the
 checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
 sandbox's uid (whose process limit and process list are machine-wide: a fork bomb in one test would starve
@@ -37,6 +38,7 @@ __all__ = ["EtcdServer", "free_port"]
 
 
 ALL_CORES = frozenset(os.sched_getaffinity(0))  # before `pytest_configure` pins an xdist worker to its share
+EVERY_CORE_ENV = "TANDEM_TEST_EVERY_CORE"  # the same, for helpers that start many light "pods" (tests/transport)
 
 
 class EtcdServer(LocalEtcd):
@@ -118,7 +120,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is None or count is None or os.environ.get("TANDEM_TEST_PIN", "1") == "0":
         return
     workers = [f"gw{i}" for i in range(int(count))]
-    os.sched_setaffinity(0, pod_cpus(workers, sorted(os.sched_getaffinity(0)))[worker])
+    os.environ[EVERY_CORE_ENV] = ",".join(str(c) for c in sorted(ALL_CORES))
+    os.sched_setaffinity(0, pod_cpus(workers, sorted(ALL_CORES))[worker])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

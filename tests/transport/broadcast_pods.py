@@ -7,6 +7,7 @@ pod; `Pod.event()` waits for its next JSON event; `Pods.close` kills every pod.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -34,6 +35,11 @@ class Pod:
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )
+        if cores := os.environ.get("TANDEM_TEST_EVERY_CORE"):  # a pinned test worker (tests/conftest.py)
+            # pods of their own, as on separate nodes: four of them starting on the worker's one core starved
+            # each other's 5-second lease keepalives, and versions vanished from etcd mid-test
+            with contextlib.suppress(ProcessLookupError):  # already gone: its events say why
+                os.sched_setaffinity(self.proc.pid, {int(c) for c in cores.split(",")})
         self.events: Queue[dict[str, Any]] = Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
