@@ -19,6 +19,7 @@ seconds and the run's wall time are printed (tests/README.md: the suite's budget
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -48,7 +49,8 @@ class EtcdServer(LocalEtcd):
     def launch(self) -> None:
         super().launch()
         if self.proc is not None:
-            os.sched_setaffinity(self.proc.pid, ALL_CORES)
+            with contextlib.suppress(ProcessLookupError):  # exited at once: `wait_healthy` names its log
+                os.sched_setaffinity(self.proc.pid, ALL_CORES)
 
 
 @pytest.fixture(scope="session")
