@@ -15,6 +15,8 @@ fresh machine, with the same MiB):
     engine    load s, held MiB   train (3 steps) s, peak / held MiB   offload: held MiB   onload s   step s
     megatron  5.5-11.7, 1293     2.0-2.7, 4354 / 2394                 73                 0.05       0.46-0.59
     hf        0.3-8.3,   523     5.3-6.1, 3349 / 1627                 64                 0.03       0.72-0.83
+Again 2026-11-28 on one H200 (same versions): the same MiB to the unit but hf's held 1632; load 9.3 / 7.6 s,
+train 1.9 / 5.0 s, step 0.37 / 1.09 s (megatron / hf); export 0.0017 mean, 0.0157 max in bf16.
 The losses fell in both (10.92 -> 9.97 and 9.96 over 4 steps at lr 1e-4). Offload leaves 3% of Megatron's
 trained state on the GPU (bf16 weights, fp32 main copies, Adam: 2394 MiB -> 73) and onload brings it back in
 0.05 s. Export: mean |d log p| 0.0017 (max 0.016) against transformers in bf16, 0.0032 (max 0.014) in fp32,
