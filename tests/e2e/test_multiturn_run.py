@@ -76,8 +76,9 @@ def agent_job(model: Path) -> dict[str, Any]:
     spec["eval"] = {"dataset": {"path": str(EXAMPLES / "arith-tools" / "test.jsonl"), "promptField": "messages"},
                     "every": 1, "prompts": 2, "samples": 1, "temperature": 0.0}
     spec["algorithm"].update(iterations=1)
-    # 2 prompts x 4: SmolLM2's train step on CPU costs ~5 s per trajectory (most of this run's time)
-    spec["rollout"].update(promptsPerIteration=2, maxTokens=48)
+    # 1 prompt x 4: SmolLM2's train step on one core costs ~9 s per trajectory (most of this run's time); this run
+    # asserts the agent's path (its trajectories, rewards and eval), not how often it calls the tool
+    spec["rollout"].update(promptsPerIteration=1, maxTokens=48)
     environment = spec["rollout"]["environment"]
     environment.update(pythonPath=[str(EXAMPLES / "arith-agent")], kwargs={"max_calls": 2}, maxTurns=2,
                        maxTotalTokens=160)
@@ -90,7 +91,7 @@ def test_multi_turn_grpo_with_an_openai_agent(tmp_path: Path) -> None:
     run_ok(run_cmd(agent_job(pretrained.fetch("smollm2-135m")), tmp_path))
     out = tmp_path / "runs" / "e2e-agent"
     [row] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert row["completions"] == 8 and 1.0 <= row["turns_mean"] <= 2.0, row
+    assert row["completions"] == 4 and 1.0 <= row["turns_mean"] <= 2.0, row
     assert row["mismatch_mean"] < MISMATCH, row
     assert set(row["reward_components"]) == {"environment"}, row  # the agent's own reward
     evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]

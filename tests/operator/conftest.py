@@ -49,7 +49,7 @@ def wait_for_build() -> None:
 
 @pytest.fixture(scope="session")
 def k8s() -> Iterator[ControlPlane]:
-    """etcd 3.5 + kube-apiserver (RBAC) + controller-manager + scheduler + kwok with 4 GPU nodes."""
+    """etcd 3.6 + kube-apiserver (RBAC) + controller-manager + scheduler + kwok with 4 GPU nodes."""
     wait_for_build()
     missing = missing_binaries()
     if missing:

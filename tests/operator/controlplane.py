@@ -3,7 +3,7 @@
 Callers: tests/operator/conftest.py (one per pytest session) and bench/operator_scale.py.
 Binaries come from scripts/build-k8s.sh (cached under ~/.cache/tandem/k8s-<version>/bin), Kubernetes
 1.36 with the Workload API and gang scheduling switched on (FEATURE_GATES):
-etcd 3.5, kube-apiserver (RBAC on, service-account token signing), kube-controller-manager
+etcd 3.6, kube-apiserver (RBAC on, service-account token signing), kube-controller-manager
 (garbage collector, service-account and token controllers), kube-scheduler, and kwok (simulated
 nodes: pods bound to them become Running). Everything listens on free loopback ports and lives in a
 private temporary directory; `stop()` ends every process it started and removes the directory.
