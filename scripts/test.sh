@@ -3,10 +3,10 @@
 # Usage: scripts/test.sh [pytest args]. `make test` runs it after scripts/setup.sh python (the venv).
 #
 # Side by side, to keep a fresh machine's `make test` short (tests/README.md, the suite's budget):
-# - the Kubernetes control plane (scripts/build-k8s.sh, ~12 minutes of Go on a fresh machine) builds at the
-#   lowest CPU priority beside the suite when its binaries are missing (its autogroup at nice 19, its processes
-#   SCHED_IDLE): it takes the cycles the end-to-end runs leave idle, and the control-plane fixture
-#   (tests/operator/conftest.py) waits for it to end;
+# - the Kubernetes control plane (scripts/build-k8s.sh, ~12 minutes of Go alone on a fresh machine) builds
+#   beside the suite when its binaries are missing; the control plane's test groups are handed to a worker only
+#   once it ended (or when nothing else is left: the control-plane fixture, tests/operator/conftest.py, then
+#   waits for it);
 # - ruff, mypy and the import contracts run beside pytest; their output is printed when they end;
 # - two pytest workers by default (TANDEM_TEST_WORKERS=1: one process), each pinned to its own share of the
 #   cores (TANDEM_TEST_PIN=0: not pinned). tests/conftest.py keeps together what must not run side by side and
@@ -29,11 +29,12 @@ if ! "$here/scripts/build-k8s.sh" --check; then
   export TANDEM_K8S_BUILD_LOG="$cache/k8s-build.log" TANDEM_K8S_BUILD_RC="$work/k8s-build.rc"
   echo "== control plane: building beside the tests (log: $TANDEM_K8S_BUILD_LOG)"
   # own session (killed as a group if this script is stopped); the rc file appears only once it ended.
-  # A new session is a new scheduler autogroup where the kernel has them (/proc/sys/kernel/sched_autogroup_enabled):
-  # autogroups share the CPU as equals, whatever their members' nice, so the build's group gets nice 19 itself
-  # (its weight 15 against each test process group's 1024) and its processes SCHED_IDLE: it takes idle cycles only.
-  setsid bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null
-                  nice -n 19 chrt --idle 0 "$1" > "$2" 2>&1; echo $? > "$3.tmp"; mv "$3.tmp" "$3"' _ \
+  # Not at idle priority: the suite keeps both cores busy (vmstat: 0-5% idle once it runs), so an idle-priority
+  # build got no CPU until the workers ran out of other groups and then held them up for its whole length. A new
+  # session is its own scheduler autogroup (/proc/sys/kernel/sched_autogroup_enabled), which shares the CPU as an
+  # equal of each test's process group, nice or not; the control plane's groups wait for it in the scheduler
+  # (tests/conftest.py, GroupScheduling), not in a worker.
+  setsid bash -c '"$1" > "$2" 2>&1; echo $? > "$3.tmp"; mv "$3.tmp" "$3"' _ \
     "$here/scripts/build-k8s.sh" "$TANDEM_K8S_BUILD_LOG" "$TANDEM_K8S_BUILD_RC" &
   build=$!; pids+=("$build")
 fi

@@ -98,32 +98,25 @@ def group_of(nodeid: str) -> str:
 
 
 # Groups in the order two workers take them, longest first (measured, sequential seconds on a fresh machine:
-# "heavy" ~1950, the toy runs of test_tandem_run ~1000, test_rollout_modes ~550, the checkpoint engine's ~490,
-# the trainer's ~340, the control plane's ~640 in two groups of ~350 and ~290 seconds, ...): xdist hands each
-# worker two groups at the start, so the long poles begin at once and the many short groups fill in behind.
-LONGEST_FIRST = ("heavy", "tests/e2e/test_tandem_run.py", "tests/operator", "tests/e2e/test_rollout_modes.py",
-                 "tests/checkpoint_engine", *CONTROL_PLANE_SPLIT, "tests/trainer",
+# "heavy" ~1950, the toy runs of test_tandem_run ~1000, the control plane's ~640 in two groups of ~290 and ~350
+# seconds, test_rollout_modes ~550, the checkpoint engine's ~490, the trainer's ~340, ...): xdist hands each worker
+# two groups at the start, so the long poles begin at once and the many short groups fill in behind them.
+LONGEST_FIRST = ("heavy", "tests/e2e/test_tandem_run.py", "tests/operator", *CONTROL_PLANE_SPLIT,
+                 "tests/e2e/test_rollout_modes.py", "tests/checkpoint_engine", "tests/trainer",
                  "tests/e2e/test_distillation_run.py", "tests/e2e/test_kto_run.py")
 CONTROL_PLANE_GROUPS = ("tests/operator", *CONTROL_PLANE_SPLIT)
 
 
-def group_order() -> tuple[str, ...]:
-    """`LONGEST_FIRST`; where scripts/test.sh builds the control plane beside the suite (a fresh machine;
-    TANDEM_K8S_BUILD_RC set when pytest starts, so every worker collects in the same order), the control plane's
-    groups go after every other group, one per worker: the build takes the cycles the rest of the suite leaves
-    idle, and each worker starts its own control plane once it is built, so the two groups run side by side."""
-    if not os.environ.get("TANDEM_K8S_BUILD_RC"):
-        return LONGEST_FIRST
-    return tuple(g for g in LONGEST_FIRST if g not in CONTROL_PLANE_GROUPS)
-
-
 def group_rank(group: str) -> int:
-    """A group's place in `group_order()`: unlisted groups after the listed ones, and the control plane's after
-    all of them where it is being built."""
-    order = group_order()
-    if group in order:
-        return order.index(group)
-    return len(order) + (1 if group in CONTROL_PLANE_GROUPS else 0)
+    """A group's place in `LONGEST_FIRST`; unlisted groups come after the listed ones."""
+    return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def control_plane_building() -> bool:
+    """Whether scripts/test.sh's build of the control plane is still going on (TANDEM_K8S_BUILD_RC names the file
+    it writes its exit status to when it ends; unset where the binaries were there already)."""
+    rc_file = os.environ.get("TANDEM_K8S_BUILD_RC")
+    return bool(rc_file) and not os.path.exists(rc_file)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -141,7 +134,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """On an xdist worker, the collection in `group_rank` order (test.sh turns xdist's own reordering by test count
+    """On an xdist worker, the collection in `LONGEST_FIRST` order (test.sh turns xdist's own reordering by test count
     off); one process keeps the files' order."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
@@ -159,6 +152,16 @@ else:
 
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """The next group in order, except that the control plane's wait while it is being built (a fresh
+            machine): a worker given one would wait for the build with every other group still to run. Once only
+            they are left, the next is given all the same (its fixture waits for the build)."""
+            if control_plane_building():
+                ready = [g for g in self.workqueue if g not in CONTROL_PLANE_GROUPS]
+                if ready and ready[0] != next(iter(self.workqueue)):
+                    self.workqueue.move_to_end(ready[0], last=False)
+            super()._assign_work_unit(node)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling:
         return GroupScheduling(config, log)
