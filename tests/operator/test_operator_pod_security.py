@@ -220,7 +220,9 @@ def test_exhausted_quota_is_refused_and_shows(installed: ControlPlane, operator:
     st = wait_for("PodCreateRefused", lambda: refused_status(installed, ns, name, "exceeded quota"), 60)
     assert "count/pods=1" in st["message"] or "count/pods" in st["message"]
     assert len(pods_of(installed, ns, name)) == 1
-    assert ("Warning", "PodCreateRefused") in events_of(installed, ns, name)
+    # the operator posts its Event after the status patch that shows the refusal: it may be listed a moment later
+    wait_for("the PodCreateRefused Event",
+             lambda: ("Warning", "PodCreateRefused") in events_of(installed, ns, name), 30)
     installed.kubectl("patch", "resourcequota", "pods", "-n", ns, "--type=merge",
                       "-p", json.dumps({"spec": {"hard": {"count/pods": "4"}}}))
     wait_for("both pods after the quota grew", lambda: running(installed, ns, name, 2), 90)
