@@ -3,7 +3,7 @@
 # Usage: scripts/test.sh [pytest args]. `make test` runs it after scripts/setup.sh python (the venv).
 #
 # Side by side, to keep a fresh machine's `make test` short (tests/README.md, the suite's budget):
-# - the Kubernetes control plane (scripts/build-k8s.sh, ~12 minutes of Go alone on a fresh machine) builds
+# - the Kubernetes control plane (scripts/build-k8s.sh, ~10 minutes of Go alone on a fresh machine) builds
 #   beside the suite when its binaries are missing; the control plane's test groups are handed to a worker only
 #   once it ended (or when nothing else is left: the control-plane fixture, tests/operator/conftest.py, then
 #   waits for it);

@@ -29,7 +29,7 @@ from harness import (  # noqa: E402
     wait_for,
 )
 
-BUILD_WAIT_S = 3600.0  # the Go build at the lowest priority beside the suite: ~12 minutes alone on 2 cores
+BUILD_WAIT_S = 3600.0  # the Go build beside the suite: ~10 minutes alone on 2 cores
 
 
 def wait_for_build() -> None:
