@@ -158,9 +158,9 @@ else:
             machine): a worker given one would wait for the build with every other group still to run. Once only
             they are left, the next is given all the same (its fixture waits for the build)."""
             if control_plane_building():
-                ready = [g for g in self.workqueue if g not in CONTROL_PLANE_GROUPS]
-                if ready and ready[0] != next(iter(self.workqueue)):
-                    self.workqueue.move_to_end(ready[0], last=False)
+                ready = next((g for g in self.workqueue if g not in CONTROL_PLANE_GROUPS), None)
+                if ready is not None:
+                    self.workqueue.move_to_end(ready, last=False)
             super()._assign_work_unit(node)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling:
