@@ -25,8 +25,9 @@ smollm2: setup-python
 	ln -sfn "$$($(VENV)/bin/tandem models fetch smollm2-135m)" examples/models/smollm2-135m
 	$(VENV)/bin/tandem run examples/smollm2-grpo.yaml
 
-# The venv first; the Kubernetes control plane (operator tests) builds beside the suite (scripts/test.sh).
-test: setup-python
+# scripts/test.sh starts the Kubernetes control plane's Go build (operator tests) first, then installs the venv
+# (scripts/setup.sh python) while it builds, then runs the suite beside it.
+test:
 	scripts/test.sh
 
 lint: setup-python

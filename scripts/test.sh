@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test command (README, CI): lint, type-check, layering contracts, and the whole pytest suite.
-# Usage: scripts/test.sh [pytest args]. `make test` runs it after scripts/setup.sh python (the venv).
+# Usage: scripts/test.sh [pytest args] (`make test`). It installs the venv itself (scripts/setup.sh python).
 #
 # Side by side, to keep a fresh machine's `make test` short (tests/README.md, the suite's budget):
 # - the Kubernetes control plane (scripts/build-k8s.sh, ~10 minutes of Go alone on a fresh machine) builds
-#   beside the suite when its binaries are missing; the control plane's test groups are handed to a worker only
-#   once it ended (or when nothing else is left: the control-plane fixture, tests/operator/conftest.py, then
-#   waits for it);
+#   beside the venv's setup and then the suite when its binaries are missing: it starts first, so that its module
+#   downloads and first packages fill what the venv's downloads leave of the cores; the control plane's test
+#   groups are handed to a worker only once it ended (or when nothing else is left: the control-plane fixture,
+#   tests/operator/conftest.py, then waits for it);
 # - ruff, mypy and the import contracts run beside pytest; their output is printed when they end;
 # - two pytest workers by default (TANDEM_TEST_WORKERS=1: one process), each pinned to its own share of the
 #   cores (TANDEM_TEST_PIN=0: not pinned). tests/conftest.py keeps together what must not run side by side and
@@ -20,6 +21,7 @@ venv=${TANDEM_VENV:-$cache/venv}
 cd "$here"
 export PATH="$venv/bin:$PATH"
 started=$SECONDS
+mkdir -p "$cache"
 work=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
@@ -38,6 +40,9 @@ if ! "$here/scripts/build-k8s.sh" --check; then
     "$here/scripts/build-k8s.sh" "$TANDEM_K8S_BUILD_LOG" "$TANDEM_K8S_BUILD_RC" &
   build=$!; pids+=("$build")
 fi
+
+"$here/scripts/setup.sh" python >/dev/null  # the venv (and Debian's etcd): cached, seconds when nothing changed
+echo "== venv ready after $((SECONDS - started)) s"
 
 setsid bash -c 'set -e; echo "== ruff"; ruff check operator sidecars spec checkpoint_engine tests bench
                 echo "== mypy --strict"; mypy; echo "== import-linter"; lint-imports' > "$work/checks.log" 2>&1 &

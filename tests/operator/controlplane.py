@@ -5,7 +5,8 @@ Binaries come from scripts/build-k8s.sh (cached under ~/.cache/tandem/k8s-<versi
 1.36 with the Workload API and gang scheduling switched on (FEATURE_GATES):
 etcd 3.6, kube-apiserver (RBAC on, service-account token signing), kube-controller-manager
 (garbage collector, service-account and token controllers), kube-scheduler, and kwok (simulated
-nodes: pods bound to them become Running). Everything listens on free loopback ports and lives in a
+nodes: pods bound to them become Running, with kwok's own default stages, which the build writes to
+kwok-stages.yaml). Everything listens on free loopback ports and lives in a
 private temporary directory; `stop()` ends every process it started and removes the directory.
 Certificates and the service-account key pair are generated at start (`k8s_pki.write_pki`);
 `kubeconfig` holds admin (system:masters) credentials.
@@ -39,6 +40,7 @@ BIN_DIR = (
     Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / f"k8s-{K8S_VERSION}" / "bin"
 )
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl", "helm")
+KWOK_STAGES = "kwok-stages.yaml"  # kwok's node and pod stages (scripts/build-k8s.sh writes them from kwok's defaults)
 
 
 class ControlPlaneError(RuntimeError):
@@ -46,7 +48,8 @@ class ControlPlaneError(RuntimeError):
 
 
 def missing_binaries(bin_dir: Path = BIN_DIR) -> list[str]:
-    return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+    missing = [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+    return missing + ([] if (bin_dir / KWOK_STAGES).is_file() else [KWOK_STAGES])
 
 
 def kubeconfig(server: str, ca: Path, user: dict[str, str], name: str = "tandem-test") -> dict[str, Any]:
@@ -283,6 +286,7 @@ class ControlPlane:
             [
                 "kwok",
                 f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.bin_dir / KWOK_STAGES}",
                 "--manage-all-nodes=true",
                 "--cidr=10.244.0.1/16",
                 "--node-ip=10.244.0.1",
