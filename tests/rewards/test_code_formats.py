@@ -18,12 +18,22 @@ import pytest
 from tandem.sidecars.rewards import RewardInput, RewardSet
 from tandem.sidecars.rewards.code_exec import code_exec_reward
 from tandem.sidecars.sandbox.runner import Isolation, SandboxLimits, isolation_mode, run_tests
+from tandem.sidecars.sandbox.types import ExecResult
 from tandem.spec.models import Reward
 
 MODES = ["basic"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
 FAST = SandboxLimits(timeout_seconds=3.0)
 SLOW_LIMIT = SandboxLimits(timeout_seconds=1.0)
 BOUND = 1.0 + 5.0  # one time limit plus the interpreter's startup allowance
+
+
+def within_one_limit(r: ExecResult, mode: Isolation) -> bool:
+    """The slow run ended within one time limit plus the startup allowance, on top of what a run that ends at
+    once costs on this machine now (measured right after it: spawning the sandbox from a large test process and
+    reaping it took 6 s more than the bound once, with both cores busy under `make test`)."""
+    quick = run_tests("def f(x):\n    return x * x\n", HUMANEVAL + "check(f)\n", FAST, isolation=mode)
+    assert quick.status == "ok", quick
+    return r.seconds < BOUND + quick.seconds
 
 HUMANEVAL = '''
 METADATA = {
@@ -72,7 +82,7 @@ def test_humaneval_with_entry_point(mode: Isolation, program: str, score: float,
 def test_humaneval_timeout(mode: Isolation) -> None:
     r = run_tests("def square(x):\n    while True:\n        pass\n", {"test": HUMANEVAL, "entry_point": "square"},
                   SLOW_LIMIT, isolation=mode)
-    assert r.status == "timeout" and r.score == 0.0 and r.seconds < BOUND
+    assert r.status == "timeout" and r.score == 0.0 and within_one_limit(r, mode), r
 
 
 MBPP = {
@@ -98,7 +108,7 @@ def test_mbpp_asserts_count_setup_does_not(mode: Isolation, program: str, passed
 def test_mbpp_timeout_keeps_asserts_passed_before(mode: Isolation) -> None:
     program = "import math\ndef area(r):\n    while r == 0:\n        pass\n    return math.pi * r * r\n"
     r = run_tests(program, MBPP, SLOW_LIMIT, isolation=mode)
-    assert (r.passed, r.total, r.status) == (2, 3, "timeout") and r.seconds < BOUND
+    assert (r.passed, r.total, r.status) == (2, 3, "timeout") and within_one_limit(r, mode), r
 
 
 STDIO = {"inputs": ["1 2\n", "3 4\n", "10 -5\n", "0 0\n"], "outputs": ["3\n", "7\n", "5\n", "0"]}
@@ -131,7 +141,7 @@ def test_stdin_stdout_timeout_fails_that_case_and_the_rest(mode: Isolation) -> N
     program = "a, b = map(int, input().split())\nwhile a == 3:\n    pass\nprint(a + b)\n"
     r = run_tests(program, STDIO, SLOW_LIMIT, isolation=mode)
     assert (r.passed, r.total, r.status) == (1, 4, "timeout") and "case 1" in r.detail
-    assert r.seconds < BOUND  # one time limit, not one per remaining case
+    assert within_one_limit(r, mode), r  # one time limit, not one per remaining case
 
 
 CALL = {"inputs": [[1, 2], [3, 4], [-2, 2]], "outputs": [[3], [7], [0]], "fn_name": "add"}
@@ -158,10 +168,10 @@ def test_call_based_cases(mode: Isolation, program: str, passed: int) -> None:
 def test_call_based_timeout(mode: Isolation) -> None:
     program = "def add(a, b):\n    while a < 0:\n        pass\n    return a + b\n"
     r = run_tests(program, CALL, SLOW_LIMIT, isolation=mode)
-    assert (r.passed, r.status) == (2, "timeout") and r.seconds < BOUND
+    assert (r.passed, r.status) == (2, "timeout") and within_one_limit(r, mode), r
     looping_module = "while True:\n    pass\ndef add(a, b):\n    return a + b\n"
     r = run_tests(looping_module, CALL, SLOW_LIMIT, isolation=mode)
-    assert (r.passed, r.status) == (0, "timeout") and r.seconds < BOUND
+    assert (r.passed, r.status) == (0, "timeout") and within_one_limit(r, mode), r
 
 
 def _sandbox_uid_processes() -> int:
@@ -183,11 +193,12 @@ def _sandbox_uid_processes() -> int:
 def test_io_cases_stay_contained(mode: Isolation) -> None:
     fork_bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_tests(fork_bomb, STDIO, SLOW_LIMIT, isolation=mode)
-    assert r.score == 0.0 and r.seconds < BOUND
+    assert r.score == 0.0, r
     # the killed bomb's processes linger until the host's init reaps them; then forking works again
     deadline = time.monotonic() + 30
     while _sandbox_uid_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert within_one_limit(r, mode), r  # its quick run once the bomb's processes are gone
     stray = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint(sum(map(int, input().split())))\n"
     r = run_tests(stray, STDIO, FAST, isolation=mode)
     assert r.score == 1.0
