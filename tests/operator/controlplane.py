@@ -5,7 +5,7 @@ Binaries come from scripts/build-k8s.sh (cached under ~/.cache/tandem/k8s-<versi
 1.36 with the Workload API and gang scheduling switched on (FEATURE_GATES):
 etcd 3.6, kube-apiserver (RBAC on, service-account token signing), kube-controller-manager
 (garbage collector, service-account and token controllers), kube-scheduler, and kwok (simulated
-nodes: pods bound to them become Running, with kwok's own default stages, which the build writes to
+nodes: pods bound to them become Running; the stages kwok 0.7 ran by default, which the build writes to
 kwok-stages.yaml). Everything listens on free loopback ports and lives in a
 private temporary directory; `stop()` ends every process it started and removes the directory.
 Certificates and the service-account key pair are generated at start (`k8s_pki.write_pki`);
@@ -40,7 +40,7 @@ BIN_DIR = (
     Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / f"k8s-{K8S_VERSION}" / "bin"
 )
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl", "helm")
-KWOK_STAGES = "kwok-stages.yaml"  # kwok's node and pod stages (scripts/build-k8s.sh writes them from kwok's defaults)
+KWOK_STAGES = "kwok-stages.yaml"  # kwok's node and pod stages (scripts/build-k8s.sh writes them: 0.7's defaults)
 
 
 class ControlPlaneError(RuntimeError):
