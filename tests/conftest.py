@@ -14,8 +14,9 @@ checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what ru
 sandbox's uid (whose process limit and process list are machine-wide: a fork bomb in one test would starve
 another's sandbox) together with the runs that take most memory (HEAVY: three vLLM engines, two trainer pods
 or the pretrained model, which the multi-turn tests also load; two of those side by side would not fit in
-24 GiB). Every other end-to-end file is a group of its own. At the end, each test directory's summed
-seconds and the run's wall time are printed (tests/README.md: the suite's budget).
+24 GiB). Every other end-to-end file, and each file of tests/trainer (`PER_FILE`), is a group of its own.
+At the end, each test directory's summed seconds and the run's wall time are printed (tests/README.md: the
+suite's budget).
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ STARTED = time.monotonic()
 
 
 CONTROL_PLANE_SPLIT = ("tests/operator/test_operator_gang_resume.py",)  # a group (and control plane) of its own
+# Directories whose files are groups of their own: no session fixture of theirs is costly to start twice, so their
+# files fill the end of the run on whichever worker is free (as one group, the trainer's ~340 s was the last to run
+# on a fresh machine, one worker finishing it alone while the other was idle).
+PER_FILE = ("tests/trainer/",)
 
 
 def group_of(nodeid: str) -> str:
@@ -92,17 +97,18 @@ def group_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith(SANDBOX + HEAVY):
         return "heavy"
-    if path.startswith(("tests/e2e/", *CONTROL_PLANE_SPLIT)):
+    if path.startswith(("tests/e2e/", *PER_FILE, *CONTROL_PLANE_SPLIT)):
         return path
     return "/".join(path.split("/")[:2])  # tests/<dir>: its session fixtures (the control plane) started once
 
 
 # Groups in the order two workers take them, longest first (measured, sequential seconds on a fresh machine:
 # "heavy" ~1950, the toy runs of test_tandem_run ~1000, the control plane's ~640 in two groups of ~290 and ~350
-# seconds, test_rollout_modes ~550, the checkpoint engine's ~490, the trainer's ~340, ...): xdist hands each worker
-# two groups at the start, so the long poles begin at once and the many short groups fill in behind them.
+# seconds, test_rollout_modes ~550, the checkpoint engine's ~490, ...; the trainer's files come after): xdist
+# hands each worker two groups at the start, so the long poles begin at once and the many short groups fill in
+# behind them.
 LONGEST_FIRST = ("heavy", "tests/e2e/test_tandem_run.py", "tests/operator", *CONTROL_PLANE_SPLIT,
-                 "tests/e2e/test_rollout_modes.py", "tests/checkpoint_engine", "tests/trainer",
+                 "tests/e2e/test_rollout_modes.py", "tests/checkpoint_engine",
                  "tests/e2e/test_distillation_run.py", "tests/e2e/test_kto_run.py")
 CONTROL_PLANE_GROUPS = ("tests/operator", *CONTROL_PLANE_SPLIT)
 
