@@ -27,14 +27,6 @@ SLOW_LIMIT = SandboxLimits(timeout_seconds=1.0)
 BOUND = 1.0 + 5.0  # one time limit plus the interpreter's startup allowance
 
 
-def within_one_limit(r: ExecResult, mode: Isolation) -> bool:
-    """The slow run ended within one time limit plus the startup allowance, on top of what a run that ends at
-    once costs on this machine now (measured right after it: spawning the sandbox from a large test process and
-    reaping it took 6 s more than the bound once, with both cores busy under `make test`)."""
-    quick = run_tests("def f(x):\n    return x * x\n", HUMANEVAL + "check(f)\n", FAST, isolation=mode)
-    assert quick.status == "ok", quick
-    return r.seconds < BOUND + quick.seconds
-
 HUMANEVAL = '''
 METADATA = {
     "author": "jt",
@@ -48,6 +40,15 @@ def check(candidate):
     assert candidate(-1) == 1
 
 '''
+
+
+def within_one_limit(r: ExecResult, mode: Isolation) -> bool:
+    """The slow run ended within one time limit plus the startup allowance, on top of what a run that ends at
+    once costs on this machine now (measured right after it: spawning the sandbox from a large test process and
+    reaping it took 6 s more than the bound once, with both cores busy under `make test`)."""
+    quick = run_tests("def f(x):\n    return x * x\n", HUMANEVAL + "check(f)\n", FAST, isolation=mode)
+    assert quick.status == "ok", quick
+    return r.seconds < BOUND + quick.seconds
 
 
 @pytest.fixture(params=MODES)
