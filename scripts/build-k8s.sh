@@ -88,7 +88,9 @@ GO
   go get "k8s.io/kubernetes@$K8S_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "sigs.k8s.io/kwok@$KWOK_VERSION" >/dev/null
   go mod tidy -e >/dev/null 2>&1 || true
   # `go build -o DIR/` names each program after its import path's last element that is not a major version: etcd's "server"
-  go build -tags tools -trimpath -o "$w/out/" \
+  # -dwarf=false: the compiler writes no debug info that `-s -w` would strip at the link anyway (the etcd server's
+  # build alone: 118 -> 109 CPU-seconds; the stripped program is the same size)
+  go build -tags tools -trimpath -o "$w/out/" -gcflags=all=-dwarf=false \
     -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3 sigs.k8s.io/kwok/cmd/kwok ./stages
