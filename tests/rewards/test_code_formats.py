@@ -26,7 +26,6 @@ FAST = SandboxLimits(timeout_seconds=3.0)
 SLOW_LIMIT = SandboxLimits(timeout_seconds=1.0)
 BOUND = 1.0 + 5.0  # one time limit plus the interpreter's startup allowance
 
-
 HUMANEVAL = '''
 METADATA = {
     "author": "jt",
