@@ -79,6 +79,7 @@ _NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "mismatchGuard": ("!has(self.mismatchGuard)", lambda a: a.mismatch_guard is None),
     "maxStaleness": ("self.maxStaleness == 0", lambda a: a.max_staleness == 0),
     "routingReplay": ("!has(self.routingReplay) || self.routingReplay != 'on'", lambda a: a.routing_replay != "on"),
+    "oldLogprobs": ("!has(self.oldLogprobs) || self.oldLogprobs != 'rollout'", lambda a: a.old_logprobs != "rollout"),
 }
 
 
@@ -141,6 +142,15 @@ class Algorithm(Base):
     lr: Annotated[float, Field(gt=0, le=1)] = 1.0e-6
     iterations: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     epochs: Annotated[int, Field(ge=1, le=16, description="Optimizer passes over each iteration's samples.")] = 1
+    old_logprobs: Literal["auto", "trainer", "rollout"] = Field(default="auto", description=(
+        "The behaviour policy every optimizer step's ratio (clip, rollout correction) is taken against. auto: the "
+        "trainer's log-probs of the sampled tokens, from one forward before the first update, whenever an "
+        "iteration takes more than one optimizer step (more samples than trainer.globalBatchSize, or epochs > 1) "
+        "or the algorithm needs them; with one step the ratio is 1 exactly and the forward is skipped. trainer: "
+        "that forward always. rollout: the rollout engine's own log-probs stand for the old policy (no forward; "
+        "the ratio then holds the rollout/trainer mismatch as well as the updates, so clipping acts on engine "
+        "noise from the first step and rollout correction has nothing left to correct: refused with it; grpo, "
+        "ppo)."))
     gamma: Annotated[float, Field(ge=0, le=1, description="Discount of PPO's GAE and REINFORCE++'s returns.")] = 1.0
     lam: Annotated[float, Field(ge=0, le=1, description="PPO GAE lambda.")] = 0.95
     critic: bool = Field(default=False, description="PPO with a learned critic (otherwise group baseline).")
@@ -192,7 +202,13 @@ class Algorithm(Base):
              ".rolloutCorrection",
              lambda a: a.rollout_correction is None or a.tis_cap is None),
         *(_not_for(name, f, "applies to grpo and ppo (the algorithms that train on the rollouts' samples)")
-          for name in ("dpo", "kto") for f in ("rolloutCorrection", "mismatchGuard", "routingReplay")),
+          for name in ("dpo", "kto") for f in ("rolloutCorrection", "mismatchGuard", "routingReplay", "oldLogprobs")),
+        Rule("!has(self.oldLogprobs) || self.oldLogprobs != 'rollout' || (!has(self.rolloutCorrection) && "
+             "!has(self.tisCap) && !has(self.mismatchGuard))",
+             "with oldLogprobs rollout the rollout's log-probs are the old policy: rolloutCorrection, tisCap and "
+             "mismatchGuard would compare them with themselves (use oldLogprobs auto or trainer)", ".oldLogprobs",
+             lambda a: a.old_logprobs != "rollout" or (a.rollout_correction is None and a.tis_cap is None
+                                                        and a.mismatch_guard is None)),
         Rule("!has(self.preset) || self.name == 'grpo'", "presets are recipes of grpo (name: grpo)", ".preset",
              lambda a: a.preset is None or a.name == "grpo"),
         Rule("!has(self.advantage) || (self.name == 'ppo') == (self.advantage == 'gae')",

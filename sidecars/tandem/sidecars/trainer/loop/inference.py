@@ -1,5 +1,6 @@
-"""The Inference phase: reference, old-policy and teacher log-probs and critic values (collective forwards on
-every rank) overlapped with the rewards (driver rank), filled into the samples; and what they sum to.
+"""The Inference phase: reference, old-policy (`needs_old_logprobs`) and teacher log-probs and critic values
+(collective forwards on every rank) overlapped with the rewards (driver rank), filled into the samples; and what
+they sum to.
 
 Role: with data parallelism each dp rank runs the forwards on its share of the packed rows and the per-sample
 results are gathered over the dp group (`sharded`), so every rank ends with all of them; the rewards reach the
@@ -12,9 +13,10 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples
+from tandem.sidecars.algorithms.base import AlgorithmError, Sample, pack_samples
 from tandem.sidecars.rewards.combine import RewardInput, overlapped
 from tandem.sidecars.trainer.loop import sharded
+from tandem.sidecars.trainer.loop.train import optimizer_steps
 
 if TYPE_CHECKING:
     from tandem.sidecars.trainer.loop.context import TrainerContext
@@ -30,7 +32,7 @@ def inference(ctx: TrainerContext, samples: list[Sample], inputs: list[RewardInp
     """
     packed = pack_samples(samples, ctx.token_budget(samples), pad_id=ctx.pad_id,
                           share_prompts=ctx.job.spec.trainer.share_prompts)
-    need_old = ctx.algorithm.needs_old_logprobs or ctx.job.spec.algorithm.epochs > 1
+    need_old = needs_old_logprobs(ctx, samples)
     forwards = [ctx.reference, ctx.engine if need_old else None, ctx.critic, ctx.teacher]
 
     def model_work() -> list[dict[int, list[float]]]:
@@ -51,6 +53,8 @@ def inference(ctx: TrainerContext, samples: list[Sample], inputs: list[RewardInp
     else:
         (ref, old, values, teacher), rewards = model_work(), []
     rewards = ctx.broadcast(rewards)
+    if ctx.job.spec.algorithm.old_logprobs == "rollout":
+        old = rollout_as_old(samples)
     for i, s in enumerate(samples):
         s.reward = float(rewards[i])
         if i in ref:
@@ -62,6 +66,30 @@ def inference(ctx: TrainerContext, samples: list[Sample], inputs: list[RewardInp
         if i in teacher:
             s.teacher_logprobs = teacher[i]
     return info
+
+
+def needs_old_logprobs(ctx: TrainerContext, samples: list[Sample]) -> bool:
+    """Whether the Inference phase runs the trainer's forward for the old policy's log-probs: the algorithm
+    needs them, or (algorithm.oldLogprobs auto) the iteration takes more than one optimizer step, whose later
+    steps would otherwise take their ratio against weights already updated (ratio 1, no trust region), or
+    (trainer) always; never with oldLogprobs rollout, whose old policy is the rollout's own log-probs."""
+    mode = ctx.job.spec.algorithm.old_logprobs
+    if mode == "rollout":
+        return False
+    return (mode == "trainer" or ctx.algorithm.needs_old_logprobs
+            or optimizer_steps(ctx.job.spec, samples) * ctx.job.spec.algorithm.epochs > 1)
+
+
+def rollout_as_old(samples: list[Sample]) -> dict[int, list[float]]:
+    """algorithm.oldLogprobs rollout: each sample's rollout log-probs as its old ones, which then carry no
+    rollout log-probs of their own (a correction against themselves would measure nothing)."""
+    old: dict[int, list[float]] = {}
+    for i, s in enumerate(samples):
+        if s.rollout_logprobs is None:
+            raise AlgorithmError(f"algorithm.oldLogprobs rollout: sample {i} came back without the rollout's "
+                                 "log-probs (use oldLogprobs auto)")
+        old[i], s.rollout_logprobs = s.rollout_logprobs, None
+    return old
 
 
 def summarize(samples: list[Sample]) -> dict[str, float]:
