@@ -43,6 +43,10 @@ def test_shipped_samples_are_valid(sample: Path) -> None:
     ({"gpusPerPod": 8, "trainer": {"tensorParallel": 3}}, "spec.trainer.tensorParallel", "divide"),
     ({"rewards": [{"type": "format"}]}, "spec.rewards.0.pattern", "pattern"),
     ({"rewards": [{"type": "format", "pattern": "("}]}, "spec.rewards.0.pattern", "regular expression"),
+    # RE2, the API server's dialect: refused though Python's re compiles the last two
+    ({"rewards": [{"type": "format", "pattern": "(<answer>"}]}, "spec.rewards.0.pattern", "not a valid RE2"),
+    ({"rewards": [{"type": "format", "pattern": r"(a)\1"}]}, "spec.rewards.0.pattern", "not a valid RE2"),
+    ({"rewards": [{"type": "format", "pattern": "(?=x)"}]}, "spec.rewards.0.pattern", "not a valid RE2"),
     ({"algorithm": {"name": "a2c"}}, "spec.algorithm.name", "grpo"),
     ({"rollout": {"temperature": -1}}, "spec.rollout.temperature", "greater"),
     ({"checkpointEngine": {"shmSize": "lots"}}, "spec.checkpointEngine.shmSize", "pattern"),

@@ -5,10 +5,10 @@ refuse the same specs, and refuse each with the same rule's message.
 The cases (agreement_cases.py) are generated: one or more per Rule of the spec (every rule broken by
 some case, checked here without a cluster), one per integer, number and boolean field of the CRD's
 schema written as quoted text (and integers for numbers, integral floats for integers), and each
-preset beside each setting a preset's fields meet in a rule. The few specs only Python can judge
-(a `format` reward's regex, the job name's length) are accepted by the API server and refused by the
-operator at once, before any pod (InvalidSpec: test_operator_invalid.py's OPERATOR_ONLY); they are
-listed here and checked to stay exactly those.
+preset beside each setting a preset's fields meet in a rule. A `format` reward's pattern is judged by
+both in one dialect, RE2 (tandem.spec.pattern): PATTERN_CASES. The few specs only Python can judge (the
+job name's length and form) are accepted by the API server and refused by the operator at once, before
+any pod (InvalidSpec: test_operator_invalid.py's OPERATOR_ONLY).
 """
 
 from __future__ import annotations
@@ -35,9 +35,20 @@ UNBREAKABLE = {("JobSpec", ".algorithm.groupSize"): "algorithm.groupSize has min
 # Refused by both, the API server by the list's map key (x-kubernetes-list-map-keys) before any rule.
 SERVER_WORDS = {("PodSpecOverride", ".volumes"): "Duplicate value", ("PodSpecOverride", ".containers"):
                 "Duplicate value"}
-# Only Python judges these (no CEL can): the API server accepts, the operator refuses at admission.
-PYTHON_ONLY = {"pattern-not-a-regex": {"rewards": [{"type": "format", "pattern": "(unclosed"}]},
-               "format-lookbehind-unclosed": {"rewards": [{"type": "format", "pattern": "(?<=a"}]}}
+# A format reward's pattern: RE2 to both (the API server: CEL's matches on the field; tandem validate: the RE2
+# library), so a pattern Python's re compiles and RE2 does not (a backreference, look-around) is refused by both.
+PATTERN_CASES = {  # case: (pattern, accepted)
+    "pattern-re2": (r"<answer>-?\d+</answer>", True),
+    "pattern-named-groups": (r"(?P<a>x)(?<b>y)", True),  # both spellings: RE2 and Go's regexp take them
+    "pattern-unclosed": ("(<answer>", False),
+    "pattern-backreference": (r"(a)\1", False),  # Python's re compiles it
+    "pattern-lookahead": ("(?=x)", False),  # Python's re compiles it
+    "pattern-lookbehind-unclosed": ("(?<=a", False),
+    "pattern-repeat-over-1000": ("a{1001}", False),  # Python's re compiles it; RE2's bound is 1000
+    "pattern-any-byte": (r"a\Cb", False),  # the RE2 library compiles it, Go's regexp does not
+    "pattern-any-byte-quoted": (r"\Qa\Cb\E", True),  # literal text
+}
+PATTERN_REFUSED = "not a valid RE2 regular expression"
 
 Verdict = tuple[bool, str]  # accepted, the message of a refusal
 
@@ -91,9 +102,20 @@ def test_every_rule_is_broken_by_a_case(tmp_path: Path) -> None:
 
 
 def test_python_only_cases_are_the_operators() -> None:
-    """The specs only Python judges are refused by the operator at admission (InvalidSpec, no pods)."""
+    """The specs only Python judges are refused by the operator at admission (InvalidSpec, no pods); a
+    format pattern is no longer one of them."""
     operator_only = {case for case, _, _ in OPERATOR_ONLY}
-    assert "pattern-not-a-regex" in operator_only and "name-too-long" in operator_only
+    assert "name-too-long" in operator_only and not any("pattern" in case for case in operator_only)
+
+
+@pytest.mark.parametrize("case", sorted(PATTERN_CASES))
+def test_validate_judges_a_pattern_in_re2(tmp_path: Path, case: str) -> None:
+    """`tandem validate`: a pattern RE2 compiles passes; any other is refused naming the field."""
+    pattern, expected = PATTERN_CASES[case]
+    accepted, message = offline(tmp_path, case, doc_of(case, {"rewards": [{"type": "format", "pattern": pattern}]}))
+    assert accepted == expected, message
+    if not expected:
+        assert f"spec.rewards.0.pattern: {PATTERN_REFUSED}" in message, message
 
 
 @pytest.mark.k8s
@@ -127,10 +149,14 @@ def test_offline_and_api_server_agree(installed: ControlPlane, tmp_path: Path) -
 
 
 @pytest.mark.k8s
-@pytest.mark.parametrize("case", sorted(PYTHON_ONLY))
-def test_python_only_specs_pass_the_api_server_and_not_validate(installed: ControlPlane, tmp_path: Path,
-                                                                case: str) -> None:
-    doc = doc_of(case, PYTHON_ONLY[case])
-    assert dry_run(installed, doc)[0], "the API server refuses it now: move it into the agreement cases"
-    accepted, message = offline(tmp_path, case, doc)
-    assert not accepted and "spec.rewards.0.pattern: not a valid regular expression" in message, message
+@pytest.mark.parametrize("case", sorted(PATTERN_CASES))
+def test_a_pattern_gets_one_verdict(installed: ControlPlane, tmp_path: Path, case: str) -> None:
+    """The API server (the CRD's CEL, Go's RE2) and `tandem validate` (the RE2 library) accept and refuse the same
+    patterns, each refusal naming spec.rewards[i].pattern and saying RE2."""
+    pattern, expected = PATTERN_CASES[case]
+    doc = doc_of(case, {"rewards": [{"type": "answerMatch"}, {"type": "format", "pattern": pattern}]})
+    mine, server = offline(tmp_path, case, doc), dry_run(installed, doc)
+    assert mine[0] == server[0] == expected, f"offline: {mine}\nserver: {server}"
+    if not expected:
+        assert f"spec.rewards.1.pattern: {PATTERN_REFUSED}" in mine[1], mine[1]
+        assert "spec.rewards[1].pattern" in server[1] and PATTERN_REFUSED in server[1], server[1]

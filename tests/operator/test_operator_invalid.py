@@ -104,6 +104,16 @@ REJECTED: list[Case] = [
     ("reward-type-unknown", lambda: W().set("rewards", [{"type": "bleu"}]), "spec.rewards[0].type"),
     ("format-without-pattern", lambda: W().set("rewards", [{"type": "format"}]), "spec.rewards[0].pattern"),
     ("model-reward-without-path", lambda: W().set("rewards", [{"type": "model"}]), "spec.rewards[0].path"),
+    # A format pattern is RE2 to the API server (CEL's matches, on the field) as to tandem validate and the reward.
+    ("pattern-not-a-regex", lambda: W().set("rewards", [{"type": "format", "pattern": "(<answer>"}]),
+     "spec.rewards[0].pattern"),
+    ("pattern-backreference", lambda: W().set("rewards", [{"type": "format", "pattern": r"(a)\1"}]),
+     "spec.rewards[0].pattern"),  # Python's re compiles it, RE2 does not
+    ("pattern-lookahead", lambda: W().set("rewards", [{"type": "format", "pattern": "(?=x)"}]),
+     "spec.rewards[0].pattern"),  # Python's re compiles it, RE2 does not
+    ("pattern-of-the-second-reward", lambda: W().set("rewards", [{"type": "answerMatch"},
+                                                                 {"type": "format", "pattern": "(<answer>"}]),
+     "spec.rewards[1].pattern"),
     (
         "reward-weight-huge",
         lambda: W().set("rewards", [{"type": "answerMatch", "weight": 5000}]),
@@ -304,11 +314,6 @@ def _many_volumes(n: int) -> JobWrapper:
 OPERATOR_ONLY: list[Case] = [
     ("name-too-long", lambda: W("j" + "x" * 55), "metadata.name"),
     ("name-starts-with-digit", lambda: W("9lives"), "metadata.name"),
-    (
-        "pattern-not-a-regex",
-        lambda: W().set("rewards", [{"type": "format", "pattern": "(unclosed"}]),
-        "spec.rewards[0].pattern",
-    ),
 ]
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from tandem.spec import presets
 from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
@@ -25,6 +26,9 @@ from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, Base, Rule
 from tandem.spec.ckpt_engine import CheckpointEngine
 from tandem.spec.data import Dataset, Eval
 from tandem.spec.parallel import PARALLEL_RULES
+from tandem.spec.pattern import CEL_RULE as PATTERN_RULE
+from tandem.spec.pattern import MESSAGE as PATTERN_MESSAGE
+from tandem.spec.pattern import compile_re2
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 from tandem.spec.rollout import Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
@@ -42,12 +46,22 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
 
+# The API server refuses a pattern that RE2 cannot compile, naming the field, as `tandem validate` does. The
+# bound on its length keeps the rule's estimated cost (the pattern's length) within the API server's budget:
+# unbounded, the CRD itself is refused (estimated rule cost exceeds budget).
+PATTERN_CEL: JsonDict = {"x-kubernetes-validations": [{"rule": PATTERN_RULE, "message": PATTERN_MESSAGE}]}
+PATTERN_MAX = 4096
+
+
 class Reward(Base):
     type: Literal["answerMatch", "format", "codeExec", "model", "environment"] = Field(description=(
         "answerMatch, format, codeExec: rules on the final answer; model: a reward model; environment: the "
         "reward that rollout.environment (custom or agent) gave the trajectory, 0 where it gave none."))
     weight: Annotated[float, Field(ge=-1000, le=1000)] = 1.0
-    pattern: Annotated[str | None, Field(min_length=1, description="Regex a completion must match (format).")] = None
+    pattern: Annotated[str | None, Field(
+        min_length=1, max_length=PATTERN_MAX, json_schema_extra=PATTERN_CEL, description=(
+            "Regular expression (RE2 syntax: no backreferences or look-around) the whole completion must match "
+            "(format); . also matches a newline."))] = None
     timeout_seconds: Annotated[float, Field(gt=0, le=600, description="Time limit (codeExec) of a sample's "
                                             "program and tests; with I/O cases, of each case.")] = 5.0
     path: Annotated[str | None, Field(min_length=1, description="Reward-model directory (model).")] = None
@@ -67,14 +81,12 @@ class Reward(Base):
     )
 
     @model_validator(mode="after")
-    def _pattern_compiles(self) -> Reward:
-        import re
-
+    def _pattern_compiles(self) -> Reward:  # the CRD's check: PATTERN_CEL (tandem.spec.pattern)
         if self.pattern is not None:
             try:
-                re.compile(self.pattern)
-            except re.error as e:
-                raise ValueError(f"pattern: not a valid regular expression: {e}") from e
+                compile_re2(self.pattern)
+            except ValueError as e:
+                raise ValueError(f"pattern: {PATTERN_MESSAGE}: {e}") from None
         return self
 
 

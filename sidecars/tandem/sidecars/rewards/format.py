@@ -5,29 +5,26 @@ Role: the `format` rule-based reward, driven by the spec's `Reward.pattern`. Cal
 job's start naming its field rather than every sample).
 
 Semantics: the WHOLE completion (without surrounding whitespace) must match, and `.` also matches
-newlines (`fullmatch` with DOTALL). Fullmatch rather than search, so that a pattern states the
+newlines (`fullmatch`, RE2's dot_nl). Fullmatch rather than search, so that a pattern states the
 structure of the completion, not just a fragment that may appear anywhere; write `.*X.*` for
 "contains X". Patterns are compiled once and cached.
 
-Time limit: the pattern is the user's and the completion the policy's, and a backtracking engine can
-spend exponential time on a pattern like `(a|aa)+$` against a long run of a's. Matching therefore
-uses the `regex` module (re's syntax, its VERSION0 default) with its `timeout`: a match that runs
-past `MATCH_TIMEOUT_SECONDS` scores 0.0, as a completion that does not match. The module checks its
-clock between backtracking steps, so a match stops within a small multiple of the limit (measured:
-~2x, 1 s asked, 2.1 s taken on `(a|aa)+$`). It also recognises many nested quantifiers
-(`(a+)+$`) and fails them at once.
+Dialect: RE2 (`tandem.spec.pattern.compile_re2`, the google-re2 library), the dialect the API server
+checks the pattern in (CEL's `matches`, Go's regexp) and `tandem validate` compiles it in: a pattern the
+job was admitted with compiles here, and means the same (`\\d` is an ASCII digit, as in Go; no
+backreferences or look-around, which no side accepts).
+
+Time: the pattern is the user's and the completion the policy's. RE2 matches in time linear in the
+completion's length, with no backtracking, so no pattern can hang the reward: `(a|aa)+$` or `(a+)+$`
+against a long run of a's takes as long as any other pattern of its size.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
-import regex
-
-log = logging.getLogger(__name__)
-MATCH_TIMEOUT_SECONDS = 0.5
+from tandem.spec.pattern import compile_re2
 
 
 class PatternError(ValueError):
@@ -37,9 +34,9 @@ class PatternError(ValueError):
 @functools.lru_cache(maxsize=64)
 def _compiled(pattern: str) -> Any:
     try:
-        return regex.compile(pattern, regex.DOTALL)
-    except (regex.error, TypeError, ValueError) as e:
-        raise PatternError(f"pattern {pattern!r}: not a valid regular expression: {e}") from None
+        return compile_re2(pattern)
+    except (TypeError, ValueError) as e:
+        raise PatternError(f"pattern {pattern!r}: not a valid RE2 regular expression: {e}") from None
 
 
 def compile_pattern(pattern: str, field: str = "pattern") -> Any:
@@ -50,11 +47,6 @@ def compile_pattern(pattern: str, field: str = "pattern") -> Any:
         raise PatternError(f"{field}: {e}") from None
 
 
-def format_match(completion: str, pattern: str, timeout: float = MATCH_TIMEOUT_SECONDS) -> float:
-    """1.0 when the stripped completion fully matches `pattern` (DOTALL) within `timeout` seconds, else 0.0."""
-    try:
-        return 1.0 if _compiled(pattern).fullmatch(completion.strip(), timeout=timeout) else 0.0
-    except TimeoutError:
-        log.warning("format pattern %r: no answer within %gs on a %d-character completion: scored 0",
-                    pattern, timeout, len(completion))
-        return 0.0
+def format_match(completion: str, pattern: str) -> float:
+    """1.0 when the stripped completion fully matches `pattern` (RE2, `.` matching newlines), else 0.0."""
+    return 1.0 if _compiled(pattern).fullmatch(completion.strip()) else 0.0
