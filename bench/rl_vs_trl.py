@@ -191,7 +191,7 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 
 
 def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max_staleness: int = 0,
-             lora: int = 0) -> Path:
+             lora: int = 0, seed: int = 0) -> Path:
     """The bench's job. arith adds the example's chat fields, spec.eval at the start and the end only (eval
     time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check.
     `max_staleness` > 0 runs it asynchronously on the hybrid pod (its vLLM generates batch i+1 while the
@@ -213,7 +213,7 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
                  "volumes": [{"name": "bench", "mountPath": "/bench", "hostPath": str(path.parent)}],
                  "export": {"path": "/bench/tandem-export", "every": iterations}}
     spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "bench-rl-vs-trl"},
-            "spec": {"model": {"path": str(model)}, "dataset": dataset, **extra,
+            "spec": {"model": {"path": str(model)}, "dataset": dataset, **extra, "seed": seed,
                      "algorithm": algorithm,
                      "replicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
@@ -265,7 +265,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None,
-            lora: int = 0) -> dict[str, Any]:
+            lora: int = 0, seed: int = 0) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
     import torch
@@ -308,7 +308,7 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     completions = s.prompts * s.group
     config = GRPOConfig(
         output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, seed=0, learning_rate=s.lr, lr_scheduler_type="constant",
+        logging_strategy="no", disable_tqdm=True, seed=seed, learning_rate=s.lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip, loss_type="dapo",
         scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
         per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
@@ -376,7 +376,7 @@ def run_eval(job: Path, models: dict[str, Path], out: Path) -> dict[str, dict[st
 
 
 def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str, Any], trl: dict[str, Any],
-              out: Path) -> dict[str, Any]:
+              out: Path, seed: int = 0, steps: int = 1) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
 
@@ -387,6 +387,7 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
         r["reward_first"] = sum(r["rewards"][:k]) / len(r["rewards"][:k])
         r["reward_last"] = sum(r["rewards"][-k:]) / len(r["rewards"][-k:])
     result = {"size": size, "parameters": params, "iterations": iterations, "last_k": k, "settings": asdict(s),
+              "seed": seed, "steps_per_iteration": steps,
               "tandem": tandem, "trl": trl,
               "ratio_completions_per_s": tandem["completions_per_s"] / trl["completions_per_s"],
               "ratio_completions_per_s_with_startup":
@@ -461,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (alpha 2 x rank, every linear "
                     "layer, lr --lora-lr); 0: full fine-tuning")
     ap.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate with --lora (adapters take ~10x)")
+    ap.add_argument("--seed", type=int, default=0, help="spec.seed on Tandem's side, GRPOConfig.seed on TRL's")
+    ap.add_argument("--steps", type=int, default=1, help="optimizer steps per iteration on both sides (Tandem's "
+                    "trainer.globalBatchSize, TRL's gradient accumulation: the iteration's completions / steps)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
     args = ap.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -473,22 +477,25 @@ def main(argv: list[str] | None = None) -> int:
                     micro_batch=min(s.micro_batch, completions))
     if args.lora:
         s = replace(s, lr=args.lora_lr)
+    if args.steps > 1:  # each step one share of the iteration's completions, in whole micro-batches
+        per_step = s.prompts * s.group // args.steps
+        s = replace(s, global_batch=per_step, micro_batch=min(s.micro_batch, per_step))
     iterations = args.iterations or s.iterations
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     src, train, params = prepare(args.size, out)
     shutil.rmtree(out / "tandem-export", ignore_errors=True)
     job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml",
-                   args.max_staleness, args.lora)
+                   args.max_staleness, args.lora, args.seed)
     tandem = run_tandem(job, out / "tandem-runs")
     trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads,
-                  args.lora)
+                  args.lora, args.seed)
     if s.task == "arith":  # after both timed runs: TRL's before/after and Tandem's export, on Tandem's eval path
         scored = run_eval(job, {"base": src, "tandem": out / "tandem-export" / f"iteration-{iterations}",
                                 "trl": Path(trl["saved"])}, out)
         trl["eval"] = [scored["base"], {**scored["trl"], "iteration": iterations}]
         tandem["eval_export"] = {**scored["tandem"], "iteration": iterations}
-    summarize(args.size, s, iterations, params, tandem, trl, out)
+    summarize(args.size, s, iterations, params, tandem, trl, out, seed=args.seed, steps=args.steps)
     return 0
 
 

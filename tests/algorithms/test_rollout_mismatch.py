@@ -1,7 +1,7 @@
-"""Rollout/trainer log-prob mismatch and truncated or masked importance sampling (algorithm.tisCap, tisMode).
+"""Rollout/trainer log-prob mismatch and truncated or masked importance sampling (tisCap, tisMode).
 
-`F.rollout_mismatch` by hand on small tensors; GRPO and PPO losses with `Sample.rollout_logprobs`
-against the weighted surrogate computed here token by token, including stale samples whose
+`rollout_correction.weights` by hand (exact over uneven micro-batches); GRPO and PPO losses with
+`Sample.rollout_logprobs` against the weighted surrogate computed here token by token, including stale samples whose
 behaviour log-probs come from segments sampled by different versions (partial rollouts).
 """
 
@@ -13,10 +13,17 @@ import pytest
 import torch
 
 from tandem.sidecars.algorithms import GRPO, PPO, AlgorithmError, Sample, make_algorithm
-from tandem.sidecars.algorithms import functional as F
+from tandem.sidecars.algorithms import rollout_correction as RC
 from tandem.spec.models import Algorithm as AlgorithmSpec
 
-# ---- F.rollout_mismatch --------------------------------------------------------------------------
+# ---- rollout_correction.weights: the mismatch, exact over micro-batches ---------------------------------------
+
+
+def _measured(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+              correction: RC.Correction | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    seq = torch.where(mask > 0, torch.arange(mask.shape[0]).unsqueeze(1).expand_as(mask), -1)
+    w, stats = RC.weights(trainer, rollout, mask, seq, correction)
+    return w, RC.summarize(stats)
 
 
 def test_mismatch_metrics_count_only_masked_tokens() -> None:
@@ -24,7 +31,7 @@ def test_mismatch_metrics_count_only_masked_tokens() -> None:
     trainer = torch.tensor([[-1.0, -0.5, -2.0, 5.0]])
     rollout = torch.tensor([[-1.2, -0.5, -1.0, -30.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    weights, m = F.rollout_mismatch(trainer, rollout, mask, cap=None)
+    weights, m = _measured(trainer, rollout, mask)
     assert m["mismatch_mean"] == pytest.approx((0.2 + 0.0 + 1.0) / 3, rel=1e-6)
     assert m["mismatch_max"] == pytest.approx(1.0, rel=1e-6)
     assert "tis_clip_frac" not in m  # no cap: measurement only
@@ -36,7 +43,7 @@ def test_truncated_weights_and_clip_fraction_by_hand() -> None:
     rollout = torch.tensor([[-1.2, -0.5, -1.0, -30.0], [-1.0, -1.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
     cap = 1.5
-    weights, m = F.rollout_mismatch(trainer, rollout, mask, cap=cap)
+    weights, m = _measured(trainer, rollout, mask, RC.Correction(high=cap))
     # masked tokens: d = trainer - rollout = 0.2, 0, -1, 0.9, -2
     d = [0.2, 0.0, -1.0, 0.9, -2.0]
     want = [min(math.exp(x), cap) for x in d]
@@ -49,17 +56,37 @@ def test_truncated_weights_and_clip_fraction_by_hand() -> None:
     assert float(weights.max()) <= cap
 
 
+def test_batch_figures_are_exact_over_uneven_micro_batches() -> None:
+    """Two micro-batches of 1 and 4 tokens, their sums added as the engines add them: mismatch_mean and
+    tis_clip_frac are the whole batch's (2/5 tokens over the cap), not the mean of the two micro-batches'
+    shares (1/2 (1/1 + 1/4) = 0.625), and mismatch_max the larger of the two."""
+    from tandem.sidecars.trainer.engines.common import accumulate
+
+    cap = RC.Correction(high=1.5)
+    parts = [(torch.tensor([[-0.1]]), torch.tensor([[-1.0]]), torch.ones(1, 1)),
+             (torch.tensor([[-1.0, -0.5, -2.0, -0.1]]), torch.tensor([[-1.2, -0.5, -1.0, -3.0]]), torch.ones(1, 4))]
+    sums: dict[str, float] = {}
+    for trainer, rollout, mask in parts:
+        _, stats = RC.weights(trainer, rollout, mask, torch.zeros_like(mask, dtype=torch.int64), cap)
+        accumulate(sums, stats)
+    m = RC.summarize(sums)
+    gaps = [0.9, 0.2, 0.0, 1.0, 2.9]
+    assert m["mismatch_mean"] == pytest.approx(sum(gaps) / 5, rel=1e-6)
+    assert m["mismatch_max"] == pytest.approx(2.9, rel=1e-6)
+    assert m["tis_clip_frac"] == pytest.approx(2 / 5, rel=1e-6)  # e^0.9 and e^2.9 exceed 1.5
+
+
 def test_weights_carry_no_gradient() -> None:
     trainer = torch.tensor([[-1.0, -0.5]], requires_grad=True)
-    weights, _ = F.rollout_mismatch(trainer, torch.tensor([[-1.5, -0.4]]), torch.ones(1, 2), cap=2.0)
+    weights, _ = _measured(trainer, torch.tensor([[-1.5, -0.4]]), torch.ones(1, 2), RC.Correction(high=2.0))
     assert not weights.requires_grad
 
 
 def test_empty_mask_gives_zero_metrics() -> None:
     trainer = torch.tensor([[-1.0, 4.0]])
     rollout = torch.tensor([[-9.0, -9.0]])
-    _, m = F.rollout_mismatch(trainer, rollout, torch.zeros(1, 2), cap=2.0)
-    assert m == {"mismatch_mean": 0.0, "mismatch_max": 0.0, "tis_clip_frac": 0.0}
+    _, m = _measured(trainer, rollout, torch.zeros(1, 2), RC.Correction(high=2.0))
+    assert m["mismatch_mean"] == 0.0 and m["mismatch_max"] == 0.0 and m["tis_clip_frac"] == 0.0
 
 
 # ---- GRPO / PPO ----------------------------------------------------------------------------------
@@ -115,6 +142,7 @@ def test_grpo_loss_with_tis_cap_is_the_weighted_surrogate() -> None:
     assert [unpacked[i].tolist() for i in range(4)] == [pytest.approx(r) for r in ROLLOUT]
     lp = batch.scatter(CURRENT).requires_grad_(True)
     loss, m = algo.loss(lp, batch)
+    m = RC.summarize(m)  # the rc_ sums as the train phase turns them into the batch's figures
     advs = [[a] * len(c) for a, c in zip(grpo_advantages(), COMPLETIONS, strict=True)]
     want = expected_loss(advs, cap, clip, current=CURRENT, old=OLD, rollout=ROLLOUT)
     assert loss.item() == pytest.approx(want, rel=1e-5)
@@ -140,6 +168,7 @@ def test_grpo_without_old_logprobs_weighs_by_the_current_policy() -> None:
     algo = GRPO(kl_coef=0.0, tis_cap=cap)
     batch = algo.prepare(samples(old=False), token_budget=8)
     loss, m = algo.loss(batch.scatter(CURRENT), batch)
+    m = RC.summarize(m)
     advs = [[a] * len(c) for a, c in zip(grpo_advantages(), COMPLETIONS, strict=True)]
     want = expected_loss(advs, cap, 0.2, current=CURRENT, old=CURRENT, rollout=ROLLOUT)
     assert loss.item() == pytest.approx(want, rel=1e-5)
@@ -160,6 +189,7 @@ def test_without_cap_the_loss_is_unchanged_and_mismatch_is_measured(algo: GRPO |
     assert "rollout_logprobs" not in b.token_fields
     la, ma = algo.loss(a.scatter(CURRENT), a)
     lb, mb = algo.loss(b.scatter(CURRENT), b)
+    ma, mb = RC.summarize(ma), RC.summarize(mb)
     assert la.item() == pytest.approx(lb.item(), rel=1e-6)
     assert "mismatch_mean" in ma and "mismatch_mean" not in mb and "tis_clip_frac" not in ma
     d = [o - r for os_, rs in zip(OLD, ROLLOUT, strict=True) for o, r in zip(os_, rs, strict=True)]
@@ -172,6 +202,7 @@ def test_ppo_loss_with_tis_cap_is_the_weighted_surrogate() -> None:
     batch = algo.prepare(samples(), token_budget=8)
     lp = batch.scatter(CURRENT)
     loss, m = algo.loss(lp, batch)
+    m = RC.summarize(m)
     # group baseline, gamma = lam = 1: A_t = reward - group mean (0.5) on every token
     advs = [[r - 0.5] * len(c) for r, c in zip(REWARDS, COMPLETIONS, strict=True)]
     want = expected_loss(advs, cap, clip, current=CURRENT, old=OLD, rollout=ROLLOUT)
@@ -233,19 +264,19 @@ def test_mask_mode_by_hand() -> None:
     rollout = torch.tensor([[-1.2, -0.5, -1.0, -30.0], [-1.0, -1.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
     cap = 1.5
-    weights, m = F.rollout_mismatch(trainer, rollout, mask, cap=cap, mode="mask")
+    weights, m = _measured(trainer, rollout, mask, RC.Correction(mode="mask", high=cap))
     d = [0.2, 0.0, -1.0, 0.9, -2.0]  # exp(0.9) = 2.46 > 1.5: that token is dropped, the others keep exp(d)
     want = [math.exp(x) if math.exp(x) <= cap else 0.0 for x in d]
     assert weights[mask > 0].tolist() == pytest.approx(want, rel=1e-6)
     assert want[3] == 0.0 and want[0] > 1.0  # not truncation: a weight above 1 but below the cap stays
     assert m["tis_clip_frac"] == pytest.approx(1 / 5, rel=1e-6)
-    truncated, _ = F.rollout_mismatch(trainer, rollout, mask, cap=cap, mode="truncate")
+    truncated, _ = _measured(trainer, rollout, mask, RC.Correction(mode="truncate", high=cap))
     assert truncated[1, 0].item() == pytest.approx(cap) and weights[1, 0].item() == 0.0
 
 
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="clip"):
-        F.rollout_mismatch(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), cap=2.0, mode="clip")
+        RC.Correction(mode="clip", high=2.0)
 
 
 # sample 0 was generated in two segments: its first token under an old version (behaviour log-prob
@@ -281,6 +312,7 @@ def test_grpo_from_the_spec_weighs_each_segment_by_its_own_behaviour_logprobs(mo
     assert isinstance(algo, GRPO) and algo.tis_mode == mode
     batch = algo.prepare(stale_samples(), token_budget=8)
     loss, m = algo.loss(batch.scatter(CURRENT), batch)
+    m = RC.summarize(m)
     assert loss.item() == pytest.approx(hand_loss(cap, algo.clip, mode), rel=1e-5)
     # the two modes differ exactly on the tokens above the cap (sample 0's first, sample 2's last)
     other = hand_loss(cap, algo.clip, "mask" if mode == "truncate" else "truncate")

@@ -153,10 +153,10 @@ def test_the_loop_reports_the_first_steps_agreement_as_the_batchs_ratios() -> No
     batch = pack_samples(samples, 3)  # a row each: two optimizer steps of one sample
     assert batch.num_rows == 2
     batch.stats = {"reward_mean": 0.5}
-    first = {"loss": 1.0, "mismatch_mean": 0.2, "rc_tokens": 4.0, "rc_k3": 0.08, "rc_ratio": 4.0, "rc_ratio_sq": 5.0,
-             "rc_w": 3.0, "rc_w_sq": 3.0, "rc_tok_clipped": 0.0, "rc_tok_masked": 1.0, "rc_seqs": 2.0,
-             "rc_seq_clipped": 0.0, "rc_seq_masked": 1.0}
-    later = {**first, "loss": 3.0, "mismatch_mean": 0.9, "rc_k3": 4.0}  # after an update: not the rollouts' gap
+    first = {"loss": 1.0, "mismatch_max": 0.5, "rc_gap": 0.8, "rc_tokens": 4.0, "rc_k3": 0.08, "rc_ratio": 4.0,
+             "rc_ratio_sq": 5.0, "rc_w": 3.0, "rc_w_sq": 3.0, "rc_tok_clipped": 0.0, "rc_tok_masked": 1.0,
+             "rc_seqs": 2.0, "rc_seq_clipped": 0.0, "rc_seq_masked": 1.0}
+    later = {**first, "loss": 3.0, "mismatch_max": 2.0, "rc_gap": 3.6, "rc_k3": 4.0}  # after an update: not the gap
     doc = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "t"},
            "spec": {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"},
                     "rewards": [{"type": "answerMatch"}], "trainer": {"globalBatchSize": 1, "microBatchSize": 1}}}
@@ -166,6 +166,7 @@ def test_the_loop_reports_the_first_steps_agreement_as_the_batchs_ratios() -> No
     out = train(ctx, samples)  # type: ignore[arg-type]
     assert out["loss"] == 2.0 and out["prepare_reward_mean"] == 0.5  # the two steps' mean
     assert out["mismatch_mean"] == 0.2 and out["mismatch_kl"] == pytest.approx(0.02)  # the first step's
+    assert out["mismatch_max"] == 0.5 and out["optimizer_steps"] == 2.0
     assert out["mismatch_ess"] == pytest.approx(16 / 20) and out["is_ess"] == pytest.approx(9 / 12)
     assert out["is_token_masked_frac"] == 0.25 and out["is_seq_masked_frac"] == 0.5
     assert not [k for k in out if k.startswith("rc_")]

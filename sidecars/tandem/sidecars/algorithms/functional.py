@@ -169,35 +169,6 @@ def policy_metrics(
     }
 
 
-def rollout_mismatch(
-    trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None,
-    mode: str = "truncate",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token importance weights w = p_trainer / p_rollout, truncated or masked at `cap`, and metrics.
-
-    The rollout engine samples with its own kernels, so the log-prob it reports for a sampled token
-    differs from the trainer's for the same weights; a large gap means a bad weight sync. With stale
-    samples (partial or asynchronous rollouts) p_rollout is the behaviour policy: the older version
-    that sampled the token, and w corrects for it. `mode` "truncate" weighs by min(w, cap); "mask"
-    weighs by w where w <= cap and drops the token (0) above. Metrics: mean and max of
-    |log p_trainer - log p_rollout| over the masked tokens, and with a `cap` the share of tokens above
-    it. Without a cap the weights are 1 (measurement only).
-    """
-    if mode not in ("truncate", "mask"):
-        raise ValueError(f"unknown importance-weight mode {mode!r} (truncate, mask)")
-    d = torch.where(mask > 0, trainer_logprobs.detach() - rollout_logprobs, 0.0)
-    gap = d.abs()
-    metrics = {"mismatch_mean": float(masked_mean(gap, mask)),
-               "mismatch_max": float(gap.max()) if gap.numel() else 0.0}
-    if cap is None:
-        return torch.ones_like(d), metrics
-    ratio = torch.exp(torch.clamp(d, max=20.0))
-    metrics["tis_clip_frac"] = float(masked_mean((ratio > cap).to(torch.float32), mask))
-    if mode == "mask":
-        return torch.where(ratio > cap, 0.0, ratio), metrics
-    return torch.clamp(ratio, max=cap), metrics
-
-
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 20.0) -> torch.Tensor:
     """Per-token k3 estimator of KL(policy || reference): exp(d) - d - 1 with d = ref - logp (>= 0).
 

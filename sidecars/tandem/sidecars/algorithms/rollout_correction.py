@@ -15,11 +15,14 @@ environment token), the weight w_t of token t is
   token, or the whole sequence, leaves the loss; it still counts in the loss's normaliser, as in IcePop's
   objective). log rho is clamped to [-20, 20] before exp. The weights are constants (no gradient).
 Measured in every case (`rc_*` sums; one micro-batch's loss cannot see the batch, so ratios are taken
-after the engine has summed them): mismatch_kl = mean k3(rho_t) = rho_t - 1 - log rho_t (an unbiased
-estimate of KL(rollout || trainer) per token, >= 0), mismatch_ess = (sum rho_t)^2 / (n sum rho_t^2)
-(the normalised effective sample size of the raw token ratios: 1 when they agree); with a correction,
-is_ess (the same of the applied weights w_t), is_token_clipped_frac / is_token_masked_frac (tokens whose
-weight was truncated / masked) and is_seq_clipped_frac / is_seq_masked_frac (sequences with such a token).
+after the engine has summed them, and each is exact over the batch): mismatch_mean = mean |log rho_t|,
+mismatch_max = max |log rho_t| (the engines keep the largest over micro-batches), mismatch_kl = mean
+k3(rho_t) = rho_t - 1 - log rho_t (an unbiased estimate of KL(rollout || trainer) per token, >= 0),
+mismatch_ess = (sum rho_t)^2 / (n sum rho_t^2) (the normalised effective sample size of the raw token
+ratios: 1 when they agree); with a correction, is_ess (the same of the applied weights w_t), tis_clip_frac
+at token level (tokens whose rho_t exceeds high, the cap, whatever the mode), is_token_clipped_frac /
+is_token_masked_frac (tokens whose weight was truncated / masked) and is_seq_clipped_frac /
+is_seq_masked_frac (sequences with such a token).
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
-from tandem.sidecars.algorithms import functional as F
 
 if TYPE_CHECKING:
     from tandem.spec.rollout_correction import RolloutCorrection as CorrectionSpec
@@ -71,13 +72,15 @@ class Correction:
 def weights(trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
             seq_index: torch.Tensor, correction: Correction | None) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token weights `[R, L]` (1 without a correction; no gradient) and the micro-batch's metrics:
-    mismatch_mean/_max (and tis_clip_frac at token level) as `F.rollout_mismatch` has them, and the
-    `rc_*` sums `summarize` reads."""
-    _, stats = F.rollout_mismatch(trainer_logprobs, rollout_logprobs, mask, None)
+    mismatch_max (the largest |log p_trainer - log p_rollout|; the engines keep a `*_max` metric's largest over
+    micro-batches) and the `rc_*` sums `summarize` turns into the batch's ratios."""
     on = mask > 0
+    gap = torch.where(on, trainer_logprobs.detach() - rollout_logprobs, 0.0).abs()
     d = torch.where(on, trainer_logprobs.detach() - rollout_logprobs, 0.0).clamp(-BOUND, BOUND).double()
     rho = torch.exp(d)
-    stats.update(rc_tokens=float(on.sum()), rc_k3=float((torch.where(on, rho - 1.0 - d, 0.0)).sum()),
+    stats = {"mismatch_max": float(gap.max()) if gap.numel() else 0.0}
+    stats.update(rc_tokens=float(on.sum()), rc_gap=float(gap[on].sum()),
+                 rc_k3=float((torch.where(on, rho - 1.0 - d, 0.0)).sum()),
                  rc_ratio=float(rho[on].sum()), rc_ratio_sq=float((rho[on] ** 2).sum()))
     if correction is None:
         return torch.ones_like(trainer_logprobs), stats
@@ -92,8 +95,8 @@ def weights(trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask
         w = torch.where(masked, 0.0, ratio)
         clipped = torch.zeros_like(masked)
     w = torch.where(on, w, 1.0)
-    if correction.level == "token":
-        stats["tis_clip_frac"] = float(F.masked_mean((on & (rho > correction.high)).float(), mask))
+    if correction.level == "token":  # tokens whose raw ratio exceeds the cap (tisCap's figure, whatever the mode)
+        stats["rc_over_cap"] = float((on & (rho > correction.high)).sum())
     stats.update(rc_w=float(w[on].sum()), rc_w_sq=float((w[on] ** 2).sum()),
                  rc_tok_clipped=float(clipped.sum()), rc_tok_masked=float(masked.sum()),
                  rc_seqs=float(_count_sequences(on, seq_index)),
@@ -125,7 +128,11 @@ def summarize(metrics: Mapping[str, float]) -> dict[str, float]:
     out = {k: v for k, v in metrics.items() if not k.startswith("rc_")}
     n = metrics.get("rc_tokens", 0.0)
     if n <= 0:
-        return out
+        return out | ({"mismatch_mean": 0.0} if "rc_tokens" in metrics else {}) | \
+            ({"tis_clip_frac": 0.0} if "rc_over_cap" in metrics else {})
+    out["mismatch_mean"] = metrics["rc_gap"] / n
+    if "rc_over_cap" in metrics:
+        out["tis_clip_frac"] = metrics["rc_over_cap"] / n
     out["mismatch_kl"] = metrics["rc_k3"] / n
     out["mismatch_ess"] = _ess(metrics["rc_ratio"], metrics["rc_ratio_sq"], n)
     if "rc_w" in metrics:

@@ -10,7 +10,9 @@ group is looked up inside `_dp_group`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +91,40 @@ def dp_sum(par: Parallelism, values: list[float]) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
+def accumulate(sums: dict[str, float], metrics: Mapping[str, float], weight: float = 1.0) -> None:
+    """Adds one micro-batch's `metrics` to `sums`: a `*_max` metric keeps the largest value of the counted
+    micro-batches (weight > 0), every other one its weighted sum. A filler micro-batch (weight 0) still adds
+    every key, so that each rank holds the same keys for `step_metrics`' collective."""
+    for k, v in metrics.items():
+        if k.endswith("_max"):
+            sums[k] = max(sums.get(k, -math.inf), float(v) if weight > 0 else -math.inf)
+        else:
+            sums[k] = sums.get(k, 0.0) + weight * float(v)
+
+
 def step_metrics(par: Parallelism, sums: dict[str, float], total: int, reduction: str) -> dict[str, float]:
     """A train step's metrics: each one's mean over every micro-batch of every data-parallel rank (`sums`: this
     rank's sums over its counted micro-batches, the same keys on every rank; `total`: the micro-batches counted
-    on all ranks); with reduction "sum" the loss is the sum itself. Collective over the dp ranks."""
-    keys = sorted(sums)
+    on all ranks), a `*_max` one the largest of them (`accumulate`); with reduction "sum" the loss is the sum
+    itself. Collective over the dp ranks."""
+    keys = sorted(k for k in sums if not k.endswith("_max"))
+    peaks = sorted(k for k in sums if k.endswith("_max"))
     summed = dp_sum(par, [sums[k] for k in keys])
     metrics = {k: v / max(total, 1) for k, v in zip(keys, summed, strict=True)}
     if reduction == "sum" and "loss" in sums:
         metrics["loss"] = summed[keys.index("loss")]
+    for k, v in zip(peaks, dp_max(par, [sums[k] for k in peaks]), strict=True):
+        metrics[k] = v if math.isfinite(v) else 0.0
     return metrics
+
+
+def dp_max(par: Parallelism, values: list[float]) -> list[float]:
+    """The largest of `values` over the data-parallel ranks (this rank's own when dp == 1)."""
+    if par.dp == 1 or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_dp_group(par))
+    return [float(v) for v in t.tolist()]
 
 
 def dp_gather(par: Parallelism, obj: Any) -> list[Any]:

@@ -280,8 +280,7 @@ class HFEngine(HFWeights):
             weight = 1.0 if i < counted else 0.0  # a filler micro-batch joins the collectives only
             (loss * (scale * weight)).backward()
             values = {k: float(v) for k, v in metrics.items()} | {"loss": float(loss.detach())}
-            for k, v in values.items():  # every rank the same keys (each runs at least one micro-batch)
-                sums[k] = sums.get(k, 0.0) + weight * v
+            common.accumulate(sums, values, weight)  # every rank the same keys (each runs at least one micro-batch)
         self._resharded()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
         grad_norm = float(whole_tensor(norm))

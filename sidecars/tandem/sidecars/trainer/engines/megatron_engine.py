@@ -413,7 +413,9 @@ class MegatronEngine:
         update_ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {}
         if outs:  # the last pipeline stage: means over every micro-batch of every dp rank
-            sums = {k: sum(o[k] for o in outs) if counted else 0.0 for k in outs[0]}
+            sums: dict[str, float] = {}
+            for o in outs:
+                common.accumulate(sums, o, 1.0 if counted else 0.0)
             metrics = common.step_metrics(self.par, sums, total, reduction)
         metrics = self._metrics_from_last_stage(metrics)
         metrics.update(
