@@ -33,8 +33,12 @@ class Rollout(Base):
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     max_tokens: Annotated[int, Field(ge=1, le=131_072)] = 1024
     temperature: Annotated[float, Field(gt=0, le=4, description="Sampling temperature; above 0, since every "
-                                        "algorithm compares groupSize different completions of a prompt.")] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+                                        "algorithm compares groupSize different completions of a prompt. The "
+                                        "trainer scores the same tempered policy (logits / temperature) and the "
+                                        "rollout reports its log-probs.")] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1, description="Nucleus sampling. Below 1 the sampler draws from a "
+                                  "truncated distribution the trainer does not model: the rollout/trainer "
+                                  "mismatch metrics show the gap.")] = 1.0
     prompts_per_iteration: Annotated[int, Field(ge=1, le=100_000)] = 64
     between_rollouts: Literal["terminate", "sleep", "keep"] = Field(
         default="terminate", description="What the rollout does with vLLM while the trainer trains: terminate "

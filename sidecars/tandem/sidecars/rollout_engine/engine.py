@@ -156,6 +156,9 @@ class RolloutEngine:
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
             enable_sleep_mode=self.cfg.enable_sleep_mode,
             worker_extension_cls=EXTENSION,
+            # the log-probs of the distribution each token was drawn from (after temperature, top-k, top-p), which
+            # the trainer scores with its logits divided by the temperature; vLLM's default is the raw model's
+            logprobs_mode="processed_logprobs",
             **lora,
             **routing.llm_kwargs(self.cfg.routing_replay),
             **self.cfg.llm_kwargs,

@@ -87,6 +87,7 @@ class HFEngine(HFWeights):
         self.clip_grad, self.compute_dtype = clip_grad, compute_dtype
         self.last_step_rows = 0
         self.last_export_seconds = 0.0
+        self.temperature = 1.0  # the sampler's (start.create sets rollout.temperature): logits / temperature
         self.plain_head = _plain_head(model)
         self.lora_scale = lora_weights.scale(model) if hasattr(model, "peft_config") else None
         self.model_dir: Path | None = None  # the base model's directory (LoRA's frozen weights)
@@ -183,6 +184,8 @@ class HFEngine(HFWeights):
 
         def forward(hidden: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
             weight = head.weight
+            if self.temperature != 1.0:  # a plain linear head: (h / T) W^T = logits / T
+                hidden = hidden / self.temperature
             if mask is not None:  # labels layout: position t scores token t + 1
                 where = mask > 0
                 labels = micro_batches.require(mb, "labels")
@@ -219,7 +222,7 @@ class HFEngine(HFWeights):
             with self._scoring_head(mb, scored_only, got):
                 self.model(**self._inputs(mb))
             return got[-1]
-        logits = self.model(**self._inputs(mb)).logits.float()
+        logits = self.model(**self._inputs(mb)).logits.float() / self.temperature
         ids = micro_batches.require(mb, "input_ids")
         nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
         return aligned(-nll, mb)

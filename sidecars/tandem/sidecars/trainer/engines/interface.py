@@ -46,6 +46,7 @@ class TrainerEngine(Protocol):
     optimizer: Any
     last_step_rows: int
     last_export_seconds: float
+    temperature: float  # log-probs are of the logits divided by it: rollout.temperature, the policy that sampled
 
     def token_logprobs(self, batch: Any, micro_batch_size: int | None = None,
                        scored_only: bool = False) -> torch.Tensor: ...

@@ -83,6 +83,7 @@ class MegatronEngine:
         # ... and there, the output layer and log-softmax run a chunk of positions at a time
         # (chunked_logprobs): no [positions, vocab] logits; False computes them whole (tests compare)
         self.chunked_head = True
+        self.temperature = 1.0  # the sampler's (start.create sets rollout.temperature): logits / temperature
         # rows longer than this attend per sample (segment_attention: memory linear in the row); shorter
         # ones through the dense mask; tests set it to compare the two
         self.dense_max_tokens = micro_batches.DENSE_MAX_TOKENS
@@ -287,6 +288,8 @@ class MegatronEngine:
         """What the losses and forwards see: values for a critic, token log-probs otherwise."""
         if self.value_head:
             return heads.values(logits, mb, self.par)
+        if self.temperature != 1.0:  # logits, or the hidden states a linear head turns into them: / T either way
+            logits = logits / self.temperature
         if self._head is not None:  # hidden states of the scored positions (only_scored + hidden_out)
             return heads.scored_logprobs_from_hidden(logits, self._head, mb, self.shape, self.par)
         if self._scoring and micro_batches.field(mb, "loss_mask") is not None:  # cut by only_scored

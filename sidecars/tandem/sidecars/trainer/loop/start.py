@@ -44,6 +44,9 @@ def create(env: PodEnv, job: RLHFJob) -> TrainerContext:
 
     spec = job.spec
     engine = build_engine(spec, seed=spec.seed)
+    # every log-prob of the policy (and of the reference and teacher scored in its place) is of the distribution
+    # the rollouts sample from: the logits divided by the temperature, as vLLM's processed log-probs are
+    engine.temperature = spec.rollout.temperature
     tok = AutoTokenizer.from_pretrained(spec.model.path)
     eos = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
