@@ -12,6 +12,10 @@ refused by the other. RE2 matches in time linear in the completion's length: no 
 The two implementations differ in a few corners. `\\C` (any single byte) is the RE2 library's and not Go's:
 `compile_re2` refuses it too. Left: a nesting deeper than 1000 groups (Go refuses it) and a Unicode script
 newer than Go's tables (`\\p{Nag_Mundari}`) pass `tandem validate` and not the API server.
+
+No ratcheting: the API server does not excuse a rule's evaluation error on an unchanged value (and a rule
+under `rewards`, a plain list, has no `oldSelf`), so a job stored before this rule with a pattern RE2
+refuses takes no update, a finalizer's removal included, until its pattern is changed to one RE2 compiles.
 Callers: `tandem.spec.models.Reward` (validation, CRD), `tandem.sidecars.rewards.format` (matching).
 """
 
