@@ -55,6 +55,7 @@ class Cell:
     engine: str = "hf"
     tp: int = 1  # Megatron's tensor and pipeline parallel sizes
     pp: int = 1
+    lora: dict[str, Any] | None = None  # trainer.lora (the hf engine)
     world: int = 1  # trainer ranks (spawned gloo processes when > 1); the data-parallel size is world / (tp pp)
     marks: tuple[Any, ...] = field(default_factory=tuple)
 
@@ -77,6 +78,9 @@ CELLS = [
     Cell("ppo-4steps", {"name": "ppo", "klCoef": 0.05, "clip": 0.2}, batch=4),
     Cell("dpo-1step", {"name": "dpo", "beta": 0.1}),
     Cell("dpo-2steps", {"name": "dpo", "beta": 0.1}, batch=8),
+    Cell("grpo-4steps-lora", GRPO, batch=4, lora={"rank": 4, "alpha": 8, "targetModules": ["q_proj", "v_proj"]}),
+    Cell("kto-1step", {"name": "kto", "beta": 0.1, "desirableWeight": 1.3}),
+    Cell("kto-4steps", {"name": "kto", "beta": 0.1, "desirableWeight": 1.3}, batch=4),
     Cell("grpo-4steps-megatron", GRPO, batch=4, engine="megatron", marks=(pytest.mark.megatron,)),
     Cell("grpo-2steps-dp2", GRPO, batch=8, micro=1, world=2),  # each step's two rows, one per FSDP2 rank
     Cell("grpo-4steps-megatron-tp2", GRPO, batch=4, engine="megatron", tp=2, world=2, marks=(pytest.mark.megatron,)),
@@ -155,10 +159,45 @@ def _ppo_advantages(samples: list[Sample], old: list[torch.Tensor], ref: list[to
     return [(a - mean) / torch.sqrt(var + 1e-8) for a in adv]
 
 
-def reference_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[Sample]) -> dict[str, Any]:
+def _with_adapters(model: Any, lora: dict[str, Any], start: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Each target linear layer computes x W^T + b + alpha / rank x (x A^T) B^T, from the adapters `start`
+    (module name + ".A" / ".B"); the base weights frozen. Returns the adapters (the trained parameters)."""
+    scale = lora["alpha"] / lora["rank"]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    trained: list[torch.Tensor] = []
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] not in lora["targetModules"]:
+            continue
+        a = start[f"{name}.A"].clone().requires_grad_(True)
+        b = start[f"{name}.B"].clone().requires_grad_(True)
+        module.lora = (a, b)
+
+        def forward(x: torch.Tensor, m: Any = module) -> torch.Tensor:
+            a, b = m.lora
+            return torch.nn.functional.linear(x, m.weight, m.bias) + scale * ((x @ a.t()) @ b.t())
+
+        module.forward = forward
+        trained += [a, b]
+    return trained
+
+
+def _merged(model: Any, lora: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights with each adapter merged in: W + alpha / rank x B A."""
+    out = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for name, module in model.named_modules():
+        if hasattr(module, "lora"):
+            a, b = module.lora
+            out[f"{name}.weight"] += lora["alpha"] / lora["rank"] * (b @ a).detach()
+    return out
+
+
+def reference_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[Sample],
+                        adapters: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     algo = {"epochs": 1, "oldLogprobs": "auto", "klPenalty": "loss", "lossAgg": "token-mean", **cell.algorithm}
     model, ref_model = _load(policy), _load(ref_dir)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    trained = list(model.parameters()) if cell.lora is None else _with_adapters(model, cell.lora, adapters or {})
+    opt = torch.optim.AdamW(trained, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     with torch.no_grad():
         old = [_logprobs(model, s) for s in samples]  # the policy that sampled: these weights
         ref = [_logprobs(ref_model, s) for s in samples]
@@ -167,7 +206,12 @@ def reference_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[S
         old = rollout
     coef, clip = float(algo.get("klCoef", 0.0)), float(algo.get("clip", 0.2))
     rewards = [s.reward for s in samples]
-    if algo["name"] == "dpo":
+    if algo["name"] == "kto":  # examples labelled desirable when rewarded; the probes follow them
+        examples = [i for i, s in enumerate(samples) if not s.kl_probe]
+        probes = [i for i, s in enumerate(samples) if s.kl_probe]
+        z0 = max(0.0, sum(float(old[i].sum() - ref[i].sum()) for i in probes) / len(probes))
+        rows = [examples[4 * g:4 * g + 4] for g in range(len(SHAPES))]
+    elif algo["name"] == "dpo":
         units = [[4 * g + max(range(4), key=lambda k: (REWARDS[g][k], -k)),
                   4 * g + min(range(4), key=lambda k: (REWARDS[g][k], k))] for g in range(len(SHAPES))]
         rows = [units[0] + units[1], units[2] + units[3]]  # two 64-token rows: pairs (32 + 30), (28 + 26)
@@ -181,23 +225,32 @@ def reference_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[S
                                                                             strict=True)]
         else:
             adv = _ppo_advantages(samples, old, ref, coef)
-    steps = min(math.ceil(len(samples) / cell.batch), len(rows))
+    examples_trained = sum(not s.kl_probe for s in samples)  # kto's probes only set z0
+    steps = min(math.ceil(examples_trained / cell.batch), len(rows))
     bounds = [round(i * len(rows) / steps) for i in range(steps + 1)]
     parts = [sum(rows[bounds[i]:bounds[i + 1]], []) for i in range(steps)]
-    tokens = sum(len(s.completion_ids) for s in samples)
+    tokens = sum(len(s.completion_ids) for s in samples if not s.kl_probe)
     per_step = []
     for _ in range(algo["epochs"]):
         for part in parts:
             opt.zero_grad()
             total = torch.zeros(())
             ratios, clipped = [], []
+            if algo["name"] == "kto":
+                lam_d = algo.get("desirableWeight", 1.0)
+                for i in part:
+                    r = _logprobs(model, samples[i]).sum() - ref[i].sum()
+                    b = algo["beta"]
+                    per = lam_d * (1 - torch.sigmoid(b * (r - z0))) if samples[i].desirable else \
+                        1 - torch.sigmoid(b * (z0 - r))
+                    total = total + per * steps / len(examples)
             if algo["name"] == "dpo":
                 pairs = [part[j:j + 2] for j in range(0, len(part), 2)]
                 for c, r in pairs:
                     margin = (_logprobs(model, samples[c]).sum() - ref[c].sum()) - \
                              (_logprobs(model, samples[r]).sum() - ref[r].sum())
                     total = total - torch.nn.functional.logsigmoid(algo["beta"] * margin) * steps / len(units)
-            for i in part if algo["name"] != "dpo" else []:
+            for i in part if algo["name"] in ("grpo", "ppo") else []:
                 logp = _logprobs(model, samples[i])
                 ratio = torch.exp(logp - old[i])
                 a = adv[i]
@@ -214,12 +267,14 @@ def reference_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[S
                 r = ratio.detach()
                 clipped.append(torch.clamp(r, 1 - clip, 1 + clip) * a < r * a)  # the clipped term was the min
             total.backward()
-            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             opt.step()
             if ratios:
                 per_step.append({"ratio_mean": float(torch.cat(ratios).mean()),
                                  "clip_frac": float(torch.cat(clipped).float().mean())})
-    return {"weights": {n: p.detach().clone() for n, p in model.named_parameters()}, "steps": per_step}
+    weights = _merged(model, cell.lora) if cell.lora is not None else \
+        {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"weights": weights, "steps": per_step}
 
 
 # ---- Tandem: the real phases ------------------------------------------------------------------------------
@@ -229,15 +284,18 @@ def tandem_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[Samp
         "model": {"path": str(policy)}, "reference": {"path": str(ref_dir)}, "dataset": {"path": "d.jsonl"},
         "gpusPerPod": 0, "rewards": [{"type": "answerMatch"}],
         "algorithm": {**cell.algorithm, "lr": LR, "groupSize": 4},
+        **({"dataset": {"path": "d.jsonl", "completionField": "completion", "labelField": "label"}}
+           if cell.algorithm["name"] == "kto" else {}),
         "trainer": {"engine": cell.engine, "globalBatchSize": cell.batch, "microBatchSize": min(cell.micro, cell.batch),
-                    "sharePrompts": cell.share}}})
+                    "sharePrompts": cell.share, **({"lora": cell.lora} if cell.lora else {})}}})
     if cell.engine == "megatron":
         from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
         engine: Any = MegatronEngine.from_hf(policy, lr=LR, seed=0, micro_batch_size=cell.micro,
                                              tensor_parallel=cell.tp, pipeline_parallel=cell.pp)
     else:
-        engine = HFEngine.from_hf(policy, lr=LR, seed=0, micro_batch_size=cell.micro)
+        engine = HFEngine.from_hf(policy, lr=LR, seed=0, micro_batch_size=cell.micro, lora=job.spec.trainer.lora)
+    adapters = _adapters(engine) if cell.lora is not None else None
     algorithm = make_algorithm(job.spec.algorithm, share_prompts=cell.share)
     reference = ReferenceWeights.capture(engine, str(ref_dir)) if algorithm.needs_reference or \
         job.spec.algorithm.kl_coef > 0 else None
@@ -246,7 +304,20 @@ def tandem_iteration(cell: Cell, policy: Path, ref_dir: Path, samples: list[Samp
     rewards = [s.reward for s in samples]
     inference(ctx, samples, [], scored=(rewards, {}))
     out = train(ctx, samples)
-    return {"weights": {n: t.detach().clone() for n, t in engine.export_hf()}, "metrics": out}
+    return {"weights": {n: t.detach().clone() for n, t in engine.export_hf()}, "metrics": out, "adapters": adapters}
+
+
+def _adapters(engine: Any) -> dict[str, torch.Tensor]:
+    """The engine's adapters before training, by module name + ".A" / ".B" (PEFT's initial values: the
+    reference starts from the same model)."""
+    out = {}
+    for name, p in engine.model.named_parameters():
+        for kind in ("A", "B"):
+            mark = f".lora_{kind}.default.weight"
+            if name.endswith(mark):
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                out[name.removeprefix("base_model.model.").removesuffix(mark) + f".{kind}"] = full.detach().clone()
+    return out
 
 
 def _spawned(cell: Cell, policy: Path, ref_dir: Path, samples: list[Sample], out: Path) -> dict[str, Any]:
@@ -289,23 +360,34 @@ def _relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], s
     return math.sqrt(num / den)
 
 
-def _samples(policy: Path) -> list[Sample]:
+def _samples(policy: Path, algorithm: str = "grpo") -> list[Sample]:
+    """The groups with their rewards; for kto, labelled (desirable when rewarded above 0.5, no reward) and
+    followed by the KL probes: prompt i with the completion of example (i + 1) mod n."""
     samples = make_samples(policy)
     for s, r in zip(samples, [r for g in REWARDS for r in g], strict=True):
         s.reward = r
-    return samples
+    if algorithm != "kto":
+        return samples
+    for s in samples:
+        s.desirable, s.reward = s.reward > 0.5, 0.0
+    n = len(samples)
+    return samples + [Sample(list(s.prompt_ids), list(samples[(i + 1) % n].completion_ids), group=s.group,
+                             kl_probe=True, rollout_logprobs=None) for i, s in enumerate(samples)]
 
 
 @pytest.mark.parametrize("cell", [pytest.param(c, id=c.name, marks=c.marks) for c in CELLS])
 def test_one_iteration_equals_the_plain_reference(cell: Cell, dirs: tuple[Path, Path], tmp_path: Path) -> None:
     policy, ref_dir = dirs
-    samples = _samples(policy)
-    _premise(cell, policy, samples)
+    samples = _samples(policy, cell.algorithm["name"])
+    _premise(cell, policy, [s for s in samples if not s.kl_probe])
     start = {n: p.detach().clone() for n, p in _load(policy).named_parameters()}
-    want = reference_iteration(cell, policy, ref_dir, [Sample(**vars(s)) for s in samples])
     copies = [Sample(**vars(s)) for s in samples]
     got = tandem_iteration(cell, policy, ref_dir, copies) if cell.world == 1 else \
         _spawned(cell, policy, ref_dir, copies, tmp_path)
+    if cell.lora is not None:  # PEFT's initial adapters: every target layer's A random, B zero
+        assert len(got["adapters"]) == 2 * 2 * 2 and all(float(t.abs().sum()) == 0.0
+                                                       for n, t in got["adapters"].items() if n.endswith(".B"))
+    want = reference_iteration(cell, policy, ref_dir, [Sample(**vars(s)) for s in samples], got["adapters"])
     tied = [n for n in want["weights"] if n not in got["weights"]]
     assert tied in ([], ["lm_head.weight"])  # a tied head is exported once, as HF saves it
     want_w = {n: t for n, t in want["weights"].items() if n not in tied}
