@@ -95,6 +95,14 @@ RULE_CASES: list[Case] = [
     # spec.algorithm.routingReplay (MoE routing replay)
     ("routing-replay-on-dpo", {"algorithm.name": "dpo", "algorithm.routingReplay": "on"}),
     ("routing-replay-on-kto", {**KTO, "algorithm.routingReplay": "on"}),
+    # spec.algorithm.oldLogprobs (the behaviour policy of every optimizer step)
+    ("old-logprobs-rollout-on-dpo", {"algorithm.name": "dpo", "algorithm.oldLogprobs": "rollout"}),
+    ("old-logprobs-rollout-on-kto", {**KTO, "algorithm.oldLogprobs": "rollout"}),
+    ("old-logprobs-rollout-with-tis", {"algorithm.oldLogprobs": "rollout", "algorithm.tisCap": 2.0}),
+    ("old-logprobs-rollout-with-guard", {"algorithm.oldLogprobs": "rollout",
+                                         "algorithm.mismatchGuard": {"threshold": 0.01}}),
+    ("old-logprobs-trainer", {"algorithm.oldLogprobs": "trainer", "algorithm.tisCap": 2.0}),
+    ("old-logprobs-unknown", {"algorithm.oldLogprobs": "behaviour"}),
     ("routing-replay-off-on-dpo", {"algorithm.name": "dpo", "algorithm.routingReplay": "off"}),
     ("routing-replay-on-hf", {"trainer.engine": "hf", "algorithm.routingReplay": "on"}),
     ("routing-replay-auto-on-hf", {"trainer.engine": "hf", "algorithm.routingReplay": "auto"}),
