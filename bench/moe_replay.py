@@ -84,6 +84,21 @@ def mismatch(engine: Any, samples: list[Any], replay: bool) -> tuple[float, floa
     return float(d.abs().mean()), float((d.exp() - 1 - d).mean()), seconds, float(torch.stack(flips).mean())
 
 
+def scaled_routers(model_dir: Path, scale: float) -> Path:
+    """A copy of the toy MoE with every router's weight times `scale`: the logits of its experts nearly tie."""
+    from safetensors.torch import load_file, save_file
+
+    out = CACHE / f"toy-mixtral-routers-{scale:g}"
+    if not (out / "model.safetensors").exists():
+        shutil.copytree(model_dir, out, dirs_exist_ok=True)
+        weights = load_file(str(model_dir / "model.safetensors"))
+        for name in weights:
+            if name.endswith(".block_sparse_moe.gate.weight"):
+                weights[name] = weights[name] * scale
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def rewards(texts: list[str], answers: list[str]) -> list[float]:
     import re
 
@@ -100,6 +115,12 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--router-scale", type=float, default=1.0,
+                        help="multiply every router's weight by this (e.g. 0.02): near-tied router logits, whose "
+                             "top-k the rollout's bf16 and the trainer's fp32 choose differently, as in real MoEs")
+    parser.add_argument("--train-replay", choices=("on", "off"), default="on",
+                        help="off: the train step routes by itself (the samples' routing dropped), for the reward "
+                             "without replay (a second run)")
     args = parser.parse_args()
 
     import torch
@@ -117,13 +138,14 @@ def main() -> int:
 
     torch.set_num_threads(2)
     toy = build_toy(CACHE / "toy-mixtral", seed=0, warmup_steps=100, max_operand=10, family="mixtral")
+    model_dir = toy.model_dir if args.router_scale == 1.0 else scaled_routers(toy.model_dir, args.router_scale)
     tok = AutoTokenizer.from_pretrained(str(toy.model_dir))
     problems = load_problems(toy, "train")
     shm = Path(tempfile.mkdtemp(prefix="tandem-moe-bench-", dir="/dev/shm"))
     rollout = RolloutEngine(EngineConfig(shm_root=shm, job="moe", max_model_len=128, dtype="bfloat16",
                                          routing_replay=True))
-    rollout.start(str(toy.model_dir), dummy=False)
-    trainer = MegatronEngine.from_hf(toy.model_dir, lr=args.lr, seed=0, routing_replay=True)
+    rollout.start(str(model_dir), dummy=False)
+    trainer = MegatronEngine.from_hf(model_dir, lr=args.lr, seed=0, routing_replay=True)
     algo = make_algorithm(Algorithm(name="grpo", group_size=args.group, kl_coef=0.0), pad_id=0)
     options = SamplingOptions(max_tokens=12, temperature=1.0)
     rows: list[dict[str, float]] = []
@@ -151,7 +173,10 @@ def main() -> int:
             fresh_on, fresh_off = mismatch(trainer, samples, True), mismatch(trainer, samples, False)
             cost["fwd_on"].append(fresh_on[2])
             cost["fwd_off"].append(fresh_off[2])
-            trainer.train_step(algo.prepare(samples, 128), algo.loss, micro_batch_size=4, reduction="sum")
+            trained = samples if args.train_replay == "on" else [
+                Sample(s.prompt_ids, s.completion_ids, s.group, reward=s.reward, rollout_logprobs=s.rollout_logprobs)
+                for s in samples]
+            trainer.train_step(algo.prepare(trained, 128), algo.loss, micro_batch_size=4, reduction="sum")
             stale_on, stale_off = mismatch(trainer, samples, True), mismatch(trainer, samples, False)
             version = layout.write_version(shm, "moe", it + 1,
                                            ((n, t.to(torch.bfloat16)) for n, t in trainer.export_hf()))

@@ -90,6 +90,8 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
                 rollouts=len(ctx.rollouts.addresses), rollouts_joined=len(joined), **ctx.rollouts.faults.take(),
                 completions_per_s=len(samples) / max(seconds, 1e-9),
                 completion_tokens=sum(len(s.completion_ids) for s in samples))
+    if any(s.routed_experts is not None for s in samples):  # routing replay: the share the trainer replays
+        info["routed_frac"] = sum(s.routed_experts is not None for s in samples) / len(samples)
     return samples, inputs, scored
 
 
