@@ -67,9 +67,11 @@ def run_cmd(job: dict[str, Any], tmp_path: Path) -> list[str]:
     return [sys.executable, "-m", "tandem.cli.main", "run", str(spec_file), "--workdir", str(tmp_path / "runs")]
 
 
-def run_ok(cmd: list[str]) -> None:
+def run_ok(cmd: list[str]) -> str:
+    """Run to the end; what it printed (stdout and stderr: pipes, not a terminal)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +87,12 @@ def test_tandem_run_learns_and_syncs(toy: Path, tmp_path: Path) -> None:
     job["spec"]["algorithm"].update(iterations=ITERATIONS, lr=3e-3)
     job["spec"]["rollout"]["promptsPerIteration"] = 8
     job["spec"]["rolloutOnlyReplicas"] = 1  # a second pod that only generates: gets weights over TCP
-    run_ok(run_cmd(job, tmp_path))
+    printed = run_ok(run_cmd(job, tmp_path))
     runs = tmp_path / "runs"
+    # no terminal: one plain line per iteration (tandem.cli.progress_lines), not the live table
+    progress = [line for line in printed.splitlines() if line.startswith("iteration ")]
+    assert [line.split()[1] for line in progress] == [f"{i}/{ITERATIONS}" for i in range(1, ITERATIONS + 1)], printed
+    assert all(" reward " in line and " s/it  ETA " in line for line in progress), progress
 
     rows = [json.loads(line) for line in (runs / "e2e-grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS))

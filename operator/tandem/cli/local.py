@@ -2,7 +2,8 @@
 
 Role: start a private etcd, build the job's pods with `tandem.operator.builders.build_pods`, run
 each container as a local process (`tandem.cli.procs`), follow the driver's progress record in
-etcd with a live display, write metrics/plots under the run directory, and stop everything cleanly
+etcd with a live display (on a terminal; else one plain line per iteration, `progress_lines`), write
+metrics/plots under the run directory, and stop everything cleanly
 on completion, failure or Ctrl-C; a rollout process that dies is started again (`supervise`), as the kubelet
 restarts a native sidecar and the operator replaces a rollout-only pod, and a run that fails ends with one line
 naming the pod, the component and the cause. Caller: `tandem.cli.main.run`.
@@ -21,25 +22,29 @@ etcd until their leases expire), sandbox/ (the codeExec sandbox servers' sockets
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import aetcd
 import yaml
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
-from tandem.cli import local_sandbox, plot, say
+from tandem.cli import local_sandbox, plot, progress_lines, say
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis
 from tandem.operator import builders
@@ -158,7 +163,19 @@ def _table(job: RLHFJob, p: Progress | None, started: float, containers: list[Lo
     return t
 
 
-async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer]) -> Progress | None:
+def _display(out: Console, job: RLHFJob, run_dir: Path, containers: list[LocalContainer], *, started: float,
+             since: float) -> tuple[AbstractContextManager[Any], Callable[[Progress | None], None]]:
+    """What shows the run on `out`, and its update: the live table on a terminal, else plain lines."""
+    if progress_lines.interactive(out):
+        live = Live(_table(job, None, started, containers), console=out, refresh_per_second=2)
+        return live, lambda p: live.update(_table(job, p, started, containers))
+    lines = progress_lines.PlainLines(run_dir, job.spec.algorithm.iterations, since=since,
+                                      emit=lambda line: out.print(line, markup=False, highlight=False))
+    return contextlib.nullcontext(), lines.update
+
+
+async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer], run_dir: Path) -> Progress | None:
+    """Follow the driver's record until the run ends: the live table on a terminal, else one line per iteration."""
     uid = next((c.env[PodEnv.var("job_uid")] for c in containers if PodEnv.var("job_uid") in c.env), "local")
     key = keys.progress(job.metadata.namespace, keys.scope(job.metadata.name, uid)).encode()
     trainers = [c for c in containers if c.name == "trainer"]
@@ -166,13 +183,14 @@ async def _follow(job: RLHFJob, etcd: LocalEtcd, containers: list[LocalContainer
     last: Progress | None = None
     restarts = RolloutRestarts(console)
     client = aetcd.Client(etcd.host, etcd.port)
+    display, show = _display(console, job, run_dir, containers, started=started, since=since)
     try:
-        with Live(_table(job, None, started, containers), console=console, refresh_per_second=2) as live:
+        with display:
             while True:
                 got = await client.get(key)
                 if got is not None:
                     last = Progress.from_json(got.value)
-                live.update(_table(job, last, started, containers))
+                show(last)
                 # a resumed run's record says "done" until its driver writes: only this run's count
                 if last is not None and last.phase in ("done", "failed") and last.updated_at >= since:
                     return last
@@ -232,7 +250,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
                                     f"etcd {etcd.endpoint}, logs in {run_dir / 'logs'}"))
         for c in containers:
             c.start()
-        result = asyncio.run(_follow(job, etcd, containers))
+        result = asyncio.run(_follow(job, etcd, containers, run_dir))
         if result is not None and result.phase == "done":  # the rows are final: plot while the sidecars stop
             pool = ThreadPoolExecutor(1, thread_name_prefix="plot")
             plotting = pool.submit(_plot, run_dir, job.metadata.name)
