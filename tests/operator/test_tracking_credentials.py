@@ -121,3 +121,30 @@ def test_tandem_run_trainers_inherit_the_shells_credentials(
     assert by_name["trainer"].env["MLFLOW_TRACKING_PASSWORD"] == "pw-from-shell"
     assert not MLFLOW_VARS & set(by_name["sandbox"].env)  # the sandbox server gets none of the shell's secrets
     assert "pw-from-shell" not in (tmp_path / "job.yaml").read_text()
+
+
+def test_the_wandb_api_key_reaches_only_the_trainer_by_secret_key_ref(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B's API key as MLflow's credentials: WANDB_API_KEY by secretKeyRef in the trainer alone, nothing of
+    it in the job's document; `tandem run`'s trainer takes the shell's."""
+    job = JobWrapper("demo").set("tracking", {"wandb": {"credentialsSecret": "wandb-key", "entity": "lab"}}).replicas(
+        2).rollout_only(1).set("rewards", [{"type": "codeExec"}]).job()
+    seen = 0
+    for pod in builders.build_pods(job):
+        for c in _containers(pod):
+            mine = [e for e in c["env"] if e["name"].startswith("WANDB_")]
+            if c["name"] != "trainer":
+                assert not mine, f"{pod['metadata']['name']}/{c['name']} gets {mine}"
+                continue
+            seen += 1
+            assert mine == [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+                "name": "wandb-key", "key": "apiKey", "optional": True}}}]
+    assert seen == 2
+    assert "WANDB_API_KEY" not in builders.build_spec_configmap(job)["data"]["job.yaml"]
+    monkeypatch.setenv("WANDB_API_KEY", "key-from-shell")
+    local = JobWrapper("demo").set("tracking", {"wandb": {"credentialsSecret": "wandb-key"}}).gpus(0).job()
+    procs = processes_for(builders.build_pods(local), local, tmp_path, "http://127.0.0.1:2379", token="t",
+                          shm_root=tmp_path / "shm")
+    assert {p.name: p for p in procs}["trainer"].env["WANDB_API_KEY"] == "key-from-shell"
+    assert "key-from-shell" not in (tmp_path / "job.yaml").read_text()

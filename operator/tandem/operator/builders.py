@@ -35,10 +35,10 @@ RLHFJob's metadata.uid when the builders get owner_uid (durable copies live unde
 `<persist.path>/<ns>/<job>/<uid>/`, so a new job of the same name never resumes an old one's copies,
 and its etcd records live under `<job>/<uid>/`); TANDEM_SHARD_PORT checkpointEngine.shardPort (the
 rollout's shard server, port `shards`); TANDEM_ETCD_* the job's etcd TLS files and user
-(`tandem.operator.etcd_access`). The trainer also gets MLflow's credentials, MLFLOW_TRACKING_* by
-secretKeyRef (`tandem.operator.tracking_access`). Both have terminationMessagePolicy FallbackToLogsOnError.
-Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap, with the etcd
-tlsSecret's files projected beside it). Each
+(`tandem.operator.etcd_access`). The trainer also gets MLflow's and W&B's credentials, MLFLOW_TRACKING_* and
+WANDB_API_KEY by secretKeyRef (`tandem.operator.tracking_access`). Both have terminationMessagePolicy
+FallbackToLogsOnError. Volumes: the pod's own are `shm` (the emptyDir above) and `job-spec` (the ConfigMap, with
+the etcd tlsSecret's files projected beside it). Each
 spec.volumes entry `<name>` becomes pod volume `vol-<name>` (the prefix keeps user names apart from
 the pod's own), a `persistentVolumeClaim` (claimName, readOnly) or a `hostPath` (type
 DirectoryOrCreate), mounted at its mountPath (readOnly as given) in every container of every pod.
@@ -322,7 +322,7 @@ def trainer_container(
         "command": list(TRAINER_COMMAND),
         "env": _env(
             job, role="trainer", index=index, generation=generation, ce_port=port, etcd=etcd, owner_uid=owner_uid
-        ) + tracking_access.trainer_env(job),  # MLflow's credentials by secretKeyRef
+        ) + tracking_access.trainer_env(job),  # MLflow's and W&B's credentials by secretKeyRef
         "ports": [
             {"name": "ce-trainer", "containerPort": port, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"},

@@ -1,4 +1,5 @@
-"""How the trainer reaches a tracking server that wants credentials: `spec.tracking.mlflow.credentialsSecret`.
+"""How the trainer reaches a tracking server that wants credentials: `spec.tracking.mlflow.credentialsSecret` and
+`spec.tracking.wandb.credentialsSecret`.
 
 Callers: `tandem.operator.builders` (the trainer container's env). Pure.
 
@@ -10,12 +11,15 @@ may not carry `user:password@` (a rule of `tandem.spec.models.MLflow`):
   password  MLFLOW_TRACKING_PASSWORD
   token     MLFLOW_TRACKING_TOKEN      bearer token (instead of the two above)
 
+Weights & Biases: the Secret's key `apiKey` becomes WANDB_API_KEY, the variable wandb's client reads
+(`spec.tracking.wandb.baseUrl`, a self-hosted server, is in the spec: it is no secret).
+
 Each key is optional (`optional: true`): a Secret holds the ones its server needs, and a missing
 Secret or key starts the trainer without that variable (MLflow's 401 is then a warning in the trainer's
 log and training goes on, as for an unreachable server). Only the trainer container gets them: the
 driver rank is the one that logs to MLflow; the rollout and sandbox containers never see them.
 `tandem run` starts local processes with the invoking shell's environment, so its trainers take
-MLFLOW_TRACKING_* from there (`tandem.cli.procs`: a secretKeyRef of a Secret other than the job's
+MLFLOW_TRACKING_* and WANDB_API_KEY from there (`tandem.cli.procs`: a secretKeyRef of a Secret other than the job's
 own leaves the shell's value).
 """
 
@@ -34,12 +38,20 @@ CREDENTIAL_KEYS = {
     "token": "MLFLOW_TRACKING_TOKEN",
 }
 
+WANDB_KEYS = {"apiKey": "WANDB_API_KEY"}  # Secret key → the variable wandb reads (wandb.env.API_KEY)
+
+
+def _by_ref(secret: str, keys: dict[str, str]) -> list[Manifest]:
+    return [{"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+            for key, var in keys.items()]
+
 
 def trainer_env(job: RLHFJob) -> list[Manifest]:
-    """Env entries of the trainer container for the job's MLflow credentials (none without a Secret)."""
-    mlflow = job.spec.tracking.mlflow
-    if mlflow is None or mlflow.credentials_secret is None:
-        return []
-    return [{"name": var, "valueFrom": {"secretKeyRef": {"name": mlflow.credentials_secret, "key": key,
-                                                         "optional": True}}}
-            for key, var in CREDENTIAL_KEYS.items()]
+    """Env entries of the trainer container for the job's MLflow and W&B credentials (none without a Secret)."""
+    mlflow, wandb = job.spec.tracking.mlflow, job.spec.tracking.wandb
+    env: list[Manifest] = []
+    if mlflow is not None and mlflow.credentials_secret is not None:
+        env += _by_ref(mlflow.credentials_secret, CREDENTIAL_KEYS)
+    if wandb is not None and wandb.credentials_secret is not None:
+        env += _by_ref(wandb.credentials_secret, WANDB_KEYS)
+    return env

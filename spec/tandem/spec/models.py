@@ -5,15 +5,14 @@ snake_case in Python. Cross-field rules are declared once per model as `Rule`s: 
 expression (emitted into the CRD as `x-kubernetes-validations`, enforced by the API server) and the
 equivalent Python predicate (enforced by `tandem validate`, `tandem run` and the operator).
 Here: the RLHFJob root (`JobSpec`, `JobStatus`, `RLHFJob`), the fields that tie the parts together and their
-cross-part rules, and the smaller parts (rewards, reference, volumes, export, tracking, failure policy). The larger
+cross-part rules, and the smaller parts (rewards, reference, volumes, export, failure policy). The larger
 parts have files of their own: `trainer` (model, trainer), `algorithm`, `rollout`, `environment`, `data`
-(dataset, eval), `ckpt_engine` (checkpointEngine), `podtemplate`, `rollout_correction`.
+(dataset, eval), `ckpt_engine` (checkpointEngine), `podtemplate`, `rollout_correction`, `tracking`.
 Callers: everything that reads a job; `tandem.spec.crd` turns these models into the CRD schema.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,6 +32,9 @@ from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 from tandem.spec.rollout import Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
+from tandem.spec.tracking import MLflow as MLflow  # re-exported: crd.py finds its rules
+from tandem.spec.tracking import Tracking as Tracking
+from tandem.spec.tracking import WandB as WandB
 from tandem.spec.trainer import Lora as Lora  # re-exported, with the rest of spec.trainer's shape
 from tandem.spec.trainer import ModelRef as ModelRef
 from tandem.spec.trainer import Resources as Resources
@@ -143,33 +145,6 @@ class Export(Base):
 def _export_on_volume(s: JobSpec) -> bool:
     e = s.export
     return e is None or any(not v.read_only and under(e.path, v.mount_path) for v in s.volumes)
-
-
-class MLflow(Base):
-    tracking_uri: Annotated[str, Field(pattern=r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$", max_length=2048,
-                                       description="MLflow tracking server (http(s)://host[:port]) or a file "
-                                       "store (file:///absolute/path); no user:password@ (credentialsSecret).")]
-    experiment: Annotated[str, Field(min_length=1, max_length=256)] = "tandem"
-    run_name: Annotated[str | None, Field(min_length=1, max_length=256,
-                                          description="Default: the job's name.")] = None
-    credentials_secret: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret in "
-                                  "the job's namespace with the server's credentials, each key optional: username "
-                                  "and password (basic auth) or token (bearer); the trainer gets them as "
-                                  "MLFLOW_TRACKING_USERNAME, _PASSWORD and _TOKEN (secretKeyRef).")] = None
-    rules = (  # on the object, so that neither the API server's message nor ours ever shows the URI
-        Rule("!self.trackingUri.matches('^[a-z]+://[^/?#]*@')", "must not carry credentials (user:password@host): "
-             "it is stored in the job and logged; name a Secret in tracking.mlflow.credentialsSecret instead",
-             ".trackingUri", lambda m: re.match(r"^[a-z]+://[^/?#]*@", m.tracking_uri) is None),
-    )
-
-
-class Tracking(Base):
-    """Experiment tracking of the trainer's metrics rows (tandem.sidecars.trainer.observe.tracking)."""
-
-    tensorboard: bool = Field(default=True, description="TensorBoard event files in the run's output directory "
-                              "(<dir>/tensorboard/), where the trainer has one.")
-    mlflow: MLflow | None = Field(default=None, description="Also log to MLflow; an unreachable server only "
-                                  "logs a warning.")
 
 
 class FailurePolicy(Base):

@@ -69,7 +69,8 @@ def create(env: PodEnv, job: RLHFJob) -> TrainerContext:
                                       multi_turn=spec.rollout.environment is not None
                                       and spec.rollout.environment.type != "single")
         ctx.tracker = Tracker.create(spec.tracking, env.output_dir, env.job,
-                                     job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
+                                     job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+                                     namespace=env.namespace, uid=env.job_uid)  # W&B: project, run id
         etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them
         ctx.registry = SyncRegistry(etcd, env.namespace, env.job, env.pod, "trainer", uid=env.job_uid,
                                     security=etcd_security(env)).connect()

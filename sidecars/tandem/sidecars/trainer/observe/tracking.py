@@ -1,11 +1,11 @@
-"""Experiment tracking of the trainer's metrics rows: TensorBoard event files, and MLflow when configured.
+"""Experiment tracking of the trainer's metrics rows: TensorBoard event files, MLflow and W&B when configured.
 
 Role: the driver rank hands each row it appends to metrics.jsonl to `Tracker.log(iteration, row)`.
 Nested dicts are flattened with dots (`seconds.train`, `reward_components.answerMatch`,
 `eval.pass_at_1`) and only finite numbers are logged (bools, strings, lists, NaN and inf are
 skipped), with the iteration as the step. Callers: the trainer's loop (`tandem.sidecars.trainer.loop`:
-`start`, `report`, `evaluate`): `Tracker.create(spec.tracking, run_dir, job_name, params)` once, `log` per iteration,
-`close` at the end. Settings: `spec.tracking` (`tandem.spec.models.Tracking`).
+`start`, `report`, `evaluate`): `Tracker.create(spec.tracking, run_dir, job_name, params, namespace=, uid=)`
+once, `log` per iteration, `close` at the end. Settings: `spec.tracking` (`tandem.spec.tracking.Tracking`).
 
 - TensorBoard: torch.utils.tensorboard's SummaryWriter in `<run_dir>/tensorboard/` (tags use `/`
   instead of `.`, so TensorBoard groups `seconds/*`); off when `tracking.tensorboard` is false or the
@@ -13,8 +13,8 @@ skipped), with the iteration as the step. Callers: the trainer's loop (`tandem.s
 - MLflow: an `MlflowClient` (no process-global fluent run) logging to `tracking.mlflow.trackingUri`,
   a server or a `file:///` store (MLFLOW_ALLOW_FILE_STORE is defaulted to true for it): one run per
   Tracker (tag `tandem.job`), `params` flattened as run params.
-  Every MLflow call runs on one background thread behind a bounded queue, so a slow or unreachable
-  server never blocks or fails training: the first failure logs one warning, later ones are
+  Every MLflow call runs on one background thread behind a bounded queue (`background.BackgroundSink`),
+  so a slow or unreachable server never blocks or fails training: the first failure logs one warning, later ones are
   retried with the next row (debug log), a full queue drops the oldest row, and `close` waits at most
   `close_timeout` seconds. mlflow's own HTTP settings apply per request
   (MLFLOW_HTTP_REQUEST_TIMEOUT, MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR).
@@ -22,6 +22,8 @@ skipped), with the iteration as the step. Callers: the trainer's loop (`tandem.s
   _TOKEN (bearer) from the environment, which the pod gets from `tracking.mlflow.credentialsSecret`
   (`tandem.operator.tracking_access`) and `tandem run` from the invoking shell. Log lines name the
   server by `redact(uri)`.
+- Weights & Biases: `wandb_sink.WandbSink`, the same background thread and queue; one run per job (its id
+  from the job's uid, resumed by a restart), WANDB_API_KEY from `tracking.wandb.credentialsSecret`.
 """
 
 from __future__ import annotations
@@ -31,19 +33,17 @@ import logging
 import math
 import numbers
 import os
-import queue
 import re
-import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tandem.sidecars.trainer.observe.background import BackgroundSink
+from tandem.sidecars.trainer.observe.wandb_sink import WandbSink
 from tandem.spec.models import MLflow, Tracking
 
 log = logging.getLogger(__name__)
 
-QUEUE_ROWS = 1024  # rows waiting for MLflow before the oldest is dropped
 CLOSE_TIMEOUT_S = 30.0
 _MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH
@@ -89,70 +89,21 @@ def mlflow_name(name: str) -> str:
     return _BAD_NAME_CHARS.sub("_", name).strip("/")[:_MAX_KEY] or "_"
 
 
-class _MLflowWorker:
-    """One MLflow run fed from a queue by a daemon thread; never raises into the caller."""
+class _MLflowWorker(BackgroundSink):
+    """One MLflow run fed from the queue by the sink's thread; never raises into the caller."""
 
     def __init__(self, spec: MLflow, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         self.spec, self.run_name, self.params, self.tags = spec, run_name, params, tags
-        self.where = redact(spec.tracking_uri)  # what log lines name
         self.run_id: str | None = None
-        self.failures = self.dropped = self.logged = 0
         self._client: Any = None
-        self._warned = False
-        self._queue: queue.Queue[tuple[int, dict[str, float], int] | None] = queue.Queue(maxsize=QUEUE_ROWS)
-        self._status = "FINISHED"
-        self._thread = threading.Thread(target=self._loop, name="tandem-mlflow", daemon=True)
-        self._thread.start()
+        super().__init__("MLflow", redact(spec.tracking_uri), log)
 
-    def submit(self, step: int, metrics: dict[str, float]) -> None:
-        self._put((step, metrics, int(time.time() * 1000)))
+    def _clean(self, text: str) -> str:
+        return redact(text)
 
-    def close(self, failed: bool, timeout: float) -> None:
-        self._status = "FAILED" if failed else "FINISHED"
-        self._put(None)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("MLflow at %s: gave up waiting after %.0f s; %d row(s) not logged", self.where,
-                        timeout, self._queue.qsize())
-        elif self.failures or self.dropped:
-            log.info("MLflow at %s: %d row(s) logged, %d failed, %d dropped (queue full)", self.where,
-                     self.logged, self.failures, self.dropped)
-
-    def _put(self, item: tuple[int, dict[str, float], int] | None) -> None:
-        while True:
-            try:
-                self._queue.put_nowait(item)
-                return
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()  # the oldest row goes: training must not wait for MLflow
-                    self.dropped += 1
-                except queue.Empty:
-                    pass
-
-    def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            step, metrics, stamp = item
-            try:
-                self._log(step, metrics, stamp)
-                self.logged += 1
-            except Exception as e:  # noqa: BLE001 - any MLflow failure must leave training alone
-                self._failed(f"logging iteration {step}", e)
+    def _end(self) -> None:
         if self.run_id is not None:
-            try:
-                self._client.set_terminated(self.run_id, status=self._status)
-            except Exception as e:  # noqa: BLE001
-                self._failed("ending the run", e)
-
-    def _failed(self, what: str, e: Exception) -> None:
-        self.failures += 1
-        if not self._warned:
-            self._warned = True
-            log.warning("MLflow at %s failed while %s (%s: %s); training goes on, later rows are retried "
-                        "(further failures are logged at debug level)", self.where, what,
-                        type(e).__name__, redact(str(e).splitlines()[0][:300]) if str(e) else "")
-        else:
-            log.debug("MLflow at %s failed while %s: %s", self.where, what, redact(str(e)))
+            self._client.set_terminated(self.run_id, status="FAILED" if self.failed_run else "FINISHED")
 
     def _start_run(self) -> str:
         from mlflow.entities import Param
@@ -185,7 +136,7 @@ class _MLflowWorker:
                  self.where)
         return self.run_id
 
-    def _log(self, step: int, metrics: dict[str, float], stamp: int) -> None:
+    def _log(self, step: int, metrics: dict[str, Any], stamp: int) -> None:
         from mlflow.entities import Metric
 
         run_id = self.run_id if self.run_id is not None else self._start_run()
@@ -195,18 +146,21 @@ class _MLflowWorker:
 
 
 class Tracker:
-    """TensorBoard and/or MLflow sinks of the driver's metrics rows; either may be absent."""
+    """TensorBoard, MLflow and W&B sinks of the driver's metrics rows; any may be absent."""
 
     def __init__(self, tensorboard: Any = None, mlflow: _MLflowWorker | None = None,
-                 tensorboard_dir: Path | None = None) -> None:
+                 tensorboard_dir: Path | None = None, wandb: WandbSink | None = None) -> None:
         self._tb = tensorboard
         self._mlflow = mlflow
+        self._wandb = wandb
         self._closed = False
         self.tensorboard_dir = tensorboard_dir if tensorboard is not None else None
 
     @classmethod
-    def create(cls, spec: Tracking, run_dir: Path | None, job_name: str, params: Mapping[str, Any]) -> Tracker:
-        """Open the sinks `spec` asks for; a sink that cannot start logs why and stays off."""
+    def create(cls, spec: Tracking, run_dir: Path | None, job_name: str, params: Mapping[str, Any], *,
+               namespace: str = "default", uid: str = "local", close_timeout: float = CLOSE_TIMEOUT_S) -> Tracker:
+        """Open the sinks `spec` asks for; a sink that cannot start logs why and stays off. `namespace` and
+        `uid` are the job's (W&B's project and run id)."""
         writer, tb_dir = None, None
         if spec.tensorboard and run_dir is not None:
             tb_dir = Path(run_dir) / "tensorboard"
@@ -229,11 +183,25 @@ class Tracker:
             else:
                 worker = _MLflowWorker(spec.mlflow, spec.mlflow.run_name or job_name, flatten_params(params),
                                        {"tandem.job": job_name})
-        return cls(writer, worker, tb_dir)
+        sink = None
+        if spec.wandb is not None:
+            try:
+                import wandb  # noqa: F401 - fail here, once, when the image lacks it
+            except ImportError as e:
+                log.error("tracking.wandb: wandb is not installed in this image (%s); W&B is off", e)
+            else:
+                sink = WandbSink(spec.wandb, job=job_name, namespace=namespace, uid=uid, params=dict(params),
+                                 run_dir=run_dir, close_timeout=close_timeout)
+        return cls(writer, worker, tb_dir, sink)
 
     @property
     def enabled(self) -> bool:
-        return self._tb is not None or self._mlflow is not None
+        return self._tb is not None or self._mlflow is not None or self._wandb is not None
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        """The W&B run's id once the background thread has opened it."""
+        return None if self._wandb is None or self._wandb.run is None else self._wandb.id
 
     @property
     def mlflow_run_id(self) -> str | None:
@@ -252,10 +220,13 @@ class Tracker:
                 self._tb = None
         if self._mlflow is not None and metrics and not self._closed:
             self._mlflow.submit(iteration, metrics)
+        if self._wandb is not None and metrics and not self._closed:
+            self._wandb.submit(iteration, {"metrics": metrics, "eval": row.get("eval")})
         return metrics
 
     def close(self, failed: bool = False, close_timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Flush TensorBoard, end the MLflow run (FAILED when `failed`), waiting at most `close_timeout` s."""
+        """Flush TensorBoard, end the MLflow and W&B runs (failed when `failed`), waiting at most `close_timeout`
+        s for each."""
         if self._tb is not None:
             try:
                 self._tb.close()
@@ -264,4 +235,6 @@ class Tracker:
             self._tb = None
         if self._mlflow is not None and not self._closed:
             self._mlflow.close(failed, close_timeout)
+        if self._wandb is not None and not self._closed:
+            self._wandb.close(failed, close_timeout)
         self._closed = True
