@@ -41,6 +41,21 @@ def test_a_jobs_policy_guards_and_admits_its_own_pods_only() -> None:
         assert not _matches(peers[0]["podSelector"]["matchLabels"], pod["metadata"]["labels"])
 
 
+def test_the_scraper_gets_the_metrics_ports_and_nothing_else() -> None:
+    """monitoring.scraper: a rule of its own, on the named ports the builders give the /metrics servers."""
+    job = JobWrapper("demo").replicas(2).rollout_only(1).job()
+    ingress = build_network_policy(job, extra_from=[], scrape_from=[PROMETHEUS])["spec"]["ingress"]
+    assert len(ingress) == 2 and ingress[1]["from"] == [PROMETHEUS]
+    ports = [p["port"] for p in ingress[1]["ports"]]
+    served = {p["name"] for pod in builders.build_pods(job) for c in pod["spec"]["containers"]
+              + pod["spec"].get("initContainers", []) for p in c.get("ports", [])}
+    assert ports == ["ce-trainer", "ce-rollout"] and set(ports) <= served
+    assert PROMETHEUS not in ingress[0]["from"]  # not on the collectives' or the shard server's ports
+    assert len(build_network_policy(job)["spec"]["ingress"]) == 1  # monitoring off: no rule
+    env = {"TANDEM_NETWORK_POLICY_SCRAPE_FROM": json.dumps([PROMETHEUS])}
+    assert OperatorConfig.from_env(env).network_policy_scrape_from == (PROMETHEUS,)
+
+
 def test_operator_settings_of_the_policy() -> None:
     env = {"TANDEM_JOB_NETWORK_POLICY": "true", "TANDEM_NETWORK_POLICY_EXTRA_FROM": json.dumps([PROMETHEUS])}
     config = OperatorConfig.from_env(env)

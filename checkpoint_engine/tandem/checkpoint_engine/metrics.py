@@ -7,6 +7,8 @@ metrics when /metrics is scraped — nothing is recorded on the hot path:
   tandem_engine_step_seconds{role,step}  duration of the latest step of each kind (start, update,
                                          verify, write, register, terminate…), from the core's timings
   tandem_engine_error{role}              1 while the last operation left an error
+  tandem_engine_restarts{role}           engines started again after a failure (the rollout's supervisor)
+  tandem_engine_stalled_seconds{role}    how long the call into vLLM now in progress has run (0 between calls)
 `metrics_response(registry)` renders a registry for the API route. Callers: `api.create_app`
 (registers the collector and serves GET /metrics); the trainer adds its loop metrics to the same
 registry (`tandem.sidecars.trainer.observe.prom`).
@@ -56,6 +58,14 @@ class EngineCollector(Collector):
                                   labels=["role"])
         error.add_metric([st.role], 1.0 if st.error else 0.0)
         yield error
+        restarts = GaugeMetricFamily("tandem_engine_restarts", "Engines started again after a failure (rollout)",
+                                     labels=["role"])
+        restarts.add_metric([st.role], float(st.restarts))
+        yield restarts
+        stalled = GaugeMetricFamily("tandem_engine_stalled_seconds", "How long the call into the engine now in "
+                                    "progress has run; 0 between calls (rollout)", labels=["role"])
+        stalled.add_metric([st.role], float(st.stalled_s))
+        yield stalled
 
 
 def engine_registry(core: EngineCore, registry: CollectorRegistry | None = None) -> CollectorRegistry:

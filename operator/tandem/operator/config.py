@@ -19,6 +19,9 @@ Callers: `tandem.operator.handlers` (startup, timer interval) and `tandem.operat
                                them (`tandem.operator.netpol_builder`; default false)
   TANDEM_NETWORK_POLICY_EXTRA_FROM  more allowed sources of those policies: a JSON list of
                                NetworkPolicyPeer objects (default [])
+  TANDEM_NETWORK_POLICY_SCRAPE_FROM  the Prometheus that scrapes the job pods (the chart's
+                               monitoring.scraper): NetworkPolicyPeer objects let in on the metrics
+                               ports only (ce-trainer, ce-rollout; default [])
   TANDEM_ETCD_USERNAME         etcd user and password of the operator (the chart: from
   TANDEM_ETCD_PASSWORD         etcd.client.authSecret); it needs read-write on /tandem/jobs/
 """
@@ -63,6 +66,7 @@ class OperatorConfig:
     etcd_security: EtcdSecurity = EtcdSecurity()
     job_network_policy: bool = False
     network_policy_extra_from: tuple[dict[str, Any], ...] = ()
+    network_policy_scrape_from: tuple[dict[str, Any], ...] = ()
 
     @property
     def default_etcd(self) -> str:
@@ -83,6 +87,7 @@ class OperatorConfig:
             etcd_security=_security(env),
             job_network_policy=_bool(env, "TANDEM_JOB_NETWORK_POLICY"),
             network_policy_extra_from=_peers(env, "TANDEM_NETWORK_POLICY_EXTRA_FROM"),
+            network_policy_scrape_from=_peers(env, "TANDEM_NETWORK_POLICY_SCRAPE_FROM"),
         )
 
 

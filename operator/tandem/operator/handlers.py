@@ -100,6 +100,7 @@ async def reconcile_job(
             default_etcd=CONFIG.etcd_endpoints,
             logger=logger,
             policy_from=CONFIG.network_policy_extra_from if CONFIG.job_network_policy else None,
+            scrape_from=CONFIG.network_policy_scrape_from,
         )
     if plan is not None:
         metrics.record(namespace, name, plan)

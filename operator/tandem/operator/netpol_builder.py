@@ -9,8 +9,10 @@ random, so every port is open between the job's own pods), the checkpoint engine
 the shard server. Nothing outside the job needs any of it: the operator reads a job's progress from
 etcd and never dials its pods. Unlike the namespace-wide policy (scope: namespace), a job's shard
 server and control API are then out of reach of the other jobs of its namespace too. Extra sources
-(a Prometheus scraping the trainers' metrics) come from TANDEM_NETWORK_POLICY_EXTRA_FROM, the
-chart's `networkPolicy.extraFrom`: NetworkPolicyPeer objects, as JSON. Egress is not restricted
+come from TANDEM_NETWORK_POLICY_EXTRA_FROM, the chart's `networkPolicy.extraFrom`: NetworkPolicyPeer
+objects, as JSON, let in on every port. The Prometheus of the chart's monitors (`monitoring.scraper`,
+TANDEM_NETWORK_POLICY_SCRAPE_FROM) is let in on the ports that serve /metrics only (`METRICS_PORTS`: the
+driver's ce-trainer, every rollout's ce-rollout, by name), in a rule of its own. Egress is not restricted
 (etcd, the image registry, a tracking server, model storage are all outside the job).
 """
 
@@ -25,14 +27,21 @@ from tandem.spec.models import RLHFJob
 Manifest = dict[str, Any]
 
 
+METRICS_PORTS = ("ce-trainer", "ce-rollout")  # the containers' port names (builders) that serve /metrics
+
+
 def policy_name(job_name: str) -> str:
     return f"{job_name}-pods"
 
 
 def build_network_policy(job: RLHFJob, *, owner_uid: str | None = None,
-                         extra_from: Sequence[Manifest] = ()) -> Manifest:
+                         extra_from: Sequence[Manifest] = (), scrape_from: Sequence[Manifest] = ()) -> Manifest:
     name = job.metadata.name
     own = {"matchLabels": {builders.LABEL_JOB: name}}
+    ingress: list[Manifest] = [{"from": [{"podSelector": own}, *extra_from]}]
+    if scrape_from:
+        ingress.append({"from": list(scrape_from),
+                        "ports": [{"port": port, "protocol": "TCP"} for port in METRICS_PORTS]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -40,6 +49,6 @@ def build_network_policy(job: RLHFJob, *, owner_uid: str | None = None,
         "spec": {
             "podSelector": own,
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": own}, *extra_from]}],
+            "ingress": ingress,
         },
     }

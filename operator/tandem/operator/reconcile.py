@@ -135,7 +135,8 @@ async def ensure_gang(kube: Kube, job: RLHFJob, ref: JobRef, generation: int) ->
 
 
 async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, default_etcd: str,
-                    policy_from: Sequence[Mapping[str, Any]] | None = None) -> str:
+                    policy_from: Sequence[Mapping[str, Any]] | None = None,
+                    scrape_from: Sequence[Mapping[str, Any]] = ()) -> str:
     """Deletes first, then every create at once: pods need not wait for the Service, ConfigMap and
     Secret (the kubelet waits for the volumes they back), which halves the time to a started gang.
     Returns why pods were not created ("" when nothing stopped them)."""
@@ -177,7 +178,8 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
         ]
         if policy_from is not None:
             creates.append(kube.create(netpol_builder.build_network_policy(
-                job, owner_uid=ref.uid, extra_from=[dict(p) for p in policy_from])))
+                job, owner_uid=ref.uid, extra_from=[dict(p) for p in policy_from],
+                scrape_from=[dict(p) for p in scrape_from])))
     ensured = len(creates)
     pods = [] if job is None else [
         builders.build_pod(job, i, restart_generation=plan.restart_generation, owner_uid=ref.uid,
@@ -218,6 +220,7 @@ async def run(
     default_etcd: Sequence[str],
     logger: logging.Logger,
     policy_from: Sequence[Mapping[str, Any]] | None = None,
+    scrape_from: Sequence[Mapping[str, Any]] = (),
 ) -> Plan | None:
     """One pass. Returns the plan carried out (None when skipped on a stale view, or when its status
     write found the object changed since the view was taken)."""
@@ -259,7 +262,7 @@ async def run(
     written = await write_status(kube, ref, memory, plan.status, raw_status, ref.resource_version)
     if written is None:
         return None
-    memory.held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd), policy_from)
+    memory.held = await carry_out(kube, ref, memory, plan, ",".join(default_etcd), policy_from, scrape_from)
     if (memory.held, memory.refused) != before:  # this pass's creates went otherwise
         plan.status = decided
         news = annotate(plan.status, current, memory, bool(plan.create))

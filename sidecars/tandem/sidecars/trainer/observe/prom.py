@@ -9,7 +9,9 @@ _is_removed_share{unit,how} (tokens or sequences clipped or masked), _staleness_
 algorithm.mismatchGuard, _mismatch_guard_streak (consecutive iterations over its threshold); for stale
 samples (partial or asynchronous rollouts) tandem_trainer_sample_staleness (histogram), _carried_share,
 _wasted_tokens_total and _dropped_completions_total; tandem_trainer_peak_memory_bytes{phase,kind} (the
-driver rank's peak RSS and, on a GPU, torch's peak allocation in each phase of the latest iteration); and
+driver rank's peak RSS and, on a GPU, torch's peak allocation in each phase of the latest iteration); the
+rollout pool's health: _rollouts (serving the latest iteration), _rollouts_dropped_total and
+_prompts_resent_total; and
 `observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
 `checkpoint_engine.api.create_app`, which adds the engine's own collector. Callers: the trainer's
 loop (`loop.start`, `loop.report`, `loop.evaluate`; driver rank only).
@@ -69,6 +71,11 @@ class LoopMetrics:
         self.guard_streak = Gauge("tandem_trainer_mismatch_guard_streak", "Consecutive iterations over "
                                   "algorithm.mismatchGuard's threshold", registry=r)
 
+        self.rollouts = Gauge("tandem_trainer_rollouts", "Rollouts that served the latest iteration", registry=r)
+        self.rollouts_dropped = Counter("tandem_trainer_rollouts_dropped", "Rollouts dropped from the pool as "
+                                        "unhealthy, hung or stale (their prompts re-sent)", registry=r)
+        self.prompts_resent = Counter("tandem_trainer_prompts_resent", "Prompts re-sent after their rollout was "
+                                      "dropped", registry=r)
         self.memory = Gauge("tandem_trainer_peak_memory_bytes", "Peak memory of the driver rank in each phase of the "
                             "latest iteration: kind rss (host, the kernel's peak) or cuda (torch's allocator)",
                             ["phase", "kind"], registry=r)
@@ -105,6 +112,10 @@ class LoopMetrics:
         self.wasted.inc(int(row.get("wasted_tokens", 0)))
         self.dropped.inc(int(row.get("dropped_completions", 0)))
         self.tokens.inc(int(row.get("completion_tokens", 0)))
+        if row.get("rollouts") is not None:
+            self.rollouts.set(float(row["rollouts"]))
+        self.rollouts_dropped.inc(int(row.get("rollouts_dropped", 0)))
+        self.prompts_resent.inc(int(row.get("prompts_resent", 0)))
 
     def observe_eval(self, result: dict[str, Any]) -> None:
         """A held-out evaluation's `EvalResult.row()`."""
