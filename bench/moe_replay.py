@@ -28,6 +28,19 @@ means 1.01x (|d|) and 1.02x (KL). Reward 0.23, 0.44, 0.21, 0.44, 0.38, 0.19 (noi
 iteration, lr 2e-4). Cost: 57.7 bytes of routing per sample; rollout 2.37 vs 1.99 ms per sample recording vs
 not (1.19x, medians of 6, noisy on 2 shared cores), trainer old-log-prob pass 29.1 vs 26.3 ms per sample
 (1.11x). So on this toy the trainer and vLLM route alike unless the policy has moved; the cost is small.
+
+Near-tied routers (`--router-scale`, every router's weight scaled down so that its experts' logits nearly tie, as
+in real MoEs whose routing flips between engines), 2026-11-29, same machine shared with a test suite:
+  0.02, 6 iterations: fresh flips 0-0.44% (bf16 against fp32 at the same weights still rarely reorders a
+  top-2) and |d| and KL equal with and without replay (1.00x); one step stale, 6.5-40% of (token, layer) flip
+  without replay and replay cuts the mismatch 2.62x (|d|) and 5.22x (KL).
+  0.002, 4 iterations: stale flips 15-77%; without replay |d| 1.09-1.89 and KL 0.90-1.74 per token, with it
+  0.018-0.29 and 0.0016-0.15: 9.9x (|d|) and 18.1x (KL). So replay is for the steps after the first (several
+  optimizer steps an iteration, epochs, asynchronous or partial rollouts): there the trainer's own routing
+  leaves the experts that sampled, and the ratio measures routing, not the policy.
+  Reward with and without replay in training (0.02, `--train-replay off` a second run): 0.319 0.444 0.281
+  0.256 0.253 0.184 against 0.288 0.413 0.316 0.381 0.222 0.159: alike within the noise of 32 samples an
+  iteration over 6 one-step iterations (one step: the training forward is at the sampling weights).
 """
 
 from __future__ import annotations
