@@ -96,6 +96,18 @@ class Core:
 
 def endpoints() -> dict[str, Served]:
     """Port name → what is served there, from the real registries."""
+    return {port: Served.of(registry) for port, registry in registries().items()}
+
+
+def families() -> dict[str, set[str]]:
+    """Port name → the metric families its registry exposes (with or without samples yet): what a live
+    endpoint must serve too (tests/operator/test_operator_gang_resume.py scrapes a running job's)."""
+    return {port: {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
+            for port, registry in registries().items()}
+
+
+def registries() -> dict[str, CollectorRegistry]:
+    """Port name → the registry served there, built as the code builds it."""
     loop = LoopMetrics()
     loop.observe(ROW)
     loop.observe_eval(EVAL)
@@ -107,8 +119,7 @@ def endpoints() -> dict[str, Served]:
             raise RuntimeError("a failed pass")
     except RuntimeError:
         pass
-    return {"ce-trainer": Served.of(driver), "ce-rollout": Served.of(engine_registry(Core("rollout"))),
-            "metrics": Served.of(operator_metrics.REGISTRY)}
+    return {"ce-trainer": driver, "ce-rollout": engine_registry(Core("rollout")), "metrics": operator_metrics.REGISTRY}
 
 
 @dataclass

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from controlplane import ControlPlane
 from harness import OperatorProcess, get_json, wait_for
+from test_monitoring import families
 from test_operator_cluster import create, fail_pod, phase_is, running
 from wrappers import JobWrapper
 
@@ -141,6 +142,16 @@ class Kubelet:
                 out.setdefault(sample.name, float(sample.value))
         return out
 
+    def families(self, container: str) -> set[str]:
+        """The metric families a running container's /metrics exposes (with or without samples)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        port = next(c.env["TANDEM_CE_PORT"] for c in self.running if c.name == container)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:  # noqa: S310
+            return {f.name for f in text_string_to_metric_families(r.read().decode())}
+
     def tails(self) -> str:
         return "\n".join(f"--- {c.label} (exit {c.exit_code()})\n{c.tail(25)}" for c in self.running)
 
@@ -162,15 +173,21 @@ def test_gang_restart_resumes_from_the_durable_copy(
         env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
         assert env["TANDEM_RESUME"] == "1" and env["TANDEM_JOB_UID"] == uid
         gen0 = kubelet.start(0, pods)
+        monitored = families()  # built before the wait: the scrapes below stay close to the freeze
         wait_for("two durable copies", lambda: len(store.versions()) == 2 or None, 600, every=0.1)
         # the driver's /metrics, live: its loop has recorded the two iterations it copied (a copy
         # starts in the iteration's persist phase, the row is recorded after its sync)
         scraped = wait_for("two iterations on /metrics",
                            lambda: (m := kubelet.scrape("trainer"))["tandem_trainer_iteration"] >= 2 and m, 60,
                            every=0.1)
+        # the live endpoints serve every family the dashboard's check reads off the registries (test_monitoring)
+        live = {port: kubelet.families(container) for container, port in (("trainer", "ce-trainer"),
+                                                                           ("rollout", "ce-rollout"))}
         kubelet.freeze()  # what gen 0 did is now fixed: its rows and durable copies no longer move
         assert scraped["tandem_trainer_iteration"] >= 2 and scraped["tandem_engine_version"] >= 2
         assert scraped["tandem_trainer_phase_seconds_count"] >= 2
+        for port, served in live.items():
+            assert len(monitored[port]) >= 3 and not monitored[port] - served, (port, sorted(monitored[port] - served))
         before = rows_of(gen0)
         saved = store.latest()
         assert saved is not None and 2 <= saved.iteration < ITERATIONS, saved  # stopped mid-run
