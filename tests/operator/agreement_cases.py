@@ -146,6 +146,8 @@ RULE_CASES: list[Case] = [
     ("volume-without-source", {"volumes": [{"name": "a", "mountPath": "/data"}]}),
     ("volume-on-dev-shm", {"volumes": [{"name": "a", "mountPath": "/dev/shm/x", "claimName": "a"}]}),
     ("mlflow-credentials-in-uri", {"tracking.mlflow": {"trackingUri": "http://me:secret@mlflow:5000"}}),
+    ("wandb-credentials-in-url", {"tracking.wandb": {"baseUrl": "https://me:secret@wandb.example.com"}}),
+    ("wandb-url-plain", {"tracking.wandb": {"baseUrl": "https://wandb.example.com", "project": "rl"}}),
     # spec (JobSpec)
     ("trainer-tp-not-dividing-gpus", {"trainer.tensorParallel": 3}),
     ("rollout-tp-not-dividing-gpus", {"rollout.tensorParallel": 3}),
