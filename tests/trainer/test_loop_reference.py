@@ -82,6 +82,9 @@ CELLS = [
     Cell("kto-1step", {"name": "kto", "beta": 0.1, "desirableWeight": 1.3}),
     Cell("kto-4steps", {"name": "kto", "beta": 0.1, "desirableWeight": 1.3}, batch=4),
     Cell("grpo-4steps-megatron", GRPO, batch=4, engine="megatron", marks=(pytest.mark.megatron,)),
+    Cell("grpo-4steps-megatron-shared", GRPO, batch=4, share=True, engine="megatron", marks=(pytest.mark.megatron,)),
+    Cell("grpo-1step-megatron-shared-micro1", GRPO, micro=1, share=True, engine="megatron",
+         marks=(pytest.mark.megatron,)),
     Cell("grpo-2steps-dp2", GRPO, batch=8, micro=1, world=2),  # each step's two rows, one per FSDP2 rank
     Cell("grpo-4steps-megatron-tp2", GRPO, batch=4, engine="megatron", tp=2, world=2, marks=(pytest.mark.megatron,)),
     Cell("grpo-4steps-megatron-pp2", GRPO, batch=4, micro=1, engine="megatron", pp=2, world=2,
