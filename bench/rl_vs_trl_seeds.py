@@ -8,6 +8,18 @@ completions/s ratio in the loop. A plot (rl_vs_trl_seeds-<size>-<steps>.png): ea
 both sides and the pass@1 pairs. Not a test; ~25 minutes a seed for smollm2 on 2 cores. Run:
     /root/.cache/tandem/venv/bin/python bench/rl_vs_trl_seeds.py --size smollm2 --seeds 0 1 2 [--steps 4]
         [--out DIR] [--summarize-only]
+
+Measured here, 2026-11-29, `--seeds 0 1 2` (one optimizer step an iteration; the machine shared with a test
+suite and other benches, which slowed TRL's half far more than Tandem's, so the completions/s ratios of these
+runs, 2.2x-7.5x, mean nothing): held-out pass@1 after training, Tandem 0.143 / 0.453 / 0.167 (mean 0.254, se
+0.100; its exports 0.143 / 0.406 / 0.203), TRL 0.406 / 0.500 / 0.477 (mean 0.461, se 0.028); paired difference
+-0.207 (-0.310 to -0.047, se 0.081). Before training both sides scored 0.109-0.135. Training reward over the
+last two iterations: Tandem 0.172 / 0.609 / 0.188, TRL 0.391 / 0.500 / 0.500. Completion tokens: Tandem
+35.1 / 31.4 / 36.9, TRL 38.7 / 34.2 / 34.1. Two of Tandem's three runs barely learned, and their policy's
+entropy rose (2.15 -> 3.12 and 2.05 -> 2.24), where TRL learned in all three: parity is not shown. The update
+itself matches a plain reference (tests/trainer/test_loop_reference.py, a tied Llama on Megatron with shared
+prompts included), so what remains to compare is the sampling side: vLLM-CPU's draws against the model's
+softmax, and the order and grouping of the prompts. Plot and figures: bench/results/rl_vs_trl_seeds-smollm2-*.
 """
 
 from __future__ import annotations
