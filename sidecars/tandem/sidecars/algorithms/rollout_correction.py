@@ -75,8 +75,9 @@ def weights(trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask
     mismatch_max (the largest |log p_trainer - log p_rollout|; the engines keep a `*_max` metric's largest over
     micro-batches) and the `rc_*` sums `summarize` turns into the batch's ratios."""
     on = mask > 0
-    gap = torch.where(on, trainer_logprobs.detach() - rollout_logprobs, 0.0).abs()
-    d = torch.where(on, trainer_logprobs.detach() - rollout_logprobs, 0.0).clamp(-BOUND, BOUND).double()
+    diff = torch.where(on, trainer_logprobs.detach() - rollout_logprobs, 0.0)
+    gap = diff.abs()
+    d = diff.clamp(-BOUND, BOUND).double()
     rho = torch.exp(d)
     stats = {"mismatch_max": float(gap.max()) if gap.numel() else 0.0}
     stats.update(rc_tokens=float(on.sum()), rc_gap=float(gap[on].sum()),

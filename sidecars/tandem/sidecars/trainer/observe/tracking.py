@@ -145,6 +145,18 @@ class _MLflowWorker(BackgroundSink):
             self._client.log_batch(run_id, metrics=entries[i : i + 1000])
 
 
+def _installed(module: str, field: str, name: str) -> bool:
+    """Whether `module` imports; an image that lacks it is told once, at start, and that sink stays off."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        log.error("%s: %s is not installed in this image (%s); %s is off", field, module.split(".")[0], e, name)
+        return False
+    return True
+
+
 class Tracker:
     """TensorBoard, MLflow and W&B sinks of the driver's metrics rows; any may be absent."""
 
@@ -175,23 +187,13 @@ class Tracker:
                 log.error("tracking.tensorboard: cannot write TensorBoard events to %s (%s); it is off", tb_dir, e)
                 writer = None
         worker = None
-        if spec.mlflow is not None:
-            try:
-                import mlflow.tracking  # noqa: F401 - fail here, once, when the image lacks it
-            except ImportError as e:
-                log.error("tracking.mlflow: mlflow is not installed in this image (%s); MLflow is off", e)
-            else:
-                worker = _MLflowWorker(spec.mlflow, spec.mlflow.run_name or job_name, flatten_params(params),
-                                       {"tandem.job": job_name})
+        if spec.mlflow is not None and _installed("mlflow.tracking", "tracking.mlflow", "MLflow"):
+            worker = _MLflowWorker(spec.mlflow, spec.mlflow.run_name or job_name, flatten_params(params),
+                                   {"tandem.job": job_name})
         sink = None
-        if spec.wandb is not None:
-            try:
-                import wandb  # noqa: F401 - fail here, once, when the image lacks it
-            except ImportError as e:
-                log.error("tracking.wandb: wandb is not installed in this image (%s); W&B is off", e)
-            else:
-                sink = WandbSink(spec.wandb, job=job_name, namespace=namespace, uid=uid, params=dict(params),
-                                 run_dir=run_dir, close_timeout=close_timeout)
+        if spec.wandb is not None and _installed("wandb", "tracking.wandb", "W&B"):
+            sink = WandbSink(spec.wandb, job=job_name, namespace=namespace, uid=uid, params=dict(params),
+                             run_dir=run_dir, close_timeout=close_timeout)
         return cls(writer, worker, tb_dir, sink)
 
     @property
