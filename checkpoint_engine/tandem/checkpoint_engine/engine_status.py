@@ -70,5 +70,9 @@ class EngineStatus(BaseModel):
     updated: float = 0.0
     restarts: int = 0  # engines started again after a failure (rollout)
     steps: int = 0  # calls into vLLM that returned: a client watches it advance (rollout)
-    stalled_s: float = 0.0  # how long the call into vLLM now in progress has run; 0 between calls
+    stalled_s: float = 0.0  # how long the call into vLLM now in progress has gone without progress; 0 between calls
     busy: str | None = None  # that call: step (generation), reload, add adapter; None between calls
+    stall_deadline_s: float | None = None  # how long that call (between calls: a step) may go without progress
+    stall_deadline: str | None = None  # how that deadline was derived (rollout: its stall_deadline policy)
+    recoveries: int = 0  # generations served again after a failure (rollout)
+    recovery_s: float | None = None  # seconds from the latest failure found to the first generation after it

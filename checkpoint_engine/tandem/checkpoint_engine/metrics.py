@@ -8,7 +8,10 @@ metrics when /metrics is scraped — nothing is recorded on the hot path:
                                          verify, write, register, terminate…), from the core's timings
   tandem_engine_error{role}              1 while the last operation left an error
   tandem_engine_restarts{role}           engines started again after a failure (the rollout's supervisor)
-  tandem_engine_stalled_seconds{role}    how long the call into vLLM now in progress has run (0 between calls)
+  tandem_engine_stalled_seconds{role}    how long the call into vLLM now in progress has gone without progress
+                                         (0 between calls)
+  tandem_engine_stall_deadline_seconds{role}  how long it may (rollout: the supervisor kills it past that)
+  tandem_engine_recovery_seconds{role}   the latest recovery: from a failure found to the first generation after
 `metrics_response(registry)` renders a registry for the API route. Callers: `api.create_app`
 (registers the collector and serves GET /metrics); the trainer adds its loop metrics to the same
 registry (`tandem.sidecars.trainer.observe.prom`).
@@ -66,6 +69,17 @@ class EngineCollector(Collector):
                                     "progress has run; 0 between calls (rollout)", labels=["role"])
         stalled.add_metric([st.role], float(st.stalled_s))
         yield stalled
+        limit = GaugeMetricFamily("tandem_engine_stall_deadline_seconds", "How long the call into the engine "
+                                  "now in progress (between calls: a step) may go without progress (rollout)",
+                                  labels=["role"])
+        if st.stall_deadline_s is not None:
+            limit.add_metric([st.role], float(st.stall_deadline_s))
+        yield limit
+        recovery = GaugeMetricFamily("tandem_engine_recovery_seconds", "Seconds from the latest failure found to "
+                                     "the first generation after the restart (rollout)", labels=["role"])
+        if st.recovery_s is not None:
+            recovery.add_metric([st.role], float(st.recovery_s))
+        yield recovery
 
 
 def engine_registry(core: EngineCore, registry: CollectorRegistry | None = None) -> CollectorRegistry:

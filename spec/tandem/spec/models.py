@@ -168,11 +168,15 @@ class FailurePolicy(Base):
     action: Literal["RestartJob", "FailJob"] = Field(default="RestartJob", description="What a gang that failed "
                                                      "one of the three limits above does: RestartJob (a gang "
                                                      "restart, counted against maxRestarts) or FailJob.")
-    rollout_stall_seconds: Annotated[int, Field(ge=5, le=86_400, description="A rollout whose call into vLLM (a "
-                                     "step of generation, a weight reload) has run this long is hung: the driver "
-                                     "drops it from the iteration and sends its unfinished prompts to the healthy "
-                                     "rollouts, and its sidecar kills and restarts the engine. One step takes "
-                                     "milliseconds to seconds; raise it for very long prefills.")] = 120
+    rollout_stall_seconds: Annotated[int, Field(ge=5, le=86_400, description="The ceiling on how long a "
+                                     "rollout's call into vLLM (a step of generation, a weight reload) may go "
+                                     "without progress before the rollout counts as hung: the driver drops it from "
+                                     "the iteration and sends its unfinished prompts to the healthy rollouts, and "
+                                     "its sidecar kills and restarts the engine. Below it the deadline follows the "
+                                     "job's pace: 20x the p99 duration of the recent calls of that kind, at least "
+                                     "5 s; this ceiling holds until enough calls of a kind were seen (16 steps, 3 "
+                                     "reloads), and is also how long the driver waits for a sidecar whose /health "
+                                     "does not answer.")] = 120
     rollout_unavailable_seconds: Annotated[int, Field(ge=0, le=86_400, description="Seconds the driver waits, "
                                            "with the reason in the job's status, while no rollout is healthy "
                                            "(engines restarting, rollout-only pods being replaced) before the "

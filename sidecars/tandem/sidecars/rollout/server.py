@@ -4,7 +4,8 @@ Role: thin routes over `RolloutEngine` (`tandem.sidecars.rollout_engine`): its `
 health, status, start, update, terminate, sleep, wake_up; this module adds generation for the driver, with the
 same bearer token: `/v1/generate` (one reply per prompt); where the job's rollout.environment has turns,
 `/v1/trajectories` (multi-turn: `envs.driver.MultiTurnDriver`, or `envs.agent.AgentDriver` for agents); and
-the OpenAI-compatible chat endpoint (`openai_api`). Caller: `python -m tandem.sidecars.rollout`.
+the OpenAI-compatible chat endpoint (`openai_api`). Each generation answer also carries the engine's restarts
+and its latest recovery (`Served`). Caller: `python -m tandem.sidecars.rollout`.
 """
 
 from __future__ import annotations
@@ -64,16 +65,28 @@ class TrajectoryOut(BaseModel):
     tool_results: int = 0  # tool answers (not errors) that reached the model, in its context before a later turn
 
 
-class TrajectoriesResponse(BaseModel):
+class Served(BaseModel):
+    """What every generation answer carries besides its results: the driver's view of the engine's restarts
+    and recoveries (its `rollout_restarts`, `rollout_recovery_s`)."""
+
+    version: int | None
+    seconds: float
+    restarts: int = 0  # engines started again after a failure
+    recoveries: int = 0  # recoveries completed (a generation served after a failure)
+    recovery_s: float | None = None  # the latest recovery's seconds
+
+
+class TrajectoriesResponse(Served):
     trajectories: list[list[TrajectoryOut]]
-    version: int | None
-    seconds: float
 
 
-class GenerateResponse(BaseModel):
+class GenerateResponse(Served):
     completions: list[list[Completion]]
-    version: int | None
-    seconds: float
+
+
+def _served(engine: RolloutEngine) -> dict[str, Any]:
+    return {"restarts": engine.restarts, "recoveries": engine.recovery.recoveries,
+            "recovery_s": engine.recovery.last_s}
 
 
 def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat | None = None) -> FastAPI:
@@ -88,7 +101,8 @@ def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat |
     async def generate(req: GenerateRequest) -> GenerateResponse:
         t = time.perf_counter()
         out: Any = await asyncio.to_thread(engine.generate, req.prompts, req.options, req.n, req.max_tokens)
-        return GenerateResponse(completions=out, version=engine.version, seconds=time.perf_counter() - t)
+        return GenerateResponse(completions=out, version=engine.version, seconds=time.perf_counter() - t,
+                                **_served(engine))
 
     @router.post("/v1/trajectories")
     async def trajectories(req: TrajectoriesRequest) -> TrajectoriesResponse:
@@ -102,7 +116,7 @@ def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat |
         out = await asyncio.to_thread(turns.run, data, req.rows, req.n, req.options,
                                       -1 if version is None else version)
         return TrajectoriesResponse(trajectories=[[_out(r) for r in row] for row in out], version=version,
-                                    seconds=time.perf_counter() - t)
+                                    seconds=time.perf_counter() - t, **_served(engine))
 
     app.include_router(router)
     return app

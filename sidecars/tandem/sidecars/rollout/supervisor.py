@@ -4,10 +4,11 @@ Role: a thread beside the rollout's HTTP server that looks at the engine every s
 - **died** (an engine process gone: OOM kill, Xid error, kill -9): while idle, the engine is marked FAILED;
   during a call, the rest of its processes are killed and the call, which vLLM's client would leave
   waiting forever, is failed (`RolloutEngine.release_waiters`), so the engine goes FAILED;
-- **hung** (a call into vLLM open for failurePolicy.rolloutStallSeconds without progress: `StepWatch`; on CPU
-  its processes computing count as progress, so a slow step on a loaded machine is not a hang, a stopped or
-  deadlocked engine is): its processes are killed (`RolloutEngine.kill`), so the hung call fails and frees
-  the engine;
+- **hung** (a call into vLLM open past its deadline without progress: `StepWatch.open_call`; the deadline
+  follows the durations of that kind of call seen so far, capped by failurePolicy.rolloutStallSeconds,
+  stall_deadline.py; on CPU its processes computing count as progress, so a slow step on a loaded machine is
+  not a hang, a stopped or deadlocked engine is): its processes are killed (`RolloutEngine.kill`), so the hung
+  call fails and frees the engine;
 - **FAILED** (any of those, or a reload that failed half-way): it says so (a warning naming the cause,
   /health 503 so the pod is not ready, `ready: false` in its etcd endpoint so the driver admits it no
   more), starts a new engine, loads the newest version (from the pod's shared memory, else pulled from a
@@ -16,7 +17,9 @@ Role: a thread beside the rollout's HTTP server that looks at the engine every s
 A restart that fails is tried again after a backoff; after MAX_FAILED_RESTARTS in a row the supervisor gives
 up and the sidecar exits with one line naming the cause: the kubelet (native sidecar, restartPolicy
 Always) or `tandem run` starts the container again, and the operator replaces a rollout-only pod. An engine
-stopped on purpose (betweenRollouts: terminate) is left alone. Caller: `tandem.sidecars.rollout.__main__`.
+stopped on purpose (betweenRollouts: terminate) is left alone. The moment an engine is found dead, hung or
+FAILED starts its recovery (`engine.recovery.down`), which its first generation after the restart ends
+(recovery.py): /health's `recoveryS`. Caller: `tandem.sidecars.rollout.__main__`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class EngineSupervisor:
     gave_up: str | None = None
     _sign: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.engine.watch.ceiling_s = self.stall_s  # the user's cap on every deadline (and /health's)
+
     def _computed(self) -> bool:
         """True when vLLM's processes showed any sign of life since the last look: CPU time or context
         switches (a slow step on a loaded machine computes; one waiting on a disk busy with other work
@@ -73,18 +79,20 @@ class EngineSupervisor:
         engine = self.engine
         if self.cpu_progress and self._computed():
             engine.watch.progress()
-        stalled = engine.watch.stalled()
-        if stalled is not None and stalled[1] > self.stall_s and engine.killed_for is None:
-            what, seconds = stalled
-            engine.kill(f"vLLM hung: its {what} made no progress for {seconds:.0f}s "
-                        f"(failurePolicy.rolloutStallSeconds {self.stall_s:.0f})")
-        if stalled is not None and engine.procs.any_dead():  # died under a call: it would wait forever
+        call = engine.watch.open_call()
+        if call is not None and call.stalled_s > call.deadline.seconds and engine.killed_for is None:
+            engine.recovery.down()
+            engine.kill(f"vLLM hung: its {call.what} made no progress for {call.stalled_s:.0f}s "
+                        f"(deadline {call.deadline.seconds:.0f}s: {call.deadline.describe(self.stall_s)})")
+        if call is not None and engine.procs.any_dead():  # died under a call: it would wait forever
+            engine.recovery.down()
             if engine.killed_for is None:
-                engine.kill(f"a vLLM process died during its {stalled[0]}")  # the rest of it, at once
+                engine.kill(f"a vLLM process died during its {call.what}")  # the rest of it, at once
             if engine.procs.any_dead() and not engine.procs.alive():
                 engine.release_waiters()
         engine.check_alive()
         if engine.phase == Phase.FAILED:
+            engine.recovery.down()  # found dead idle, or a reload failed half-way (kept if found earlier)
             self.restart()
 
     def restart(self) -> None:

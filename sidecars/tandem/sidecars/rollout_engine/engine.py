@@ -21,9 +21,11 @@ neither leaves the engine FAILED.
 vLLM's engine core and workers are recorded at start (procs.py); terminating the engine, or
 finding it dead, waits until they are gone and unlinks the /dev/shm segments they leave behind.
 Every step of vLLM's engine loop and every reload is timed (`step_watch.StepWatch`): a call open for too
-long is a hung engine, which `kill` ends (SIGKILL to its processes, without the lock the hung call holds);
-the call then fails and the engine is FAILED, naming the cause. Restarting a FAILED engine is the rollout
-sidecar's supervisor's (`tandem.sidecars.rollout.supervisor`).
+long (its deadline follows the calls' recent durations: stall_deadline.py) is a hung engine, which `kill`
+ends (SIGKILL to its processes, without the lock the hung call holds); the call then fails and the engine is
+FAILED, naming the cause. Restarting a FAILED engine is the rollout sidecar's supervisor's
+(`tandem.sidecars.rollout.supervisor`); the first generation completed after it ends the recovery it times
+(recovery.py).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from tandem.sidecars.rollout_engine.config import (
     prepare_env,
 )
 from tandem.sidecars.rollout_engine.procs import EngineProcesses
+from tandem.sidecars.rollout_engine.recovery import Recovery
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions, prompt_seeds
 from tandem.sidecars.rollout_engine.step_watch import StepWatch
 
@@ -98,7 +101,8 @@ class RolloutEngine:
         self._sleep_level = 0
         self.procs = EngineProcesses()
         self.lora: Any = None  # the LoRARequest of the adapter version served (adapter versions only)
-        self.watch = StepWatch()  # how long the call into vLLM now in progress has run
+        self.watch = StepWatch()  # how long the call into vLLM now in progress has run, and may
+        self.recovery = Recovery()  # from a failure found (the supervisor) to the first generation after it
         self.killed_for: str | None = None  # why `kill` ended the engine's processes (a hang)
         self.restarts = 0  # engines started again after a failure (the sidecar's supervisor counts)
         self.recovering = False  # the supervisor is starting it again: not ready (/health 503)
@@ -431,6 +435,7 @@ class RolloutEngine:
                 self._set_phase(Phase.FAILED, error=f"generate failed: {self._cause(e)}")
                 raise errors.EngineNotRunning(f"vLLM failed while generating: {self._cause(e)}") from e
             records = routing.take(self.llm) if self.cfg.routing_replay else None
+        self._served()
         result = [[completion(out, c, i, j) for j, c in enumerate(out.outputs)] for i, out in enumerate(outs)]
         if records is not None:
             routing.attach(records, outs, result, *self._routing)
@@ -452,6 +457,14 @@ class RolloutEngine:
                     self._set_phase(Phase.FAILED, error=f"vLLM failed while serving turns: {self._cause(e)}")
                     raise errors.EngineNotRunning(f"vLLM failed while serving turns: {self._cause(e)}") from e
                 raise
+        self._served()
+
+    def _served(self) -> None:
+        """A generation completed: the end of a recovery when the engine had failed (`recovery`)."""
+        seconds = self.recovery.served()
+        if seconds is not None:
+            log.warning("recovered: a generation completed %.1fs after the engine was found failed (restart %d)",
+                        seconds, self.restarts)
 
     @property
     def max_model_len(self) -> int:
@@ -472,7 +485,8 @@ class RolloutEngine:
 
     # ---- status -----------------------------------------------------------------------------------
     def status(self) -> EngineStatus:
-        open_call = self.watch.stalled()
+        open_call = self.watch.open_call()
+        limit = self.watch.deadline("step") if open_call is None else open_call.deadline
         return EngineStatus(
             role=self.role,
             phase=self.phase,
@@ -484,8 +498,12 @@ class RolloutEngine:
             updated=time.time(),
             restarts=self.restarts,
             steps=self.watch.steps,
-            stalled_s=0.0 if open_call is None else open_call[1],
-            busy=None if open_call is None else open_call[0],
+            stalled_s=0.0 if open_call is None else open_call.stalled_s,
+            busy=None if open_call is None else open_call.what,
+            stall_deadline_s=limit.seconds,
+            stall_deadline=limit.describe(self.watch.ceiling_s),
+            recoveries=self.recovery.recoveries,
+            recovery_s=self.recovery.last_s,
         )
 
     # ---- failures ---------------------------------------------------------------------------------

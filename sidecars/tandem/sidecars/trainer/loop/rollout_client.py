@@ -13,12 +13,15 @@ rollout that is registered and ready again is re-admitted by `join` once it has 
 driver trains (a stale rollout never serves unknowingly). An error in what was asked (4xx: a prompt too long,
 an unknown version) still fails the call. With no healthy rollout left, `recover` waits for one
 (failurePolicy.rolloutUnavailableSeconds, saying why through `on_wait`), then fails with one line naming
-each rollout and what happened to it.
+each rollout and what happened to it. Every generation answer carries its engine's restarts and latest
+recovery (seconds from a failure found to its first generation after the restart): `FaultCounts.seen` turns them
+into the iteration's `rollout_restarts` and `rollout_recovery_s`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,21 +48,43 @@ __all__ = ["FaultCounts", "RolloutClient", "RolloutError", "RolloutGone", "Rollo
 
 @dataclass
 class FaultCounts:
-    """What the pool went through since the last `take` (the iteration's metrics)."""
+    """What the pool went through since the last `take` (the iteration's metrics), and the engine restarts its
+    rollouts reported so far (`rollout_restarts`, over every rollout this client heard from)."""
 
     dropped: int = 0  # rollouts dropped (gone, hung, failed, stale)
     resent: int = 0  # prompts (or rows) re-sent to other rollouts
     rejoined: int = 0  # dropped rollouts admitted again at the current version
     waited_s: float = 0.0  # seconds spent with no healthy rollout
+    recovery_s: float | None = None  # the longest engine recovery a rollout completed (failure to generation)
     causes: list[str] = field(default_factory=list)
+    engines: dict[str, tuple[int, int]] = field(default_factory=dict)  # address -> (restarts, recoveries) seen
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def seen(self, address: str, answer: dict[str, Any]) -> None:
+        """A generation answer's engine figures (`restarts`, `recoveries`, `recovery_s`): a recovery completed
+        since the previous answer of that rollout counts in this iteration. The first answer of a rollout is
+        its baseline (a recovery before this driver knew it is not this iteration's)."""
+        restarts, recoveries = answer.get("restarts"), answer.get("recoveries")
+        if not isinstance(restarts, int) or not isinstance(recoveries, int):
+            return  # a rollout that does not report them
+        with self._lock:
+            before = self.engines.get(address)
+            self.engines[address] = (restarts, recoveries)
+            seconds = answer.get("recovery_s")
+            if before is not None and recoveries > before[1] and isinstance(seconds, int | float):
+                self.recovery_s = max(self.recovery_s or 0.0, float(seconds))
 
     def take(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rollouts_dropped": self.dropped, "prompts_resent": self.resent,
-                               "rollouts_rejoined": self.rejoined, "rollouts_unavailable_s": round(self.waited_s, 3)}
+                               "rollouts_rejoined": self.rejoined, "rollouts_unavailable_s": round(self.waited_s, 3),
+                               "rollout_restarts": sum(r for r, _ in self.engines.values())}
+        if self.recovery_s is not None:
+            out["rollout_recovery_s"] = round(self.recovery_s, 3)
         if self.causes:
             out["rollout_faults"] = list(self.causes[-8:])
         self.dropped = self.resent = self.rejoined = 0
         self.waited_s = 0.0
+        self.recovery_s = None
         self.causes.clear()
         return out
 
@@ -252,6 +277,7 @@ class RolloutClient:
             except RolloutUnhealthy as e:
                 failures[address] = e
                 return None
+            self.faults.seen(address, part)
             got = part.get("version")
             if expect is not None and got is not None and got != expect:
                 failures[address] = RolloutStale(f"answered with version {got}, not {expect}")

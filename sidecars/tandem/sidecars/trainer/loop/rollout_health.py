@@ -12,10 +12,14 @@ A 4xx on /v1/generate or /v1/trajectories is an error in the request (a prompt t
 fails the call: every rollout would answer the same.
 
 `Watch.watched` runs a request in a worker thread and, while it is open, reads the rollout's unauthenticated
-GET /health every few seconds: its `stalledS` (how long its call into vLLM has been open, `StepWatch`). A
-request is abandoned (`RolloutHung`) when that passes failurePolicy.rolloutStallSeconds, or when /health has
-not answered for as long (the whole sidecar stopped or partitioned). So the deadline follows progress: a long
-generation that keeps stepping is never cut, a hung one is dropped in about stallSeconds. Caller:
+GET /health every few seconds: its `stalledS` (how long its call into vLLM has gone without progress,
+`StepWatch`) and `stallDeadlineS` (how long that call may: the rollout's deadline at the job's pace, a multiple
+of the recent calls' p99 of that kind with a floor, the rollout engine's stall_deadline.py). A request is
+abandoned (`RolloutHung`) when `stalledS` passes that deadline, never above failurePolicy.rolloutStallSeconds
+(the driver's own ceiling, also the deadline of a rollout that reports none), or when /health has not answered
+for the ceiling (the whole sidecar stopped or partitioned: nothing reports a pace then). So the deadline follows
+progress: a long generation that keeps stepping is never cut, a hung one is dropped once it has gone without
+progress for many of its recent steps' time. /health is read every quarter of the deadline (0.5-5 s). Caller:
 rollout_client.py.
 """
 
@@ -71,6 +75,16 @@ def classify(url: str, path: str, status: int, text: str) -> RolloutError:
     return RolloutError(message)
 
 
+def deadline_of(health: dict[str, Any], ceiling_s: float) -> tuple[float, str]:
+    """(seconds, how it was derived) the open call of a rollout whose /health body is `health` may go without
+    progress: the rollout's `stallDeadlineS`, capped at `ceiling_s` (failurePolicy.rolloutStallSeconds)."""
+    reported = health.get("stallDeadlineS")
+    if isinstance(reported, int | float) and 0 < reported < ceiling_s:
+        why = health.get("stallDeadline") or "the rollout's"
+        return float(reported), str(why)
+    return ceiling_s, f"failurePolicy.rolloutStallSeconds {ceiling_s:.0f}"
+
+
 class Watch:
     def __init__(self, stall_s: float, poll_s: float | None = None) -> None:
         self.stall_s = stall_s
@@ -92,9 +106,10 @@ class Watch:
         """`send()`'s response; RolloutHung when the rollout stops making progress first."""
         fut = self._pool.submit(send)
         answered = time.monotonic()
+        poll = self.poll_s
         while True:
             try:
-                return fut.result(timeout=self.poll_s)
+                return fut.result(timeout=poll)
             except FutureTimeout:
                 pass
             h = self.health(address)
@@ -102,9 +117,11 @@ class Watch:
             if h is not None:
                 answered = now
                 stalled = float(h.get("stalledS") or 0.0)
-                if stalled > self.stall_s:
-                    raise RolloutHung(f"no progress for {stalled:.0f}s (its engine is hung; failurePolicy."
-                                      f"rolloutStallSeconds {self.stall_s:.0f})")
+                limit, why = deadline_of(h, self.stall_s)
+                poll = max(0.5, min(self.poll_s, limit / 4))
+                if stalled > limit:
+                    raise RolloutHung(f"no progress for {stalled:.0f}s (its engine is hung; deadline {limit:.0f}s: "
+                                      f"{why})")
             elif now - answered > self.stall_s:
                 raise RolloutHung(f"its sidecar has not answered /health for {now - answered:.0f}s "
                                   f"(failurePolicy.rolloutStallSeconds {self.stall_s:.0f})")

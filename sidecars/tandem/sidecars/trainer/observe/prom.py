@@ -11,7 +11,8 @@ samples (partial or asynchronous rollouts) tandem_trainer_sample_staleness (hist
 _wasted_tokens_total and _dropped_completions_total; tandem_trainer_peak_memory_bytes{phase,kind} (the
 driver rank's peak RSS and, on a GPU, torch's peak allocation in each phase of the latest iteration); the
 rollout pool's health: _rollouts (serving the latest iteration), _rollouts_dropped_total and
-_prompts_resent_total; and
+_prompts_resent_total, _rollout_restarts (the engine restarts the rollouts reported so far) and
+_rollout_recovery_seconds (histogram: each iteration's longest recovery, failure to first generation); and
 `observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
 `checkpoint_engine.api.create_app`, which adds the engine's own collector. Callers: the trainer's
 loop (`loop.start`, `loop.report`, `loop.evaluate`; driver rank only).
@@ -76,6 +77,11 @@ class LoopMetrics:
                                         "unhealthy, hung or stale (their prompts re-sent)", registry=r)
         self.prompts_resent = Counter("tandem_trainer_prompts_resent", "Prompts re-sent after their rollout was "
                                       "dropped", registry=r)
+        self.rollout_restarts = Gauge("tandem_trainer_rollout_restarts", "vLLM engine restarts the rollouts "
+                                      "reported so far (each rollout's, summed)", registry=r)
+        self.rollout_recovery = Histogram("tandem_trainer_rollout_recovery_seconds", "The longest rollout recovery "
+                                          "completed in an iteration: seconds from its engine found failed to its "
+                                          "first generation after the restart", buckets=BUCKETS, registry=r)
         self.memory = Gauge("tandem_trainer_peak_memory_bytes", "Peak memory of the driver rank in each phase of the "
                             "latest iteration: kind rss (host, the kernel's peak) or cuda (torch's allocator)",
                             ["phase", "kind"], registry=r)
@@ -116,6 +122,10 @@ class LoopMetrics:
             self.rollouts.set(float(row["rollouts"]))
         self.rollouts_dropped.inc(int(row.get("rollouts_dropped", 0)))
         self.prompts_resent.inc(int(row.get("prompts_resent", 0)))
+        if row.get("rollout_restarts") is not None:
+            self.rollout_restarts.set(float(row["rollout_restarts"]))
+        if row.get("rollout_recovery_s") is not None:
+            self.rollout_recovery.observe(float(row["rollout_recovery_s"]))
 
     def observe_eval(self, result: dict[str, Any]) -> None:
         """A held-out evaluation's `EvalResult.row()`."""
