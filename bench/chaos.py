@@ -4,9 +4,10 @@ The toy job (examples/tiny-grpo.yaml's task: the toy Qwen2 built by `python -m t
 hybrid pod and two rollout-only pods, run by `tandem run` twice with the same spec.seed: undisturbed, then
 disturbed by `Chaos`: every `--kill-every` iterations kill -9 of a rollout-only pod's vLLM engine core (its
 sidecar restarts the engine; the driver re-sends what it had not finished), and once a stop (SIGSTOP) of the
-other rollout-only pod's engine for `--hang-seconds` (a hung GPU: its sidecar kills it after
-failurePolicy.rolloutStallSeconds). Reported: iterations completed, wall time of each run and their ratio,
-reward per iteration side by side, engine restarts, rollouts dropped and re-admitted, prompts re-sent.
+other rollout-only pod's engine for `--hang-seconds` (a hung GPU: its sidecar kills it at the deadline its
+recent steps set, at most failurePolicy.rolloutStallSeconds). Reported: iterations completed, wall time of each
+run and their ratio, reward per iteration side by side, engine restarts, rollouts dropped and re-admitted, prompts
+re-sent, the seconds until the hung engine was cut and the longest recovery (failure to first generation).
 Target (issue): every iteration completes with no restart of the job, and the disturbed run takes at most
 1.25x the undisturbed one at one kill per five iterations. `python bench/chaos.py --help`.
 
@@ -42,6 +43,8 @@ class Chaos:
     def __init__(self, run_dir: Path, job: str) -> None:
         self.run_dir, self.job = run_dir, job
         self.log: list[str] = []
+        self.stopped_at: dict[str, float] = {}  # pod -> wall time of its engine's SIGSTOP (hang)
+        self.cut_s: dict[str, float] = {}  # pod -> seconds from that SIGSTOP until its engine was gone (killed)
 
     # ---- what the run did ------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -124,15 +127,35 @@ class Chaos:
         self._say(f"{pod}: kill -9 of its engine core {core.pid} mid-generate")
         return "step"
 
-    def hang(self, pod: str, seconds: float, stop: threading.Event) -> str:
-        """SIGSTOP the engine core and workers for `seconds` (or until they are gone: killed as hung)."""
+    def hang(self, pod: str, seconds: float, stop: threading.Event, during: str | None = None) -> str:
+        """SIGSTOP the engine core and workers for `seconds` (or until they are gone: killed as hung); with
+        `during`, once that call is open (/health's busy, polled every 10 ms). The seconds until they were gone
+        go to `cut_s[pod]`."""
         _, procs = self._wait_engine(pod, stop)
-        for p in procs:
-            p.send_signal(signal.SIGSTOP)
-        self._say(f"{pod}: engine stopped (SIGSTOP) for up to {seconds:.0f}s")
-        deadline = time.monotonic() + seconds
+        while True:
+            if during is not None:
+                self._until(lambda: (self.health(pod) or {}).get("busy") == during, stop, f"{pod}'s {during}",
+                            poll=0.01)
+            for p in procs:
+                p.send_signal(signal.SIGSTOP)
+            t, self.stopped_at[pod] = time.monotonic(), time.time()
+            seen = self.health(pod) or {}
+            if during is None or seen.get("busy") == during:  # that call is open on the stopped engine
+                break
+            for p in procs:  # it returned before the stop, and no other call of that kind followed: again
+                p.send_signal(signal.SIGCONT)
+        self._say(f"{pod}: engine stopped (SIGSTOP) for up to {seconds:.0f}s during its {seen.get('busy')} "
+                  f"(deadline {seen.get('stallDeadlineS')}s: {seen.get('stallDeadline')})")
+        deadline, said = t + seconds, t
         while time.monotonic() < deadline and not stop.is_set() and any(_alive(p) for p in procs):
-            time.sleep(0.2)
+            time.sleep(0.05)
+            if time.monotonic() - said > 10:  # how its sidecar sees it meanwhile
+                said, h = time.monotonic(), self.health(pod) or {}
+                self._say(f"{pod}: stopped {said - t:.0f}s, /health busy {h.get('busy')} stalled "
+                          f"{h.get('stalledS')}s of {h.get('stallDeadlineS')}s")
+        if not any(_alive(p) for p in procs):
+            self.cut_s[pod] = time.monotonic() - t
+            self._say(f"{pod}: its stopped engine was killed after {self.cut_s[pod]:.1f}s")
         for p in procs:
             if _alive(p):
                 p.send_signal(signal.SIGCONT)
@@ -213,7 +236,8 @@ def run(job: Path, workdir: Path, name: str, disturb: Any = None) -> dict[str, A
             "reward": [r["reward_mean"] for r in rows], "restarts": restarts,
             "dropped": sum(r.get("rollouts_dropped", 0) for r in rows),
             "rejoined": sum(r.get("rollouts_rejoined", 0) for r in rows),
-            "resent": sum(r.get("prompts_resent", 0) for r in rows), "faults": chaos.log}
+            "resent": sum(r.get("prompts_resent", 0) for r in rows), "faults": chaos.log,
+            "hang_cut_s": chaos.cut_s, "recovery_s": max((r.get("rollout_recovery_s", 0) for r in rows), default=0)}
 
 
 def disturber(name: str, kill_every: int, hang_s: float) -> Any:
@@ -259,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = hit["seconds"] / calm["seconds"]
     print(f"wall: calm {calm['seconds']:.0f}s, disturbed {hit['seconds']:.0f}s, ratio {ratio:.2f}x")
     print(f"disturbed: engine restarts {hit['restarts']}, rollouts dropped {hit['dropped']}, re-admitted "
-          f"{hit['rejoined']}, prompts re-sent {hit['resent']}")
+          f"{hit['rejoined']}, prompts re-sent {hit['resent']}; hang cut after {hit['hang_cut_s']} s, longest "
+          f"recovery {hit['recovery_s']} s")
     print("reward per iteration (calm | disturbed):")
     for i, (a, b) in enumerate(zip(calm["reward"], hit["reward"], strict=False)):
         print(f"  {i:3d}  {a:.3f} | {b:.3f}")

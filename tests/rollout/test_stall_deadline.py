@@ -9,6 +9,7 @@ an open call. Then `Recovery`: the seconds from the first failure found to the n
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import pytest
@@ -67,29 +68,40 @@ def test_a_reload_is_judged_against_reloads_not_steps() -> None:
     watch = StepWatch(ceiling_s=CEILING)
     watch._seen["step"] = deque([0.01] * 100, maxlen=WINDOW)
     watch._seen["reload"] = deque([3.0, 4.0, 3.5], maxlen=WINDOW)
+    watch._fresh.update(step=100, reload=10)  # past the engine's first calls of each kind
     assert watch.deadline("step").seconds == FLOOR_S
     assert watch.deadline("reload").seconds == pytest.approx(MULTIPLE * 4.0)  # a 30 s reload is no hang
     assert watch.deadline("add adapter").seconds == CEILING  # none seen: the cap
 
 
-def test_step_watch_records_returned_calls_by_kind_and_leaves_out_the_failed() -> None:
+def test_step_watch_records_returned_calls_by_kind_and_leaves_out_the_failed_and_the_first() -> None:
     watch = StepWatch(ceiling_s=30.0)
-    for _ in range(20):
+    warm = stall_deadline.WARM["step"]
+    for i in range(2 * warm):
         with watch.busy("step"):
             pass
-    with watch.busy("reload"):
-        pass
+        if i < warm:  # the engine's first steps: one-time costs, judged against the cap and not recorded
+            assert watch.durations("step") == [] and watch.deadline("step").seconds == 30.0
+    for _ in range(4):
+        with watch.busy("reload"):
+            pass
     with pytest.raises(RuntimeError), watch.busy("reload"):
         raise RuntimeError("killed: a hung call fails")
-    assert len(watch.durations("step")) == 20 and len(watch.durations("reload")) == 1
-    assert watch.steps == 22 and watch.open_call() is None and watch.stalled() is None
+    assert len(watch.durations("step")) == warm and len(watch.durations("reload")) == 1
+    assert watch.steps == 2 * warm + 5 and watch.open_call() is None and watch.stalled() is None
     assert watch.deadline("step").seconds == FLOOR_S  # warm: the floor over calls of microseconds
-    assert watch.deadline("reload").seconds == 30.0  # one reload: still the cap
+    assert watch.deadline("reload").seconds == 30.0  # one reload recorded: still the cap
+    watch.wrap(type("LLMEngine", (), {"step": lambda self: None})())  # a restart: its first calls are cold again
+    assert watch.deadline("step").seconds == 30.0 and len(watch.durations("step")) == warm  # the pace is kept
+    for _ in range(warm + 1):
+        with watch.busy("step"):
+            pass
+    assert watch.deadline("step").seconds == FLOOR_S and len(watch.durations("step")) == warm + 1
 
 
 def test_an_open_call_carries_its_age_and_deadline() -> None:
     watch = StepWatch(ceiling_s=60.0)
-    for _ in range(20):
+    for _ in range(40):
         with watch.busy("step"):
             pass
     inside, leave = threading.Event(), threading.Event()
@@ -109,7 +121,7 @@ def test_an_open_call_carries_its_age_and_deadline() -> None:
     finally:
         leave.set()
         t.join()
-    assert len(watch.durations("step")) == 21 and watch.open_call() is None
+    assert len(watch.durations("step")) == 25 and watch.open_call() is None
 
 
 def test_recovery_counts_from_the_first_failure_found_to_the_next_generation() -> None:
@@ -121,3 +133,37 @@ def test_recovery_counts_from_the_first_failure_found_to_the_next_generation() -
     assert r.served(at=142.5) == pytest.approx(42.5)
     assert r.recoveries == 1 and r.last_s == pytest.approx(42.5) and r.down_since is None
     assert r.served(at=150.0) is None and r.last_s == pytest.approx(42.5)  # the next generation ends nothing
+
+
+def test_of_two_open_calls_the_one_nearest_its_deadline_is_judged() -> None:
+    """A reload (no reloads seen: the 120 s cap) open since before a step (warm: the floor): the step is the
+    call to judge, though the reload opened first."""
+    watch = StepWatch(ceiling_s=CEILING)
+    for _ in range(40):
+        with watch.busy("step"):
+            pass
+    events = {k: (threading.Event(), threading.Event()) for k in ("reload", "step")}
+
+    def call(what: str) -> None:
+        inside, leave = events[what]
+        with watch.busy(what):
+            inside.set()
+            leave.wait(30)
+
+    threads = []
+    try:
+        for what in ("reload", "step"):
+            threads.append(threading.Thread(target=call, args=(what,)))
+            threads[-1].start()
+            assert events[what][0].wait(10)
+        # once the step has been open a 24th of the reload's time it is the nearer to its deadline (judging the
+        # oldest call instead, it would never be)
+        until = time.monotonic() + 5
+        while (call_now := watch.open_call()) is not None and call_now.what != "step" and time.monotonic() < until:
+            time.sleep(0.001)
+        assert call_now is not None and call_now.what == "step" and call_now.deadline.seconds == FLOOR_S
+    finally:
+        for _, leave in events.values():
+            leave.set()
+        for t in threads:
+            t.join()

@@ -174,9 +174,9 @@ class FailurePolicy(Base):
                                      "the iteration and sends its unfinished prompts to the healthy rollouts, and "
                                      "its sidecar kills and restarts the engine. Below it the deadline follows the "
                                      "job's pace: 20x the p99 duration of the recent calls of that kind, at least "
-                                     "5 s; this ceiling holds until enough calls of a kind were seen (16 steps, 3 "
-                                     "reloads), and is also how long the driver waits for a sidecar whose /health "
-                                     "does not answer.")] = 120
+                                     "5 s; this ceiling holds for an engine's first calls of a kind after each "
+                                     "start and until enough were seen (16 steps, 3 reloads), and is also how long "
+                                     "the driver waits for a sidecar whose /health does not answer.")] = 120
     rollout_unavailable_seconds: Annotated[int, Field(ge=0, le=86_400, description="Seconds the driver waits, "
                                            "with the reason in the job's status, while no rollout is healthy "
                                            "(engines restarting, rollout-only pods being replaced) before the "

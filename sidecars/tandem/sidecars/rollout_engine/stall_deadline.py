@@ -23,8 +23,11 @@ Why these numbers:
   (milliseconds) and its prefills aged out, 20x p99 can be well under a chunk's time; the floor assumes that
   one chunk of max_num_batched_tokens (8192 tokens: ~0.1-0.4 s on one H100-class GPU for a 7B model,
   about as long on 8 for a 70B one) takes under 5 s, and that a GC pause or a kernel's first launch does too;
-- WARM = 16 steps (the first generate's first steps, its prefills among them; hundreds follow each second),
-  3 of any other kind (reloads come once per iteration: three iterations at the ceiling).
+- WARM = 16 steps (hundreds follow each second), 3 of any other kind (reloads come once per iteration). After
+  each engine start its first WARM calls of a kind are judged against the ceiling and not recorded: they pay
+  one-time costs (kernels built for new shapes, memory first touched; on a loaded CPU machine seconds each) that
+  would set the pace of the next WINDOW calls. The pace is then known after WARM more (recorded) calls, and a
+  restarted engine keeps the pace its predecessor set once its own first calls returned.
 On CPU the supervisor also counts the engine's processes computing as progress (step_watch.py), so a step slowed
 by a loaded machine is not judged by this deadline at all; there the deadline cuts only an engine that neither
 returns nor computes.
@@ -67,13 +70,14 @@ def warm_calls(what: str) -> int:
     return WARM.get(what, WARM_OTHER)
 
 
-def deadline(what: str, durations: Sequence[float], ceiling_s: float) -> Deadline:
+def deadline(what: str, durations: Sequence[float], ceiling_s: float, warm: bool = True) -> Deadline:
     """The deadline of an open call of kind `what`, from the durations of that kind seen so far (the last
-    WINDOW used; oldest first)."""
+    WINDOW used; oldest first). `warm`: the engine is past its first calls of that kind since it started
+    (StepWatch); until then, and until WARM durations were recorded, the ceiling."""
     seen = list(durations)[-WINDOW:]
-    if len(seen) < warm_calls(what):
-        return Deadline(ceiling_s, f"{CAP} {ceiling_s:.0f} (until {warm_calls(what)} calls of {what} have returned; "
-                                   f"{len(seen)} did)", capped=True)
+    if not warm or len(seen) < warm_calls(what):
+        return Deadline(ceiling_s, f"{CAP} {ceiling_s:.0f} (until {warm_calls(what)} calls of {what} after the "
+                                   f"engine's first {warm_calls(what)} have returned)", capped=True)
     p = percentile(seen)
     paced = MULTIPLE * p
     basis = f"{MULTIPLE:.0f}x the p{PERCENTILE * 100:.0f} {what} of {p:.2f}s"

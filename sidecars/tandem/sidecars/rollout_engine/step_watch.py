@@ -7,11 +7,13 @@ tells it apart from work. `StepWatch.wrap(engine)` times every step of vLLM's en
 engine (weight reloads, prefix-cache resets). `stalled()` is the call now in progress and how long it has run
 (0 between calls: an engine waiting for tools or for work is not hung), `steps` how many returned, the
 progress a client can watch. Every call that returns has its duration recorded by kind (the last
-`stall_deadline.WINDOW`), and `deadline(what)` is how long an open call of that kind may go without progress
-(`stall_deadline.deadline`: a multiple of the recent calls' p99, at least a floor, at most `ceiling_s`,
-failurePolicy.rolloutStallSeconds, which the supervisor sets); `open_call()` is the open call, its age and its
-deadline. Callers: `engine.RolloutEngine` (wraps at start; its status and /health report the deadline as
-`stallDeadlineS`), the rollout sidecar's supervisor (`tandem.sidecars.rollout.supervisor`, which kills at it).
+`stall_deadline.WINDOW`; not the first `stall_deadline.warm_calls` of a kind after each engine start, which pay
+one-time costs: kernels built for new shapes, memory first touched), and `deadline(what)` is how long an open
+call of that kind may go without progress (`stall_deadline.deadline`: a multiple of the recent calls' p99, at
+least a floor, at most `ceiling_s`, failurePolicy.rolloutStallSeconds, which the supervisor sets); `open_call()`
+is the open call, its age and its deadline. Callers: `engine.RolloutEngine` (wraps at start; its status and
+/health report the deadline as `stallDeadlineS`), the rollout sidecar's supervisor
+(`tandem.sidecars.rollout.supervisor`, which kills at it).
 On CPU, where one step of a loaded machine can take long, the supervisor also counts the engine's processes
 computing as progress (`progress`), so only an engine that neither returns nor computes (stopped, deadlocked)
 stalls; on GPUs a hung kernel may spin a core, so there only returning calls count. A call's recorded duration
@@ -27,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from tandem.sidecars.rollout_engine.stall_deadline import WINDOW, Deadline, deadline
+from tandem.sidecars.rollout_engine.stall_deadline import WINDOW, Deadline, deadline, warm_calls
 
 
 class OpenCall(NamedTuple):
@@ -42,11 +44,14 @@ class StepWatch:
         self.ceiling_s = ceiling_s  # failurePolicy.rolloutStallSeconds: no deadline above it
         self._open: dict[int, tuple[str, float, float]] = {}  # thread id -> (what, start, last progress)
         self._seen: dict[str, deque[float]] = {}  # what -> durations of the last calls that returned
+        self._fresh: dict[str, int] = {}  # what -> calls that returned since the engine (re)started
         self._lock = threading.Lock()
 
     def wrap(self, llm_engine: Any) -> None:
         """Time every `step()` of vLLM's `LLMEngine` (an attribute on that one object, so `LLM.generate`'s
-        loop and ours go through it)."""
+        loop and ours go through it). Called at every start: the new engine's first calls are warm-up."""
+        with self._lock:
+            self._fresh.clear()
         step = llm_engine.step
 
         def timed_step(*args: Any, **kwargs: Any) -> Any:
@@ -70,7 +75,9 @@ class StepWatch:
                 opened = self._open.pop(me, None)
                 self.steps += 1
                 if returned and opened is not None:
-                    self._seen.setdefault(what, deque(maxlen=WINDOW)).append(time.monotonic() - opened[1])
+                    n = self._fresh[what] = self._fresh.get(what, 0) + 1
+                    if n > warm_calls(what):  # the first calls after a start pay one-time costs: not the pace
+                        self._seen.setdefault(what, deque(maxlen=WINDOW)).append(time.monotonic() - opened[1])
 
     def progress(self) -> None:
         """Progress seen outside vLLM's calls returning (its processes computing: the supervisor, on CPU): the
@@ -86,17 +93,21 @@ class StepWatch:
             return list(self._seen.get(what, ()))
 
     def deadline(self, what: str) -> Deadline:
-        """How long an open call of kind `what` may go without progress now (`stall_deadline.deadline`)."""
-        return deadline(what, self.durations(what), self.ceiling_s)
+        """How long an open call of kind `what` may go without progress now (`stall_deadline.deadline`; the
+        ceiling while the engine's first calls of that kind since its start have not all returned)."""
+        with self._lock:
+            fresh = self._fresh.get(what, 0)
+            seen = list(self._seen.get(what, ()))
+        return deadline(what, seen, self.ceiling_s, warm=fresh > warm_calls(what))
 
     def open_call(self) -> OpenCall | None:
-        """The call in progress with the least recent progress, how long it has gone without, and its
-        deadline; None when none is open."""
+        """The call in progress nearest its deadline (or furthest past it), how long it has gone without
+        progress, and that deadline; None when none is open."""
         with self._lock:
-            if not self._open:
-                return None
-            what, _, since = min(self._open.values(), key=lambda o: o[2])
-        return OpenCall(what, time.monotonic() - since, self.deadline(what))
+            opened = [(what, since) for what, _, since in self._open.values()]
+        now = time.monotonic()
+        calls = [OpenCall(what, now - since, self.deadline(what)) for what, since in opened]
+        return max(calls, key=lambda c: c.stalled_s / c.deadline.seconds, default=None)
 
     def stalled(self) -> tuple[str, float] | None:
         """(what, seconds without progress) of the open call `open_call` names, or None when none is."""
