@@ -308,8 +308,9 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     completions = s.prompts * s.group
     config = GRPOConfig(
         output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, seed=seed, learning_rate=s.lr, lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip, loss_type="dapo",
+        logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=seed, learning_rate=s.lr,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip,
+        loss_type="dapo",
         scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
         per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
         steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
@@ -347,7 +348,9 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     return {"rewards": [m for _, m, _ in per_call], "completions": sum(n for n, _, _ in per_call),
             "completion_tokens": sum(n for _, _, n in per_call), "loop_seconds": loop, "wall_seconds": wall,
             "setup_seconds": setup, "torch_threads": torch.get_num_threads(),
-            "saved": str(saved) if saved else None, "phase_seconds_mean": phases}
+            "saved": str(saved) if saved else None, "phase_seconds_mean": phases,
+            # TRL's own per-step log (entropy, grad_norm, clip ratios), beside Tandem's metrics.jsonl
+            "log": [{k: v for k, v in e.items() if isinstance(v, (int, float))} for e in trainer.state.log_history]}
 
 
 def timed(fn: Any, spent: dict[str, float], name: str) -> Any:
