@@ -147,6 +147,7 @@ def test_member_loss_mid_run(cluster: LocalEtcdCluster) -> None:
             rec = writer.version_record(version)
             assert len(writer.shard_records(version)) == rec["shards"] > 0
         assert writer.versions() == [target - 1, target]
+        assert killed_at and n_after >= 3, f"the run went on for {n_after} versions after the kill, not 3"
         print(f"leader killed: {leader_killed}; versions published after the kill: {n_after}; "
               f"longest round after it: {slowest:.2f} s")
     finally:

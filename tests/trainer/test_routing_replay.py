@@ -114,6 +114,7 @@ def test_rollout_returns_compact_routing_per_token(rollouts: dict[str, Any]) -> 
         first = group[0].routed_experts.array()[: len(group[0].prompt_token_ids) - 1]  # type: ignore[union-attr]
         for c in group[1:]:  # one prompt, one routing of its tokens (computed per sample: no prefix cache)
             assert (c.routed_experts.array()[: len(c.prompt_token_ids) - 1] == first).all()  # type: ignore[union-attr]
+    assert len(sizes) == len(rollouts["prompts"]) * GROUP > 0, "a completion per sample of every prompt"
     print(f"\nrouting: {sum(sizes) / len(sizes):.1f} bytes per sample; generate {rollouts['seconds']:.2f} s "
           f"for {len(sizes)} samples")
 
