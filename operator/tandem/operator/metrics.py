@@ -2,7 +2,8 @@
 
 Role: after every reconcile pass `record` sets the job's series from the status the pass wrote
 (phase as a state set, iteration, weight version, reward, last sync, restarts, Kueue preemptions,
-rollout-only pods replaced alone, percent done) and counts the pods
+rollout-only pods replaced alone, the rollouts' vLLM engine restarts, rejoins and latest recovery, percent
+done) and counts the pods
 it created and deleted; `observe_pass` times passes and counts the failed ones; `forget` drops a
 deleted job's series; `serve` exposes /metrics over HTTP (TANDEM_METRICS_PORT; the chart sets the
 port and the pod's prometheus.io annotations). A private registry keeps them apart from any other
@@ -37,6 +38,12 @@ restarts = Gauge("tandem_rlhfjob_restarts", "Gang restarts so far", JOB, registr
 preemptions = Gauge("tandem_rlhfjob_preemptions", "Times Kueue stopped the job's pods", JOB, registry=REGISTRY)
 replacements = Gauge("tandem_rlhfjob_rollout_replacements", "Rollout-only pods replaced alone (no gang restart)",
                      JOB, registry=REGISTRY)
+engine_restarts = Gauge("tandem_rlhfjob_rollout_engine_restarts", "vLLM engine restarts the rollouts reported "
+                        "since the driver started (status.rolloutEngines.restarts)", JOB, registry=REGISTRY)
+rejoins = Gauge("tandem_rlhfjob_rollout_rejoins", "Dropped rollouts admitted again since the driver started", JOB,
+                registry=REGISTRY)
+recovery_seconds = Gauge("tandem_rlhfjob_rollout_recovery_seconds", "The latest rollout recovery: an engine found "
+                         "dead or hung to its first generation after the restart", JOB, registry=REGISTRY)
 progress = Gauge("tandem_rlhfjob_progress_percent", "Iterations done of algorithm.iterations, in percent", JOB,
                  registry=REGISTRY)
 pods_created = Counter("tandem_pods_created", "Pods the operator created", registry=REGISTRY)
@@ -76,8 +83,11 @@ def record(namespace: str, name: str, plan: Plan) -> None:
     replacements.labels(namespace, name).set(st.rollout_replacements)
     percent = None if st.progress is None else st.progress.percent
     pass1 = None if st.eval is None else st.eval.pass_at_1
+    e = st.rollout_engines  # None until a driver reported its rollouts' engines
     for gauge, value in ((reward_mean, st.reward_mean), (sync_seconds, st.last_sync_seconds), (eval_pass1, pass1),
-                         (progress, percent)):
+                         (progress, percent), (engine_restarts, None if e is None else e.restarts),
+                         (rejoins, None if e is None else e.rejoins),
+                         (recovery_seconds, None if e is None else e.last_recovery_seconds)):
         if value is None:  # nothing measured yet: no sample rather than a made-up 0
             _drop(gauge, (namespace, name))
         else:
@@ -91,7 +101,7 @@ def forget(namespace: str, name: str) -> None:
     for p in PHASES:
         _drop(phase, (namespace, name, p))
     for gauge in (iteration, weight_version, reward_mean, sync_seconds, restarts, eval_pass1, preemptions, progress,
-                  replacements):
+                  replacements, engine_restarts, rejoins, recovery_seconds):
         _drop(gauge, (namespace, name))
 
 

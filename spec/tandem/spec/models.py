@@ -29,6 +29,7 @@ from tandem.spec.pattern import CEL_RULE as PATTERN_RULE
 from tandem.spec.pattern import MESSAGE as PATTERN_MESSAGE
 from tandem.spec.pattern import compile_re2
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
+from tandem.spec.progress import RolloutEngines
 from tandem.spec.rollout import Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
@@ -471,6 +472,7 @@ class JobStatus(Base):
     rollout_replacements: int = Field(default=0, description="Rollout-only pods replaced alone (failed, evicted, "
                                       "deleted or gone), without a gang restart.")
     rollout_pool: RolloutPoolStatus | None = None
+    rollout_engines: RolloutEngines | None = None
     eval: EvalStatus | None = None
     message: str = ""
     reason: str = Field(default="", description="Why the job is in its phase, one CamelCase word (the REASON "

@@ -26,6 +26,20 @@ class EvalSummary(BaseModel):
     prompts: int
 
 
+class RolloutEngines(BaseModel):
+    """The rollouts' vLLM engines as the driver has seen them since it started (the job's status.rolloutEngines):
+    restarts in place (the rollout's supervisor), rollouts re-admitted to the pool, and the latest recovery."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    restarts: int = Field(default=0, description="vLLM engine restarts the job's rollouts reported (each rollout's "
+                          "supervisor starting its engine again after a death or a hang), since the driver started.")
+    rejoins: int = Field(default=0, description="Rollouts the driver dropped from its pool (gone, hung, failed) and "
+                         "admitted again at the current weight version, since the driver started.")
+    last_recovery_seconds: float | None = Field(default=None, description="The latest recovery: seconds from an "
+                                                "engine found dead or hung to its first generation after the restart "
+                                                "(the longest of the latest iteration that completed one).")
+
+
 WAITING_FOR_ROLLOUTS = "waiting for a healthy rollout"  # the driver's message while no rollout is healthy
 
 
@@ -44,6 +58,7 @@ class Progress(BaseModel):
     mismatch_kl: float | None = None  # rollout vs trainer, last iteration: mean k3 per model token
     ess: float | None = None  # the normalised effective sample size of its token ratios p_trainer / p_rollout
     staleness_mean: float | None = None  # weight versions between a trained completion's oldest segment and the update
+    rollout_engines: RolloutEngines | None = None  # engine restarts, rejoins, the latest recovery (None: none seen)
     guard: str = ""  # algorithm.mismatchGuard's latest warning or pause ("" while it is quiet)
     message: str = ""  # why it failed or paused; while no healthy rollout, the driver's wait (WAITING_FOR_ROLLOUTS ...)
     updated_at: float = Field(default=0.0, description="Unix time of this record.")

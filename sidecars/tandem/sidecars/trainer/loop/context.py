@@ -34,6 +34,7 @@ from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.sidecars.trainer.observe.tracking import Tracker
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
+from tandem.spec.progress import RolloutEngines
 
 
 @dataclass
@@ -65,6 +66,7 @@ class TrainerContext:
     last_turns: dict[str, float] = field(default_factory=dict)  # multi-turn: turns and tool calls, last iteration
     last_agreement: dict[str, float] = field(default_factory=dict)  # mismatch_kl, mismatch_ess, staleness_mean
     last_guard: str = ""  # algorithm.mismatchGuard's latest warning (progress record, the job's status)
+    rollout_engines: RolloutEngines | None = None  # restarts, rejoins, latest recovery (`report.engines_after`)
     last_eval: EvalResult | None = None
     last_publish_path: Path | None = None  # the shm directory of the newest version (driver rank)
     last_publish_bytes: int = 0  # its size (driver rank; 0 on the others)
