@@ -100,6 +100,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -212,7 +213,7 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
                           "every": iterations, **EVAL},
                  "volumes": [{"name": "bench", "mountPath": "/bench", "hostPath": str(path.parent)}],
                  "export": {"path": "/bench/tandem-export", "every": iterations}}
-    spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "bench-rl-vs-trl"},
+    spec = {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": job_name(path.parent)},
             "spec": {"model": {"path": str(model)}, "dataset": dataset, **extra, "seed": seed,
                      "algorithm": algorithm,
                      "replicas": 1, "gpusPerPod": 0,
@@ -229,6 +230,13 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
     return path
 
 
+def job_name(out: Path) -> str:
+    """The job's name from its output folder (`bench-smollm2-steps4-seed1`): runs in other folders may share the
+    machine (one name per machine at a time: `tandem run` refuses a second)."""
+    tail = re.sub(r"[^a-z0-9-]+", "-", out.name.lower()).strip("-")
+    return f"bench-{tail}"[:63].rstrip("-") if tail else "bench-rl-vs-trl"
+
+
 def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -239,7 +247,8 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
         rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     wall = time.perf_counter() - t0
-    rows, evals = (read_jsonl(workdir / "bench-rl-vs-trl" / f) for f in ("metrics.jsonl", "eval.jsonl"))
+    name = job_name(job.parent)
+    rows, evals = (read_jsonl(workdir / name / f) for f in ("metrics.jsonl", "eval.jsonl"))
     if rc != 0 or not rows:
         raise SystemExit(f"tandem run failed (rc={rc}, {len(rows)} iterations); see {log}")
     phases: dict[str, float] = {}

@@ -6,7 +6,8 @@ etcd with a live display (on a terminal; else one plain line per iteration, `pro
 metrics/plots under the run directory, and stop everything cleanly
 on completion, failure or Ctrl-C; a rollout process that dies is started again (`supervise`), as the kubelet
 restarts a native sidecar and the operator replaces a rollout-only pod, and a run that fails ends with one line
-naming the pod, the component and the cause. Caller: `tandem.cli.main.run`.
+naming the pod, the component and the cause. A second run of the same namespace/name on this machine refuses with
+one line (`exclusive`: both would share one shared-memory root). Caller: `tandem.cli.main.run`.
 
 Run directory layout (`<workdir>/<job>/`): job.yaml (the resolved spec the sidecars read),
 logs/<pod>-<container>.log, metrics.jsonl (one line per iteration, written by the driver),
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -80,6 +82,45 @@ def _generation(run_dir: Path, resume: bool) -> int:
 
 def shm_root_of(job: RLHFJob) -> Path:
     return Path("/dev/shm") / f"tandem-{job.metadata.namespace}-{job.metadata.name}"
+
+
+class AlreadyRunning(RuntimeError):
+    """Another `tandem run` of the same namespace/name is running on this machine."""
+
+
+@contextlib.contextmanager
+def exclusive(job: RLHFJob) -> Any:
+    """Hold the job's lock (a file beside its shared-memory root) for the run: two runs of one namespace/name
+    would share that root, and each one's start or end would delete the other's versions under it. Raises
+    AlreadyRunning, naming the holder's pid, when another run holds it; the kernel drops the lock when the
+    holder exits, even on kill -9. The file is removed at the end (a taker that locked the removed file sees
+    that its inode is no longer the path's and takes the new one)."""
+    path = shm_root_of(job).with_name(shm_root_of(job).name + ".lock")
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunning(f"job {job.metadata.namespace}/{job.metadata.name} is already running on this "
+                                 f"machine (tandem run pid {holder} holds {path}): wait for it, or give this one "
+                                 f"another metadata.name") from None
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = -1
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # locked a file its holder removed on the way out: take the path's own
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_endpoint: str, *, token: str,
@@ -220,6 +261,15 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
 
     `pin_pods` gives each pod its own share of this machine's cores (`procs.pod_cpus`), as pods on
     separate nodes have: what overlapping generation with training gains shows only then."""
+    try:
+        with exclusive(job):
+            return _run_locked(job, workdir=workdir, resume=resume, keep_etcd=keep_etcd, pin_pods=pin_pods)
+    except AlreadyRunning as e:
+        console.print(say.styled(str(e), "red"), markup=False, highlight=False)
+        return 1
+
+
+def _run_locked(job: RLHFJob, *, workdir: Path, resume: bool, keep_etcd: bool, pin_pods: bool) -> int:
     run_dir = (workdir / job.metadata.name).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     etcd_dir = run_dir / "etcd"
