@@ -192,18 +192,22 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 
 
 def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max_staleness: int = 0,
-             lora: int = 0, seed: int = 0) -> Path:
+             lora: int = 0, seed: int = 0, dtype: str = "float32") -> Path:
     """The bench's job. arith adds the example's chat fields, spec.eval at the start and the end only (eval
     time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check.
     `max_staleness` > 0 runs it asynchronously on the hybrid pod (its vLLM generates batch i+1 while the
     trainer trains on batch i), with truncated importance sampling against the version that sampled. `lora` > 0
-    trains LoRA adapters of that rank (alpha 2 x rank, every linear layer; versions carry the adapters alone)."""
+    trains LoRA adapters of that rank (alpha 2 x rank, every linear layer; versions carry the adapters alone).
+    `dtype` bfloat16: the trainer (bf16 weights, fp32 master weights in the optimizer) and vLLM in bf16, with the
+    rollout/trainer mismatch corrected as on a GPU (truncated importance sampling, tisCap)."""
     import yaml
 
     algorithm: dict[str, Any] = {"name": "grpo", "groupSize": s.group, "klCoef": s.kl, "clip": s.clip, "lr": s.lr,
                                  "iterations": iterations}
     if max_staleness:
         algorithm |= {"maxStaleness": max_staleness, "tisCap": TIS_CAP}
+    if dtype != "float32":
+        algorithm |= {"tisCap": TIS_CAP}
 
     dataset: dict[str, Any] = {"path": str(train)}
     extra: dict[str, Any] = {}
@@ -219,7 +223,7 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
                      "replicas": 1, "gpusPerPod": 0,
                      "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
                                  # a CPU pod has nothing to free (the state would move RAM to RAM); TRL keeps it too
-                                 "microBatchSize": s.micro_batch, "offload": False,
+                                 "microBatchSize": s.micro_batch, "offload": False, "dtype": dtype,
                                  **({"lora": {"rank": lora, "alpha": 2 * lora}} if lora else {})},
                      "rollout": {"tensorParallel": 1, "maxTokens": s.max_tokens, "temperature": 1.0,
                                  "promptsPerIteration": s.prompts, "betweenRollouts": "keep"},
@@ -274,7 +278,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None,
-            lora: int = 0, seed: int = 0) -> dict[str, Any]:
+            lora: int = 0, seed: int = 0, dtype: str = "float32") -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
     import torch
@@ -316,7 +320,7 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     data = Dataset.from_list([{"prompt": r[field], "answer": str(r["answer"])} for r in rows])
     completions = s.prompts * s.group
     config = GRPOConfig(
-        output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        output_dir=str(out / "trl-out"), use_cpu=True, bf16=dtype == "bfloat16", report_to="none", save_strategy="no",
         logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=seed, learning_rate=s.lr,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip,
         loss_type="dapo",
@@ -475,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                     "layer, lr --lora-lr); 0: full fine-tuning")
     ap.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate with --lora (adapters take ~10x)")
     ap.add_argument("--seed", type=int, default=0, help="spec.seed on Tandem's side, GRPOConfig.seed on TRL's")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="bfloat16: both sides compute in bf16 with fp32 master weights (Tandem: trainer.dtype, which "
+                    "vLLM follows, and tisCap for the mismatch; TRL: bf16 autocast)")
     ap.add_argument("--steps", type=int, default=1, help="optimizer steps per iteration on both sides (Tandem's "
                     "trainer.globalBatchSize, TRL's gradient accumulation: the iteration's completions / steps)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
@@ -498,10 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     src, train, params = prepare(args.size, out)
     shutil.rmtree(out / "tandem-export", ignore_errors=True)
     job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml",
-                   args.max_staleness, args.lora, args.seed)
+                   args.max_staleness, args.lora, args.seed, args.dtype)
     tandem = run_tandem(job, out / "tandem-runs")
     trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads,
-                  args.lora, args.seed)
+                  args.lora, args.seed, args.dtype)
     if s.task == "arith":  # after both timed runs: TRL's before/after and Tandem's export, on Tandem's eval path
         scored = run_eval(job, {"base": src, "tandem": out / "tandem-export" / f"iteration-{iterations}",
                                 "trl": Path(trl["saved"])}, out)
