@@ -5,21 +5,28 @@ usable (`gpu.select`; gpusPerPod 0 runs on the CPU) or when a model directory or
 be used (`preflight`: one line naming the file and the field, also the termination message), applies
 the CPU compatibility layer on CPU, starts one process per local trainer rank (gloo on CPU, NCCL on
 GPUs) with global ranks derived from the pod index, and runs the driver loop (`driver.run`). SIGTERM stops it cleanly.
+A failure ends with one line naming pod, component and cause (also the termination message); a failure the job's
+own bounds decide (`BOUNDED`: no healthy rollout within failurePolicy.rolloutUnavailableSeconds, a rollout's
+answer another rollout would not change) is only that line, any other also logs its traceback before it.
 Caller: the pod built by `tandem.operator.builders` (in a cluster) or `tandem run` (locally).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.startup import refuse, start_sidecar
 from tandem.sidecars.trainer.loop import preflight
+from tandem.sidecars.trainer.loop.rollout_health import RolloutError
 from tandem.sidecars.trainer.rank import run_rank
 from tandem.spec import model_dir
 
 log = logging.getLogger("tandem.trainer")
+BOUNDED: tuple[type[Exception], ...] = (RolloutError,)  # their message names the cause; a traceback adds nothing
+_QUALIFIED = re.compile(r"^(?:\w+\.)+(?=\w+: )")  # a traceback's last line names the class with its module
 
 
 def main() -> int:
@@ -45,19 +52,34 @@ def main() -> int:
             import torch.multiprocessing as mp
 
             mp.spawn(run_rank, args=(env, ranks), nprocs=ranks, join=True)  # importable target, not __main__
-    except Exception as e:  # the traceback to the log; one line naming pod, component and cause to the user
-        log.exception("trainer failed")
+    except Exception as e:  # one line naming pod, component and cause; the traceback of an unforeseen one first
+        if not bounded(e):
+            log.exception("trainer failed")
         return refuse(log, f"pod {env.pod}, trainer: {one_line(e)}", 1)
     return 0
 
 
 def one_line(e: BaseException) -> str:
     """The cause of a failure in one line: a rank's exception as mp.spawn reports it is a traceback, whose
-    last line is the error."""
+    last line is the error (its class named without its module)."""
     text = str(e).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     last = lines[-1].strip() if lines else type(e).__name__
-    return last if len(lines) > 1 else f"{type(e).__name__}: {last}"
+    return _QUALIFIED.sub("", last) if len(lines) > 1 else f"{type(e).__name__}: {last}"
+
+
+def bounded(e: BaseException) -> bool:
+    """`e` is one of `BOUNDED` (or a subclass), raised here or in a rank mp.spawn started (then the text of its
+    traceback, whose last line names the class with its module)."""
+    if isinstance(e, BOUNDED):
+        return True
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    module, _, name = lines[-1].partition(":")[0].rpartition(".") if len(lines) > 1 else ("", "", "")
+    return any((k.__module__, k.__name__) == (module, name) for c in BOUNDED for k in _family(c))
+
+
+def _family(c: type[Exception]) -> list[type[Exception]]:
+    return [c, *(k for sub in c.__subclasses__() for k in _family(sub))]
 
 
 if __name__ == "__main__":
