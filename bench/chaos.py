@@ -14,7 +14,9 @@ Target (issue): every iteration completes with no restart of the job, and the di
 `Chaos` is also the injector of tests/e2e/test_rollout_faults.py: it finds a rollout sidecar by its pod's
 environment (TANDEM_POD) under a run directory, its vLLM engine core and workers as its children (their
 titles say VLLM::EngineCore / VLLM::Worker; their environ no longer shows the pod's variables), and reads
-the sidecar's GET /health (busy: the call into vLLM now open; restarts).
+the sidecar's GET /health (busy: the call into vLLM now open; restarts). Each of its waits ends at WAIT_S or at
+the injector's `deadline` (a test's: inside its pytest timeout), whichever is sooner, with a TimeoutError naming
+what it waited for; `wait_run` waits for the run itself the same way.
 """
 
 from __future__ import annotations
@@ -39,9 +41,23 @@ ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 WAIT_S = 600.0
 
 
+def wait_run(proc: subprocess.Popen[Any], seconds: float, failures: list[BaseException], what: str) -> None:
+    """Wait until `proc` ends; return early once `failures` holds one (the injector's, which names its wait);
+    TimeoutError naming `what` when it runs past `seconds`."""
+    end = time.monotonic() + seconds
+    while not failures:
+        try:
+            proc.wait(timeout=max(0.0, min(0.5, end - time.monotonic())))
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= end:
+                raise TimeoutError(f"{what} did not end within {seconds:.0f}s") from None
+
+
 class Chaos:
-    def __init__(self, run_dir: Path, job: str) -> None:
-        self.run_dir, self.job = run_dir, job
+    def __init__(self, run_dir: Path, job: str, deadline: float | None = None) -> None:
+        """`deadline`: a time.monotonic() value no wait of the injector goes past (None: WAIT_S each)."""
+        self.run_dir, self.job, self.deadline = run_dir, job, deadline
         self.log: list[str] = []
         self.stopped_at: dict[str, float] = {}  # pod -> wall time of its engine's SIGSTOP (hang)
         self.cut_s: dict[str, float] = {}  # pod -> seconds from that SIGSTOP until its engine was gone (killed)
@@ -133,6 +149,8 @@ class Chaos:
         go to `cut_s[pod]`."""
         _, procs = self._wait_engine(pod, stop)
         while True:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise TimeoutError(f"no stop of {pod}'s engine during its {during} before the deadline")
             if during is not None:
                 self._until(lambda: (self.health(pod) or {}).get("busy") == during, stop, f"{pod}'s {during}",
                             poll=0.01)
@@ -146,7 +164,8 @@ class Chaos:
                 p.send_signal(signal.SIGCONT)
         self._say(f"{pod}: engine stopped (SIGSTOP) for up to {seconds:.0f}s during its {seen.get('busy')} "
                   f"(deadline {seen.get('stallDeadlineS')}s: {seen.get('stallDeadline')})")
-        deadline, said = t + seconds, t
+        deadline = t + seconds if self.deadline is None else min(t + seconds, self.deadline)
+        said = t
         while time.monotonic() < deadline and not stop.is_set() and any(_alive(p) for p in procs):
             time.sleep(0.05)
             if time.monotonic() - said > 10:  # how its sidecar sees it meanwhile
@@ -179,13 +198,14 @@ class Chaos:
         return found[0]
 
     def _until(self, cond: Any, stop: threading.Event, what: str, poll: float = 0.2) -> None:
-        deadline = time.monotonic() + WAIT_S
+        start = time.monotonic()
+        deadline = start + WAIT_S if self.deadline is None else min(start + WAIT_S, self.deadline)
         while not cond():
             if stop.is_set():
                 raise RuntimeError(f"the run ended before {what}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {what} within {WAIT_S:.0f}s")
-            time.sleep(poll)
+                raise TimeoutError(f"no {what} within {time.monotonic() - start:.0f}s")
+            stop.wait(poll)
 
     def _say(self, line: str) -> None:
         self.log.append(f"{time.strftime('%H:%M:%S')} {line}")

@@ -18,6 +18,8 @@ began restarting its engine and logged why (one restart completed, re-admitted);
 deadline at the job's pace, well below the ceiling (and not at the HTTP timeout), the message naming how the
 deadline was derived; the iterations' rows count the engine restarts and a recovery (failure to first
 generation) of positive seconds; no job restart happened; and nothing was left running or in shared memory.
+Every wait has its own deadline inside pytest's timeout (RUN_S + STOP_S + JOIN_S, checked against it first): a
+stuck one fails naming what it waited for (the injector's step, the run, its stop), not by pytest's kill.
 """
 
 from __future__ import annotations
@@ -29,20 +31,27 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from test_tandem_run import demo_job, processes_of, remove_shm_dirs, run_cmd, toy  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-from chaos import Chaos  # noqa: E402  (bench/chaos.py: the injector the benchmark uses too)
+from chaos import Chaos, wait_run  # noqa: E402  (bench/chaos.py: the injector the benchmark uses too)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.megatron, pytest.mark.etcd]
 ITERATIONS = 10
 CEILING_S = 120  # failurePolicy.rolloutStallSeconds's default
+RUN_S = 660.0  # the run and every wait of the injector (about 6 minutes on two loaded cores)
+STOP_S = 120.0  # after a SIGINT, until tandem run stopped every process it started
+JOIN_S = 15.0  # the injector's thread, once the run ended
 
 
-def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_job_survives_rollout_engines_killed_and_hung(
+        toy: Path, tmp_path: Path, pytestconfig: pytest.Config) -> None:  # noqa: F811
+    limit = float(pytestconfig.getini("timeout") or 0)
+    assert not limit or RUN_S + STOP_S + JOIN_S < limit, f"the test's waits outlast pytest's timeout of {limit:.0f}s"
     job = demo_job(toy, "e2e-faults")
     job["spec"]["algorithm"].update(iterations=ITERATIONS, lr=3e-3)
     job["spec"]["rollout"]["promptsPerIteration"] = 12
@@ -51,8 +60,10 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
     assert "rolloutStallSeconds" not in job["spec"]["failurePolicy"]  # the default ceiling
     runs = tmp_path / "runs"
     run_dir = runs / "e2e-faults"
-    chaos = Chaos(run_dir, "e2e-faults")
-    proc = subprocess.Popen(run_cmd(job, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    chaos = Chaos(run_dir, "e2e-faults", deadline=time.monotonic() + RUN_S)
+    printed = tmp_path / "tandem-run.out"  # a file, not a pipe: nothing blocks while the test polls
+    with printed.open("w") as sink:
+        proc = subprocess.Popen(run_cmd(job, tmp_path), stdout=sink, stderr=subprocess.STDOUT, text=True)
     done = threading.Event()
     injected: list[str] = []
     failures: list[BaseException] = []
@@ -69,15 +80,21 @@ def test_a_job_survives_rollout_engines_killed_and_hung(toy: Path, tmp_path: Pat
     injector = threading.Thread(target=inject, daemon=True)
     injector.start()
     try:
-        out, _ = proc.communicate(timeout=1500)
+        wait_run(proc, RUN_S, failures, "tandem run of the faulted job")  # early when the injector failed
     finally:  # a failed or timed-out test leaves no run behind (SIGINT: tandem run stops its processes)
         done.set()
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            proc.wait(180)
-    injector.join(60)
+            try:
+                proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise TimeoutError(f"tandem run still running {STOP_S:.0f}s after SIGINT") from None
+    injector.join(JOIN_S)
+    out = printed.read_text()
+    assert not injector.is_alive(), f"the injector still waits {JOIN_S:.0f}s after the run: {chaos.log}"
+    assert not failures, (failures, chaos.log)  # its TimeoutError names what it waited for
     assert proc.returncode == 0, out[-4000:]
-    assert not failures, failures
     assert len(injected) == 3, injected
     assert injected[1:] == ["step", "hung"], injected
 
