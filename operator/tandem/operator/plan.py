@@ -5,83 +5,59 @@ Pure and level-triggered: the same observation always yields the same plan, and 
 plan twice is harmless (creates are create-if-absent, deletes ignore missing pods). This is what
 lets the operator restart at any moment and converge without duplicate pods.
 
-Order of precedence: invalid spec > finished (Succeeded/Failed stay) > driver says done/failed >
-suspend > restart in progress > Kueue preemption (queued jobs) > a sidecar that refused its input
-(exit 2: Failed at once, no restart could help) > hybrid pod failures (a gang restart; for a job queued
-by Kueue, any pod's) > a lost rollout-only pod (`pool_policy`: replaced alone, or a stuck pool past its
-bound) > a stuck gang (`stuck_policy`: crash loops, image/config waits, unschedulable pods past
-failurePolicy's limits; rollout-only pods of a running job left out) > create what is missing (then
-Running, also while the rollout-only pool is short, Queued while Kueue holds pods at its gate, or
-Pending; a container's waiting reason or an unschedulable pod shows in the message and status.reason).
-Every pass of a valid job also sets condition DurableCheckpoints (whether a gang restart can resume:
-checkpointEngine.persist), and the first pass of a job without persist warns (Event NoDurableCheckpoints).
-The pods' restart generation is restarts + preemptions + suspensions (`status.gang_generation`): each
-starts a new gang that resumes from the newest durable copy; only restarts count against
-failurePolicy.maxRestarts.
+`decide` tries the rules of `RULES` in this order. The first rule whose condition holds decides and
+ends the pass; a rule marked (+) adds to the plan and lets the rules after it decide. The last rule
+always holds.
+
+  invalid_spec    the spec is invalid: InvalidSpec, every pod deleted
+  report (+)      a valid job: the expanded algorithm, the driver's progress, the progress block,
+                  RolloutsAvailable, MismatchGuard and DurableCheckpoints (and their Events)
+  finished        Succeeded or Failed stay (a Failed job keeps no pod)
+  succeeded       the driver says done, or every trainer pod Succeeded: Succeeded
+  driver_failed   the driver says failed: Failed
+  suspended       spec.suspend: Suspended, every pod deleted
+  sweep (+)       the job's objects ensured; older gangs' pods and pods past the pool (scaled down) deleted
+  restarting      a gang restart under way: wait for the old gang and the backoff, then create the new one
+  preempted       Kueue stopped the queued job's pods: Suspended (Preempted)
+  refused         a sidecar refused its input (exit 2): Failed at once, no restart could help
+  pod_failed      a hybrid pod failed (for a job queued by Kueue, any pod): a gang restart, or Failed
+  pool_lost       rollout-only pods lost past `pool_policy.bound` (jobs Kueue does not queue): a gang restart,
+                  or Failed
+  replace_alone (+)  lost rollout-only pods replaced alone (jobs Kueue does not queue; `pool_policy`)
+  stuck           crash loops, image/config waits, unschedulable pods past failurePolicy's limits
+                  (`stuck_policy`; rollout-only pods of a running job left out): a gang restart, or Failed
+  create_missing (+)  the current gang's missing pods created
+  running         every pod Running, or a running job's trainers while its rollout-only pool is short
+  requeued        preempted pods wait for Kueue's readmission: still Suspended (condition Queued)
+  waiting         Queued while Kueue holds pods at its gate, else Pending
+
+A container's waiting reason or an unschedulable pod shows in the Running or Pending message and in
+status.reason. Every pass of a valid job sets condition DurableCheckpoints (whether a gang restart can
+resume: checkpointEngine.persist), and the first pass of a job without persist warns (Event
+NoDurableCheckpoints). The pods' restart generation is restarts + preemptions + suspensions
+(`status.gang_generation`): each starts a new gang that resumes from the newest durable copy; only
+restarts count against failurePolicy.maxRestarts. `Plan.rules` names the rules that applied.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
-from tandem.operator import (
-    admission_policy,
-    builders,
-    eta,
-    kueue,
-    pool_policy,
-    restart_policy,
-    scale_policy,
-    status,
-    stuck_policy,
-)
+from tandem.operator import builders, eta, kueue, pool_policy, restart_policy, scale_policy, status, stuck_policy
 from tandem.operator.observe import REFUSED_EXIT, PodState
+from tandem.operator.plan_pass import Observation, Pass, Plan
 from tandem.operator.status import Event
-from tandem.spec.load import SpecError
-from tandem.spec.models import JobStatus, RLHFJob
-from tandem.spec.progress import Progress
+from tandem.spec.models import RLHFJob
+
+__all__ = ["REFUSED", "RULES", "Observation", "Plan", "Rule", "decide"]
 
 REFUSED = "StartRefused"  # status.reason of a job failed because a sidecar refused its input
 
 
-@dataclass(frozen=True)
-class Observation:
-    name: str
-    generation: int  # metadata.generation
-    job: RLHFJob | None  # None when the spec is invalid
-    spec_error: SpecError | None
-    status: JobStatus
-    pods: Sequence[PodState]
-    progress: Progress | None
-    now: datetime
-    # pods this operator created (the API server answered 201) and has not deleted since, by name: the
-    # gang generation created in (`reconcile.JobMemory.created`); a rollout-only pod among them that is
-    # gone was lost, though no pass saw it (`pool_policy`)
-    created: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class Plan:
-    status: JobStatus
-    create: list[int] = field(default_factory=list)  # pod indices to create (current generation)
-    delete: list[str] = field(default_factory=list)  # pod names to delete
-    adopt: list[str] = field(default_factory=list)  # pods relabelled into the restart generation (kept pods)
-    ensure_objects: bool = False  # Service, ConfigMap, Secret must exist
-    events: list[Event] = field(default_factory=list)
-
-    @property
-    def restart_generation(self) -> int:
-        return status.gang_generation(self.status)
-
-
 def _alive(pods: Sequence[PodState]) -> list[str]:
     return sorted(p.name for p in pods if not p.deleting)
-
-
-def _expected(job: RLHFJob, generation: int) -> list[str]:
-    return builders.pod_names(job, generation)
 
 
 def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
@@ -156,10 +132,10 @@ def _replace_alone(plan: Plan, pool: pool_policy.Replacement) -> None:
                                  f"restart ({new.rollout_replacements} replaced so far)"))
 
 
-def _gang_failed(obs: Observation, job: RLHFJob, plan: Plan, before: str, what: str, reason: str,
-                 decision: str) -> Plan:
+def _gang_failed(p: Pass, what: str, reason: str, decision: str) -> None:
     """Every pod goes (their GPUs with them), but on a restart the running rollout-only pods of a job Kueue does
     not queue: they hold what was learnt (`pool_policy.kept`); then a gang restart, or the job fails."""
+    obs, plan, job = p.obs, p.plan, p.job
     new, policy = plan.status, job.spec.failure_policy
     plan.delete, plan.create = _alive(obs.pods), []
     limit = policy.max_restarts
@@ -176,157 +152,214 @@ def _gang_failed(obs: Observation, job: RLHFJob, plan: Plan, before: str, what: 
         why = "failurePolicy.action FailJob" if reason and policy.action == "FailJob" else \
             f"maxRestarts ({limit}) reached"
         status.set_phase(new, "Failed", f"{what}; {why}", obs.now, reason=reason)
-    return _finish(obs, plan, before)
 
 
-def decide(obs: Observation) -> Plan:
-    new = obs.status.model_copy(deep=True)
-    before = obs.status.phase if obs.status.conditions else "New"  # never reconciled yet: announce it
-    plan = Plan(status=new)
-    now = obs.now
+def _invalid_spec(p: Pass) -> None:
+    new, error = p.new, p.obs.spec_error
+    message = str(error).split("\n", 1)[-1].strip() if error else "invalid spec"
+    if new.phase != "InvalidSpec" or new.message != message:
+        status.set_phase(new, "InvalidSpec", message, p.obs.now)
+    p.plan.delete = _alive(p.obs.pods)
 
-    if obs.job is None:
-        message = str(obs.spec_error).split("\n", 1)[-1].strip() if obs.spec_error else "invalid spec"
-        if new.phase != "InvalidSpec" or new.message != message:
-            status.set_phase(new, "InvalidSpec", message, now)
-        plan.delete = _alive(obs.pods)
-        return _finish(obs, plan, before)
 
-    spec = obs.job.spec
+def _report(p: Pass) -> None:
+    obs, new, spec, now = p.obs, p.new, p.spec, p.obs.now
     new.algorithm = spec.algorithm.summary(spec.rollout.max_tokens)  # the preset expanded, for all to see
     status.apply_progress(new, obs.progress)
     no_rollout = status.rollouts_available(new, obs.progress, now)  # the driver waits for a healthy rollout
     if no_rollout is not None:
-        plan.events.append(no_rollout)
+        p.plan.events.append(no_rollout)
     drift = status.mismatch_guard(new, obs.progress, now)  # algorithm.mismatchGuard warned or paused
     if drift is not None:
-        plan.events.append(drift)
+        p.plan.events.append(drift)
     new.progress = eta.progress_block(new.progress, obs.progress, status.gang_generation(new))
-    _durability(obs.job, plan, before, now)
+    _durability(p.job, p.plan, p.before, now)
 
-    if new.phase in status.TERMINAL:
-        if new.phase == "Failed":
-            plan.delete = _alive(obs.pods)
-        return _finish(obs, plan, before)
 
-    generation = status.gang_generation(new)
-    expected = _expected(obs.job, generation)
-    current = [p for p in obs.pods if p.generation == generation]
-    trainers = [p for p in current if p.index < spec.replicas]
+def _finished(p: Pass) -> None:
+    if p.new.phase == "Failed":
+        p.plan.delete = _alive(p.obs.pods)
 
-    driver_done = obs.progress is not None and obs.progress.phase == "done"
-    if driver_done or (len(trainers) == spec.replicas and all(p.phase == "Succeeded" for p in trainers)):
-        status.set_phase(new, "Succeeded", f"finished after {new.iteration} iterations", now,
-                         reason="DriverDone" if driver_done else "TrainersSucceeded")
-        plan.delete = sorted(
-            p.name for p in current if p.phase not in ("Succeeded", "Failed") and not p.deleting
-        )
-        return _finish(obs, plan, before)
-    if obs.progress is not None and obs.progress.phase == "failed":
-        reason = obs.progress.message or "no message"
-        status.set_phase(new, "Failed", f"driver reported failure: {reason}", now, reason="DriverFailed")
-        plan.delete = _alive(obs.pods)
-        return _finish(obs, plan, before)
 
-    if spec.suspend:
-        left = _alive(obs.pods)
-        if new.phase != "Suspended" or status.reason_of(new, "Suspended") != "SpecSuspended":
-            new.suspensions += 1  # the gang after it is a new generation (fresh pods, stale records ignored)
-            status.set_phase(new, "Suspended", "suspended: pods deleted", now)
-        plan.delete = left
-        return _finish(obs, plan, before)
+def _succeeds(p: Pass) -> bool:
+    trainers = [pod for pod in p.current if pod.index < p.spec.replicas]
+    return p.driver_done or (len(trainers) == p.spec.replicas and all(t.phase == "Succeeded" for t in trainers))
 
+
+def _succeeded(p: Pass) -> None:
+    status.set_phase(p.new, "Succeeded", f"finished after {p.new.iteration} iterations", p.obs.now,
+                     reason="DriverDone" if p.driver_done else "TrainersSucceeded")
+    p.plan.delete = sorted(
+        pod.name for pod in p.current if pod.phase not in ("Succeeded", "Failed") and not pod.deleting
+    )
+
+
+def _driver_failed(p: Pass) -> None:
+    reason = p.obs.progress.message if p.obs.progress is not None else ""
+    status.set_phase(p.new, "Failed", f"driver reported failure: {reason or 'no message'}", p.obs.now,
+                     reason="DriverFailed")
+    p.plan.delete = _alive(p.obs.pods)
+
+
+def _suspended(p: Pass) -> None:
+    new = p.new
+    left = _alive(p.obs.pods)
+    if new.phase != "Suspended" or status.reason_of(new, "Suspended") != "SpecSuspended":
+        new.suspensions += 1  # the gang after it is a new generation (fresh pods, stale records ignored)
+        status.set_phase(new, "Suspended", "suspended: pods deleted", p.obs.now)
+    p.plan.delete = left
+
+
+def _sweep(p: Pass) -> None:
+    plan, pods = p.plan, p.obs.pods
     plan.ensure_objects = True
-    stale = restart_policy.old_generation_left(obs.pods, generation)
-    plan.delete = sorted(p.name for p in obs.pods if p.generation != generation and not p.deleting)
-    plan.delete += scale_policy.excess(obs.pods, generation, len(expected))  # scaled down
-    known = scale_policy.known(expected, spec.replicas, obs.status.rollout_only_replicas)  # scaled up: new
+    plan.delete = sorted(pod.name for pod in pods if pod.generation != p.generation and not pod.deleting)
+    plan.delete += scale_policy.excess(pods, p.generation, len(p.expected))  # scaled down
 
-    if new.phase == "Restarting":
-        policy = spec.failure_policy
-        wait = restart_policy.backoff_remaining(status.restart_began(new), policy.backoff_seconds, now)
-        if stale or wait > 0:
-            return _finish(obs, plan, before)
-        status.set_phase(new, "Pending", f"restart {new.restarts}: creating pods", now)
-        kept = {p.name for p in current if not p.deleting}  # rollout-only pods kept through the restart
-        plan.create = [i for i, name in enumerate(expected) if name not in kept]
-        return _finish(obs, plan, before)
 
-    queue = kueue.queue_name(obs.job.metadata.labels)
-    why = queue and admission_policy.preemption(obs.pods, known, generation,
-                                                all_were_running=new.phase == "Running")
-    if why:
-        plan.delete, plan.create = _alive(obs.pods), []
-        new.preemptions += 1
-        message = (f"preempted by Kueue: {why}; the pods of generation {generation + 1} wait for Kueue to admit "
-                   f"pod group {kueue.group_name(obs.name)} again (queue {queue}), then {_resumes(obs.job)}")
-        status.set_phase(new, "Suspended", message, now, reason=status.PREEMPTED)
-        plan.events.append(Event("Warning", status.PREEMPTED, message))
-        return _finish(obs, plan, before)
+def _restarting(p: Pass) -> None:
+    new, policy = p.new, p.spec.failure_policy
+    wait = restart_policy.backoff_remaining(status.restart_began(new), policy.backoff_seconds, p.obs.now)
+    if p.stale or wait > 0:
+        return
+    status.set_phase(new, "Pending", f"restart {new.restarts}: creating pods", p.obs.now)
+    kept = {pod.name for pod in p.current if not pod.deleting}  # rollout-only pods kept through the restart
+    p.plan.create = [i for i, name in enumerate(p.expected) if name not in kept]
 
-    refused = next((p for p in current if p.refused and not p.deleting), None)
-    if refused is not None:  # the same input would be refused by every new gang: fail now, free the GPUs
-        plan.delete, plan.create = _alive(obs.pods), []
-        status.set_phase(new, "Failed", f"pod {refused.name} {refused.refused} (a sidecar refused its input: exit "
-                         f"{REFUSED_EXIT}; fix the spec or files it names, then create the job again)", now,
-                         reason=REFUSED)
-        return _finish(obs, plan, before)
-    was_running, gang = new.phase == "Running", known if queue else known[:spec.replicas]  # hybrids: known
-    found = restart_policy.failures(obs.pods, gang, generation, all_were_running=was_running)
-    if queue:  # Kueue's pod groups neither shrink nor free a failed pod's name before its replacement exists
-        found += restart_policy.failures(obs.pods, expected[len(known):], generation, all_were_running=False)
-    policy = spec.failure_policy
-    if found:
-        what = "; ".join(f.describe() for f in found)
-        decision = restart_policy.on_failure(new.restarts, policy.max_restarts)
-        return _gang_failed(obs, obs.job, plan, before, what, "", decision)
-    if not queue:
-        made = [name for name, gen in obs.created.items() if gen == generation]
-        existed = scale_policy.known(expected, spec.replicas, obs.status.rollout_only_replicas, created=made)
-        pool = pool_policy.replace(obs.pods, expected[spec.replicas:], existed[spec.replicas:], generation,
-                                   record=new.rollout_pool, now=now,
-                                   limit=pool_policy.bound(policy.max_restarts, spec.rollout_only_replicas))
-        if pool.verdict:
-            new.rollout_pool = None
-            decision = stuck_policy.on_verdict(policy.action, new.restarts, policy.max_restarts)
-            return _gang_failed(obs, obs.job, plan, before, pool.verdict, pool_policy.LIMIT, decision)
-        _replace_alone(plan, pool)
-    gang_pods = pool_policy.gang_view(obs.pods, spec.replicas, generation, job_running=was_running and not queue)
-    stuck = stuck_policy.verdict(gang_pods, generation, policy, waiting_since=status.waiting_since(new), now=now)
-    if stuck is not None:
-        decision = stuck_policy.on_verdict(policy.action, new.restarts, policy.max_restarts)
-        return _gang_failed(obs, obs.job, plan, before, stuck.message, stuck.reason, decision)
 
-    present = {p.name for p in obs.pods}  # an old-generation pod of the same name must go first
-    plan.create = [i for i, name in enumerate(expected) if name not in present]
-    running = not plan.create and all(p.phase == "Running" and not p.deleting for p in current) and not stale
-    issue = next(iter(stuck_policy.issues(obs.pods, generation)), None)
-    note, why = (f"; {issue.describe()}", issue.reason) if issue else ("", "")
-    if running or (new.phase == "Running" and not stale
-                   and scale_policy.trainers_running(obs.pods, generation, spec.replicas)):
-        message = f"{len(expected)} pods running"
-        if not running:  # the rollout-only pool is short: still growing, or a lost pod being replaced
-            up = scale_policy.pool_running(obs.pods, generation, spec.replicas)
-            message = f"{spec.replicas} hybrid pods running; rollout-only pool {up}/{spec.rollout_only_replicas}"
-            gone = pool_policy.replacing(new.rollout_pool)
-            message += f" (replacing {', '.join(gone)})" if gone else ""
-            why = why or pool_policy.SHORT
-        if new.phase != "Running" or new.message != message + note:
-            status.set_phase(new, "Running", message + note, now, reason=why)
-        return _finish(obs, plan, before)
-    held = admission_policy.gated(obs.pods, generation) if queue else []
-    group = f"pod group {kueue.group_name(obs.name)} (queue {queue})"
-    if new.phase == "Suspended" and status.reason_of(new, "Suspended") == status.PREEMPTED:
-        if held:  # the replacement pods wait for re-admission: still Suspended, and queued
-            status.set_condition(new, "Queued", True, status.REASONS["Queued"],
-                                 f"{len(held)} of {len(expected)} pods wait for Kueue to admit {group}", now)
-        return _finish(obs, plan, before)
-    if held:
-        message = f"waiting for Kueue to admit {group}: {len(held)} of {len(expected)} pods gated"
+def _preempted(p: Pass) -> None:
+    plan, new = p.plan, p.new
+    plan.delete, plan.create = _alive(p.obs.pods), []
+    new.preemptions += 1
+    message = (f"preempted by Kueue: {p.preemption}; the pods of generation {p.generation + 1} wait for Kueue to "
+               f"admit pod group {kueue.group_name(p.obs.name)} again (queue {p.queue}), then {_resumes(p.job)}")
+    status.set_phase(new, "Suspended", message, p.obs.now, reason=status.PREEMPTED)
+    plan.events.append(Event("Warning", status.PREEMPTED, message))
+
+
+def _refused(p: Pass) -> None:  # the same input would be refused by every new gang: fail now, free the GPUs
+    assert p.refused is not None
+    p.plan.delete, p.plan.create = _alive(p.obs.pods), []
+    status.set_phase(p.new, "Failed", f"pod {p.refused.name} {p.refused.refused} (a sidecar refused its input: exit "
+                     f"{REFUSED_EXIT}; fix the spec or files it names, then create the job again)", p.obs.now,
+                     reason=REFUSED)
+
+
+def _pod_failed(p: Pass) -> None:
+    what = "; ".join(f.describe() for f in p.failures)
+    _gang_failed(p, what, "", restart_policy.on_failure(p.new.restarts, p.spec.failure_policy.max_restarts))
+
+
+def _pool_lost(p: Pass) -> None:
+    policy = p.spec.failure_policy
+    p.new.rollout_pool = None
+    decision = stuck_policy.on_verdict(policy.action, p.new.restarts, policy.max_restarts)
+    _gang_failed(p, p.pool.verdict, pool_policy.LIMIT, decision)
+
+
+def _stuck(p: Pass) -> None:
+    policy, stuck = p.spec.failure_policy, p.stuck
+    assert stuck is not None
+    _gang_failed(p, stuck.message, stuck.reason, stuck_policy.on_verdict(policy.action, p.new.restarts,
+                                                                        policy.max_restarts))
+
+
+def _create_missing(p: Pass) -> None:
+    present = {pod.name for pod in p.obs.pods}  # an old-generation pod of the same name must go first
+    p.plan.create = [i for i, name in enumerate(p.expected) if name not in present]
+
+
+def _note(p: Pass) -> tuple[str, str]:
+    """The first issue of the current gang: for the phase message, and the reason it gives."""
+    return (f"; {p.issue.describe()}", p.issue.reason) if p.issue else ("", "")
+
+
+def _runs(p: Pass) -> bool:
+    return p.all_running or (p.new.phase == "Running" and not p.stale
+                             and scale_policy.trainers_running(p.obs.pods, p.generation, p.spec.replicas))
+
+
+def _running(p: Pass) -> None:
+    new, spec = p.new, p.spec
+    (note, why), message = _note(p), f"{len(p.expected)} pods running"
+    if not p.all_running:  # the rollout-only pool is short: still growing, or a lost pod being replaced
+        up = scale_policy.pool_running(p.obs.pods, p.generation, spec.replicas)
+        message = f"{spec.replicas} hybrid pods running; rollout-only pool {up}/{spec.rollout_only_replicas}"
+        gone = pool_policy.replacing(new.rollout_pool)
+        message += f" (replacing {', '.join(gone)})" if gone else ""
+        why = why or pool_policy.SHORT
+    if new.phase != "Running" or new.message != message + note:
+        status.set_phase(new, "Running", message + note, p.obs.now, reason=why)
+
+
+def _group(p: Pass) -> str:
+    return f"pod group {kueue.group_name(p.obs.name)} (queue {p.queue})"
+
+
+def _requeued(p: Pass) -> None:
+    if p.held:  # the replacement pods wait for re-admission: still Suspended, and queued
+        status.set_condition(p.new, "Queued", True, status.REASONS["Queued"],
+                             f"{len(p.held)} of {len(p.expected)} pods wait for Kueue to admit {_group(p)}", p.obs.now)
+
+
+def _waiting(p: Pass) -> None:
+    new, expected = p.new, p.expected
+    note, why = _note(p)
+    if p.held:
+        message = f"waiting for Kueue to admit {_group(p)}: {len(p.held)} of {len(expected)} pods gated"
         phase: status.Phase = "Queued"
     else:
-        waiting = len([p for p in current if p.phase != "Running"]) + len(plan.create)
+        waiting = len([pod for pod in p.current if pod.phase != "Running"]) + len(p.plan.create)
         message, phase = f"waiting for {waiting} of {len(expected)} pods{note}", "Pending"
     if new.phase != phase or new.message != message or not new.conditions:
-        status.set_phase(new, phase, message, now, reason=why if phase == "Pending" else "")
-    return _finish(obs, plan, before)
+        status.set_phase(new, phase, message, p.obs.now, reason=why if phase == "Pending" else "")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the decision: when it applies (`when`), what it does to the plan (`then`); a rule that
+    `goes_on` adds to the plan and lets the rules after it decide, any other ends the pass."""
+
+    name: str
+    when: Callable[[Pass], bool]
+    then: Callable[[Pass], None]
+    goes_on: bool = False
+
+
+def _always(p: Pass) -> bool:
+    return True
+
+
+RULES: tuple[Rule, ...] = (  # in the order of the module's docstring
+    Rule("invalid_spec", lambda p: p.obs.job is None, _invalid_spec),
+    Rule("report", _always, _report, goes_on=True),
+    Rule("finished", lambda p: p.new.phase in status.TERMINAL, _finished),
+    Rule("succeeded", _succeeds, _succeeded),
+    Rule("driver_failed", lambda p: p.obs.progress is not None and p.obs.progress.phase == "failed", _driver_failed),
+    Rule("suspended", lambda p: p.spec.suspend, _suspended),
+    Rule("sweep", _always, _sweep, goes_on=True),
+    Rule("restarting", lambda p: p.new.phase == "Restarting", _restarting),
+    Rule("preempted", lambda p: bool(p.preemption), _preempted),
+    Rule("refused", lambda p: p.refused is not None, _refused),
+    Rule("pod_failed", lambda p: bool(p.failures), _pod_failed),
+    Rule("pool_lost", lambda p: not p.queue and bool(p.pool.verdict), _pool_lost),
+    Rule("replace_alone", lambda p: not p.queue, lambda p: _replace_alone(p.plan, p.pool), goes_on=True),
+    Rule("stuck", lambda p: p.stuck is not None, _stuck),
+    Rule("create_missing", _always, _create_missing, goes_on=True),
+    Rule("running", _runs, _running),
+    Rule("requeued", lambda p: p.new.phase == "Suspended" and status.reason_of(p.new, "Suspended") == status.PREEMPTED,
+         _requeued),
+    Rule("waiting", _always, _waiting),
+)
+
+
+def decide(obs: Observation) -> Plan:
+    """The rules of `RULES` in order: each that applies acts on the plan; the first that does not go on ends it."""
+    p = Pass(obs)
+    for rule in RULES:
+        if rule.when(p):
+            p.plan.rules.append(rule.name)
+            rule.then(p)
+            if not rule.goes_on:
+                break
+    return _finish(obs, p.plan, p.before)
