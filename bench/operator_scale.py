@@ -67,7 +67,7 @@ from controlplane import ControlPlane, free_port, missing_binaries  # noqa: E402
 from harness import MANIFESTS, OperatorProcess, namespace_doc, service_account_kubeconfig  # noqa: E402
 from wrappers import JobWrapper  # noqa: E402
 
-from tandem.operator import builders  # noqa: E402
+from tandem.operator.manifests import builders  # noqa: E402
 from tandem.spec.load import parse_job  # noqa: E402
 
 NS, FLOOR_NS = "bench", "floor"

@@ -6,7 +6,7 @@ import pytest
 
 from tandem.checkpoint_engine import etcd_security
 from tandem.checkpoint_engine.endpoints import EndpointError, parse_endpoint, split_endpoints
-from tandem.operator import etcd_store
+from tandem.operator.cluster import etcd_store
 from tandem.spec.podenv import PodEnv
 
 

@@ -33,7 +33,7 @@ from tandem.checkpoint_engine.endpoints import EndpointError
 from tandem.checkpoint_engine.etcd_security import EtcdSecurity
 from tandem.checkpoint_engine.local_etcd import EtcdNotFound, LocalEtcd
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.operator.etcd_store import EtcdStore, EtcdUnavailable
+from tandem.operator.cluster.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.spec.progress import Progress
 
 pytestmark = pytest.mark.etcd

@@ -13,7 +13,7 @@ from rich.live import Live
 
 from tandem.cli.local import _display
 from tandem.cli.progress_lines import PlainLines, interactive, iteration_line
-from tandem.operator.eta import human
+from tandem.operator.policies.eta import human
 from tandem.spec.load import load_job
 from tandem.spec.progress import EvalSummary, Progress
 

@@ -1,4 +1,4 @@
-"""Stand-ins for the API server in unit tests of `tandem.operator.reconcile.run`: the Kube calls a
+"""Stand-ins for the API server in unit tests of `tandem.operator.runtime.reconcile.run`: the Kube calls a
 pass makes, answered as a cluster that accepts them all, each create recorded as "Kind/name", each
 delete as the pod's name (a PodDisruptionBudget's as "PodDisruptionBudget/name"), each status write
 with the resourceVersion it was conditional on, each pod relabelled as (name, labels). A cluster whose
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.kube import CONFLICT, KubeError
+from tandem.operator.cluster.kube import CONFLICT, KubeError
 
 
 class RecordingKube:

@@ -12,7 +12,7 @@ from controlplane import ControlPlane
 from harness import OPERATOR_NS, namespace_doc, render_chart
 from wrappers import JobWrapper
 
-from tandem.operator import builders
+from tandem.operator.manifests import builders
 
 pytestmark = pytest.mark.k8s
 

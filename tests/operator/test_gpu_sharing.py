@@ -13,7 +13,7 @@ import pytest
 from wrappers import JobWrapper
 
 from tandem.checkpoint_engine.ports import free_port
-from tandem.operator import builders, gpu_sharing
+from tandem.operator.manifests import builders, gpu_sharing
 from tandem.sidecars import gpu_share
 from tandem.sidecars.gpu import NoUsableGpu
 from tandem.spec.podenv import PodEnv

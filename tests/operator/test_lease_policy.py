@@ -1,4 +1,4 @@
-"""Leader election's decisions (`tandem.operator.lease_policy`), case by case: who creates, renews,
+"""Leader election's decisions (`tandem.operator.policies.lease_policy`), case by case: who creates, renews,
 takes or waits, judged on this replica's own clock, and what each write puts in the Lease."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tandem.operator.lease_policy import Action, Observed, Record, decide, lease_spec, released
+from tandem.operator.policies.lease_policy import Action, Observed, Record, decide, lease_spec, released
 
 ME, OTHER = "op-a_1", "op-b_2"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from test_operator_plan import observe
 from wrappers import JobWrapper, StatusWrapper, pods
 
-from tandem.operator.plan import decide
+from tandem.operator.policies.plan import decide
 from tandem.spec.models import Condition
 from tandem.spec.progress import Progress
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from wrappers import JobWrapper
 
-from tandem.operator import builders
+from tandem.operator.manifests import builders
 from tandem.spec.load import parse_job
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -1,10 +1,10 @@
-"""The operator's settings from its environment (`tandem.operator.config`): its etcd credentials."""
+"""The operator's settings from its environment (`tandem.operator.runtime.env_settings`): its etcd credentials."""
 
 from __future__ import annotations
 
 import pytest
 
-from tandem.operator.config import ConfigError, OperatorConfig
+from tandem.operator.runtime.env_settings import ConfigError, OperatorConfig
 
 
 def test_etcd_credentials_come_from_the_environment() -> None:

@@ -14,7 +14,8 @@ from typing import Any
 from fakes import RecordingKube
 from wrappers import JobWrapper
 
-from tandem.operator import reconcile, status
+from tandem.operator.policies import job_status
+from tandem.operator.runtime import reconcile
 from tandem.spec.progress import Progress
 
 
@@ -44,5 +45,5 @@ def test_the_first_pass_creates_pods_without_reading_etcd_and_the_next_reads_it(
     first = one_pass(kube, etcd, memory, {})
     assert etcd.reads == 0
     assert {"Pod/demo-0", "Pod/demo-1"} <= set(kube.created) and first.status.phase == "Pending"
-    second = one_pass(kube, etcd, memory, status.dump_status(first.status), rv=str(memory.written_rv))
+    second = one_pass(kube, etcd, memory, job_status.dump_status(first.status), rv=str(memory.written_rv))
     assert etcd.reads == 1 and second.status.phase == "Succeeded"  # the record is read from now on

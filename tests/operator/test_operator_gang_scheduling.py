@@ -24,8 +24,10 @@ from test_operator_cluster import phase_is
 from test_operator_kueue import gated, kueue  # noqa: F401 - kueue: the stand-in fixture
 from wrappers import JobWrapper
 
-from tandem.operator import builders, gang, reconcile, status
-from tandem.operator.kube import KubeError
+from tandem.operator.cluster.kube import KubeError
+from tandem.operator.manifests import builders, gang
+from tandem.operator.policies import job_status
+from tandem.operator.runtime import reconcile
 
 W = JobWrapper
 
@@ -94,12 +96,12 @@ def test_without_the_workload_api_no_pod_is_created_and_the_status_names_the_fie
                                          default_etcd=["http://etcd:2379"], logger=logging.getLogger("t")))
         assert plan is not None
         plans.append(plan)
-        raw = status.dump_status(plan.status)
+        raw = job_status.dump_status(plan.status)
     assert not [c for c in kube.created if c.startswith("Pod/")]
     st = plans[-1].status
     assert st.phase == "Pending" and "spec.gangScheduling" in st.message and "1.36" in st.message
     warnings = [e.reason for p in plans for e in p.events if e.type == "Warning"]
-    assert warnings == [status.NO_DURABLE_CHECKPOINTS, gang.UNAVAILABLE_REASON]  # (no checkpointEngine.persist)
+    assert warnings == [job_status.NO_DURABLE_CHECKPOINTS, gang.UNAVAILABLE_REASON]  # (no checkpointEngine.persist)
 
 
 # --- on the real control plane ---------------------------------------------------------------------

@@ -13,8 +13,8 @@ import kopf
 import pytest
 from kopf._core.intents import causes  # kopf's own cause detection: what the storage must keep right
 
-from tandem.operator import handlers
-from tandem.operator.kopf_storage import NoDiffBaseStorage
+from tandem.operator.runtime import handlers
+from tandem.operator.runtime.kopf_storage import NoDiffBaseStorage
 
 
 def body(**extra: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from controlplane import ControlPlane, free_port
 from harness import OPERATOR_NS, OperatorProcess, get_json, wait_for
 from test_operator_cluster import create, events_of, fail_pod, job_of, phase_is, pods_of, running, small
 
-from tandem.operator.kube import CONFLICT, Kube, KubeError, connect
+from tandem.operator.cluster.kube import CONFLICT, Kube, KubeError, connect
 
 pytestmark = pytest.mark.k8s
 LEASE = "tandem-operator-leader"  # the chart's (release tandem); its Role grants get/update on this name only

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import kopf
 import pytest
 
-from tandem.operator import handlers
-from tandem.operator.log_hygiene import KOPF_OBJECTS, RoutineSuccessFilter, quiet_routine_successes
+from tandem.operator.runtime import handlers
+from tandem.operator.runtime.log_hygiene import KOPF_OBJECTS, RoutineSuccessFilter, quiet_routine_successes
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper
 
-from tandem.operator import metrics
-from tandem.operator.observe import PodState
-from tandem.operator.plan import Observation, Plan, decide
+from tandem.operator.policies.observe import PodState
+from tandem.operator.policies.plan import Observation, Plan, decide
+from tandem.operator.runtime import metrics
 from tandem.spec.load import parse_job
 from tandem.spec.models import JobStatus
 from tandem.spec.progress import EvalSummary, Progress

@@ -18,9 +18,9 @@ from harness import OperatorProcess, get_json, render_chart, wait_for
 from test_chart_security import SECURE, _matches, docs, one
 from wrappers import JobWrapper
 
-from tandem.operator import builders
-from tandem.operator.config import ConfigError, OperatorConfig
-from tandem.operator.netpol_builder import build_network_policy
+from tandem.operator.manifests import builders
+from tandem.operator.manifests.netpol_builder import build_network_policy
+from tandem.operator.runtime.env_settings import ConfigError, OperatorConfig
 
 PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 

@@ -7,9 +7,9 @@ from datetime import datetime
 import pytest
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later, pods
 
-from tandem.operator import restart_policy, status
-from tandem.operator.observe import PodState, pod_state
-from tandem.operator.plan import Observation, Plan, decide
+from tandem.operator.policies import job_status, restart_policy
+from tandem.operator.policies.observe import PodState, pod_state
+from tandem.operator.policies.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_job
 from tandem.spec.models import JobStatus
 from tandem.spec.progress import EvalSummary, Progress
@@ -134,7 +134,7 @@ def test_a_failed_pod_restarts_the_whole_gang(pod_list: list[PodState], phase_be
     assert why in plan.status.message and "gang restart 1/3" in plan.status.message
     assert "starts over from the initial model" in plan.status.message  # no durable copies configured
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Restarting")]
-    assert status.restart_began(plan.status) == T0
+    assert job_status.restart_began(plan.status) == T0
 
 
 def test_a_restart_says_it_resumes_when_durable_copies_are_kept() -> None:
@@ -245,9 +245,9 @@ def test_eval_summary_is_copied_into_status_and_survives_a_round_trip() -> None:
     assert (st.eval.iteration, st.eval.pass_at_1, st.eval.pass_at_k, st.eval.k) == (10, 0.375, 0.625, 4)
     assert st.iteration == 12  # the evaluation's iteration is its own, not the loop's
     # what the API server stores: camelCase under .status.eval (the CRD's Eval column reads passAt1)
-    dumped = status.dump_status(st)
+    dumped = job_status.dump_status(st)
     assert dumped["eval"] == {"iteration": 10, "passAt1": 0.375, "passAtK": 0.625, "k": 4}
-    assert status.read_status(dumped).eval == st.eval
+    assert job_status.read_status(dumped).eval == st.eval
     # the driver's record travels through etcd as camelCase JSON
     wire = Progress.model_validate_json(progress.model_dump_json(by_alias=True))
     assert wire.eval == summary
@@ -298,13 +298,13 @@ def test_decide_is_idempotent_and_conditions_keep_their_transition_time() -> Non
 
 def test_set_condition_moves_transition_time_only_on_flip() -> None:
     st = JobStatus()
-    status.set_condition(st, "Ready", False, "Pending", "", T0)
-    status.set_condition(st, "Ready", False, "Pending", "still", later(5))
+    job_status.set_condition(st, "Ready", False, "Pending", "", T0)
+    job_status.set_condition(st, "Ready", False, "Pending", "still", later(5))
     assert (
         st.conditions[0].last_transition_time == "2026-11-22T12:00:00Z"
         and st.conditions[0].message == "still"
     )
-    status.set_condition(st, "Ready", True, "Running", "", later(9))
+    job_status.set_condition(st, "Ready", True, "Running", "", later(9))
     assert st.conditions[0].last_transition_time == "2026-11-22T12:00:09Z"
 
 

@@ -19,7 +19,7 @@ from harness import SERVICE_ACCOUNT, OperatorProcess, get_json, namespace_doc, r
 from test_operator_cluster import create, events_of, phase_is, pods_of, running, small
 from wrappers import JobWrapper
 
-from tandem.operator import builders, pod_security
+from tandem.operator.manifests import builders, pod_security
 from tandem.spec.load import SpecError, parse_job
 
 RESTRICTED_POD = pod_security.pod_context()

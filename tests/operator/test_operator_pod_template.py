@@ -16,7 +16,7 @@ from controlplane import ControlPlane
 from harness import MANIFESTS, OperatorProcess, get_json, wait_for
 from wrappers import JobWrapper
 
-from tandem.operator import builders, pod_template
+from tandem.operator.manifests import builders, pod_template
 from tandem.spec.load import SpecError, load_job, parse_job
 from tandem.spec.podenv import PodEnv
 from tandem.spec.podtemplate import PodTemplate, reserved_env

@@ -24,10 +24,11 @@ from test_operator_cluster import create, events_of, fail_pod, phase_is, pods_of
 from test_operator_plan import observe
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later
 
-from tandem.operator import pool_policy, reconcile, status
-from tandem.operator.kube import KubeError
-from tandem.operator.observe import PodState
-from tandem.operator.plan import Plan, decide
+from tandem.operator.cluster.kube import KubeError
+from tandem.operator.policies import job_status, pool_policy
+from tandem.operator.policies.observe import PodState
+from tandem.operator.policies.plan import Plan, decide
+from tandem.operator.runtime import reconcile
 from tandem.spec.models import JobStatus
 
 
@@ -236,16 +237,16 @@ def test_a_queued_jobs_pool_keeps_the_gang_behaviour() -> None:
 def test_a_job_says_at_creation_whether_a_gang_restart_can_resume(persist: bool) -> None:
     job = JobWrapper().volume("ckpt", "/ckpt", claimName="ckpt")
     plan = decide(observe(job.persist("/ckpt/t") if persist else job))
-    cond = status.condition(plan.status, status.DURABLE_CHECKPOINTS)
+    cond = job_status.condition(plan.status, job_status.DURABLE_CHECKPOINTS)
     assert cond is not None and cond.status == ("True" if persist else "False")
-    warned = events(plan, status.NO_DURABLE_CHECKPOINTS)
+    warned = events(plan, job_status.NO_DURABLE_CHECKPOINTS)
     if persist:
         assert warned == [] and "/ckpt/t" in cond.message
     else:
-        assert cond.reason == status.NO_DURABLE_CHECKPOINTS and warned == [cond.message]
+        assert cond.reason == job_status.NO_DURABLE_CHECKPOINTS and warned == [cond.message]
         assert "starts training over from the initial model at iteration 0" in cond.message
         again = decide(observe(job, plan.status, now=later(5)))
-        assert events(again, status.NO_DURABLE_CHECKPOINTS) == []  # once, at creation
+        assert events(again, job_status.NO_DURABLE_CHECKPOINTS) == []  # once, at creation
 
 
 class ListingKube(RecordingKube):
@@ -367,7 +368,7 @@ def test_a_cleared_pool_record_is_removed_from_the_stored_status() -> None:
     """A status field the new status no longer has (the pool record, once its hour passed) is written as a
     null, which is how a merge patch removes it; without it the stored record stayed, never matched the new
     status, and every pass patched the job again."""
-    from tandem.operator import reconcile
+    from tandem.operator.runtime import reconcile
     from tandem.spec.models import JobStatus
 
     kube = RecordingKube()

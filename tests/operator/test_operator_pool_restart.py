@@ -19,8 +19,9 @@ from fakes import NoProgress, RecordingKube
 from test_operator_pool import healthy, pod, pool_job
 from wrappers import StatusWrapper
 
-from tandem.operator import pool_policy, reconcile, status
-from tandem.operator.observe import PodState
+from tandem.operator.policies import job_status, pool_policy
+from tandem.operator.policies.observe import PodState
+from tandem.operator.runtime import reconcile
 from tandem.spec import crd
 from tandem.spec.models import ReplacingPod, RolloutPoolStatus
 
@@ -68,12 +69,12 @@ def test_the_status_schema_keeps_every_field_of_the_pool_record() -> None:
     st.rollout_pool = RolloutPoolStatus(
         replacing=[ReplacingPod(pod="demo-2", uid="uid-2", generation=0)],
         window_start="2026-01-01T00:00:00Z", window_replacements=3)
-    dumped = status.dump_status(st)
+    dumped = job_status.dump_status(st)
     assert prune(dumped, status_schema()) == dumped
 
 
 def test_a_restarted_operator_continues_the_pools_counts_and_its_crash_loop_bound() -> None:
-    running = status.dump_status(StatusWrapper().phase("Running").rollout_only(2).get())
+    running = job_status.dump_status(StatusWrapper().phase("Running").rollout_only(2).get())
     lost = healthy()[:2] + [pod(2, "a").failed().state()]
     first, raw = fresh_operator_pass(running, lost)  # bound: max(1, 1) x 2 = 2 replacements an hour
     assert first.delete == ["demo-2"] and first.status.rollout_replacements == 1

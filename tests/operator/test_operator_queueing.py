@@ -10,9 +10,10 @@ import pytest
 from test_operator_plan import observe
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, pods
 
-from tandem.operator import builders, eta, kueue
-from tandem.operator.observe import PodState, pod_state
-from tandem.operator.plan import Plan, decide
+from tandem.operator.manifests import builders, kueue
+from tandem.operator.policies import eta
+from tandem.operator.policies.observe import PodState, pod_state
+from tandem.operator.policies.plan import Plan, decide
 from tandem.spec.models import JobStatus, ProgressStatus
 from tandem.spec.progress import Progress
 

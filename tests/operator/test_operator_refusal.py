@@ -15,8 +15,9 @@ import pytest
 from fakes import RecordingKube
 from wrappers import JobWrapper
 
-from tandem.operator import reconcile, refusal_policy, status
-from tandem.operator.kube import KubeError
+from tandem.operator.cluster.kube import KubeError
+from tandem.operator.policies import job_status, refusal_policy
+from tandem.operator.runtime import reconcile
 
 FORBIDDEN = 'pods "demo-0" is forbidden: violates PodSecurity "restricted:latest": hostPath volumes (volume "vol-d")'
 
@@ -68,27 +69,27 @@ def test_a_refused_pod_shows_once_and_waits_for_the_backoff(monkeypatch: pytest.
     plan = one_pass(kube, memory, {})
     st = plan.status
     assert (st.phase, st.reason, st.message) == ("Pending", "PodCreateRefused", FORBIDDEN)
-    ready = status.condition(st, "Ready")
+    ready = job_status.condition(st, "Ready")
     assert ready is not None and (ready.reason, ready.message) == ("PodCreateRefused", FORBIDDEN)
     assert [(e.type, e.reason, e.message) for e in plan.events if e.reason == "PodCreateRefused"] == [
         ("Warning", "PodCreateRefused", FORBIDDEN)]
     assert sorted(kube.attempts) == ["ConfigMap/" + kube.created[1].split("/")[1], "Pod/demo-0",
                                      "PodDisruptionBudget/demo-hybrid", "Secret/demo-token", "Service/demo"]
-    raw = status.dump_status(st)
+    raw = job_status.dump_status(st)
     for _ in range(10):  # ten passes within the first 5 s: nothing sent, the status and no new Event
         clock[0] += 0.4
         kube.attempts.clear()
         plan = one_pass(kube, memory, raw)
         assert kube.attempts == [] and plan.status.reason == "PodCreateRefused"
         assert not [e for e in plan.events if e.reason == "PodCreateRefused"]
-        raw = status.dump_status(plan.status)
+        raw = job_status.dump_status(plan.status)
     clock[0] += 1.1  # 5.1 s after the refusal: one retry, refused again, then 10 s
     plan = one_pass(kube, memory, raw)
     assert [a for a in kube.attempts if a.startswith("Pod/")] == ["Pod/demo-0"]  # (with the objects, as any pod)
     assert memory.refusals == 2 and memory.retry_at == clock[0] + 10
     kube.refuse, clock[0] = False, clock[0] + 10  # the namespace was relabelled; the next retry succeeds
     kube.attempts.clear()
-    plan = one_pass(kube, memory, status.dump_status(plan.status))
+    plan = one_pass(kube, memory, job_status.dump_status(plan.status))
     assert [a for a in kube.attempts if a.startswith("Pod/")] == ["Pod/demo-0"]
     assert memory.refused == "" and memory.refusals == 0
     assert plan.status.reason == "PodsPending" and plan.status.message == "waiting for 1 of 1 pods"

@@ -21,7 +21,8 @@ from test_operator_cluster import create, events_of, phase_is, running, small
 from test_operator_pool import replaced, uids
 from wrappers import JobWrapper
 
-from tandem.operator import builders, disruption, reconcile
+from tandem.operator.manifests import builders, disruption
+from tandem.operator.runtime import reconcile
 from tandem.spec.load import SpecError, parse_job
 
 SPOT_TAINT = {"key": "tandem.test/spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}

@@ -13,8 +13,9 @@ from typing import Any
 from fakes import NoProgress, RecordingKube
 from wrappers import JobWrapper, PodWrapper, StatusWrapper
 
-from tandem.operator import reconcile, status
-from tandem.operator.observe import PodState
+from tandem.operator.policies import job_status
+from tandem.operator.policies.observe import PodState
+from tandem.operator.runtime import reconcile
 
 
 def one_pass(kube: RecordingKube, memory: reconcile.JobMemory, raw: dict[str, Any], pods: list[PodState],
@@ -26,7 +27,7 @@ def one_pass(kube: RecordingKube, memory: reconcile.JobMemory, raw: dict[str, An
 
 
 def running_with_a_failed_pod() -> tuple[dict[str, Any], list[PodState]]:
-    raw = status.dump_status(StatusWrapper().phase("Running").get())
+    raw = job_status.dump_status(StatusWrapper().phase("Running").get())
     return raw, [PodWrapper("demo", 0, replicas=2).running().state(),
                  PodWrapper("demo", 1, replicas=2).failed().state()]
 
@@ -63,7 +64,7 @@ def test_a_pass_that_creates_nothing_never_writes_the_last_passes_gang_wait() ->
     """The gang API was missing when the last pass meant to create pods (memory.held); a pass that
     suspends the job writes Suspended once, never the stale 'waiting for the gang API' status."""
     kube, memory = RecordingKube(), reconcile.JobMemory(held="no gang API")
-    raw = status.dump_status(StatusWrapper().phase("Pending").get())
+    raw = job_status.dump_status(StatusWrapper().phase("Pending").get())
     plan = asyncio.run(reconcile.run(
         kube=kube, etcd=NoProgress(), memory=memory, ref=reconcile.JobRef("ns", "demo", "uid", 1, "41"),  # type: ignore[arg-type]
         spec=JobWrapper("demo").small().suspend().obj()["spec"], raw_status=raw, indexed_pods=[],

@@ -1,4 +1,4 @@
-"""Table-driven tests of the stuck-gang policy (`tandem.operator.stuck_policy`): what a pod's status
+"""Table-driven tests of the stuck-gang policy (`tandem.operator.policies.stuck_policy`): what a pod's status
 says (`observe.pod_state`), which issues and verdicts follow from failurePolicy and the clock, and
 what the reconcile decision makes of them (condition ContainersWaiting, status.reason, Events, gang
 restart or failure with every pod deleted). The same on the real control plane: test_operator_stuck.py.
@@ -13,9 +13,9 @@ import pytest
 from test_operator_plan import observe
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later
 
-from tandem.operator import status, stuck_policy
-from tandem.operator.observe import ContainerIssue, PodState, pod_state
-from tandem.operator.plan import decide
+from tandem.operator.policies import job_status, stuck_policy
+from tandem.operator.policies.observe import ContainerIssue, PodState, pod_state
+from tandem.operator.policies.plan import decide
 from tandem.spec.load import SpecError, parse_job
 from tandem.spec.models import FailurePolicy
 
@@ -136,18 +136,18 @@ def test_a_waiting_sidecar_shows_in_reason_message_condition_and_one_event() -> 
     st = plan.status
     assert st.phase == "Pending" and st.reason == "ErrImagePull"
     assert st.message.endswith("pod demo-0 container rollout ErrImagePull: pull access denied")
-    cond = status.condition(st, status.CONTAINERS_WAITING)
+    cond = job_status.condition(st, job_status.CONTAINERS_WAITING)
     assert cond is not None and (cond.status, cond.reason) == ("True", "ErrImagePull")
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ErrImagePull")]
     # the kubelet alternates ErrImagePull and ImagePullBackOff: one state, no new Event, the clock keeps running
     pod_list = gang(P0().waiting("ImagePullBackOff", message="Back-off pulling"), P1().running())
     again = decide(observe(two(), st, pod_list, now=later(30)))
     assert again.status.reason == "ImagePullBackOff" and again.events == []
-    assert status.waiting_since(again.status) == T0
+    assert job_status.waiting_since(again.status) == T0
     # it pulls at last: the condition goes False, the reason is the phase's own
     healed = decide(observe(two(), again.status, gang(P0().running(), P1().running()), now=later(40)))
     assert healed.status.phase == "Running" and healed.status.reason == "PodsRunning"
-    assert status.waiting_since(healed.status) is None
+    assert job_status.waiting_since(healed.status) is None
 
 
 def test_waiting_past_the_timeout_restarts_the_gang_and_deletes_every_pod() -> None:
@@ -181,7 +181,7 @@ def test_unschedulable_pod_shows_then_times_out() -> None:
     pod_list = gang(P0().running(), P1().unschedulable(T0, "0/4 nodes are available: Insufficient nvidia.com/gpu"))
     plan = decide(observe(two(), StatusWrapper().phase("Pending").get(), pod_list, now=later(10)))
     assert plan.status.reason == "Unschedulable" and "Insufficient nvidia.com/gpu" in plan.status.message
-    assert status.condition(plan.status, status.CONTAINERS_WAITING) is None  # no container waits
+    assert job_status.condition(plan.status, job_status.CONTAINERS_WAITING) is None  # no container waits
     late = decide(observe(two(), plan.status, pod_list, now=later(600)))
     assert late.status.phase == "Restarting" and late.status.reason == "SchedulingTimeout"
     assert late.delete == ["demo-0", "demo-1"]

@@ -17,7 +17,7 @@ from controlplane import ControlPlane
 from harness import MANIFESTS
 from wrappers import JobWrapper
 
-from tandem.operator import builders
+from tandem.operator.manifests import builders
 
 pytestmark = pytest.mark.k8s
 W = JobWrapper

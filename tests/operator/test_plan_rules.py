@@ -10,8 +10,8 @@ import pytest
 from test_operator_plan import observe
 from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later, pods
 
-from tandem.operator import plan as plan_module
-from tandem.operator.plan import Plan, decide
+from tandem.operator.policies import plan as plan_module
+from tandem.operator.policies.plan import Plan, decide
 from tandem.spec.models import JobStatus
 from tandem.spec.progress import Progress
 

@@ -11,7 +11,7 @@ import pytest
 from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
-from tandem.operator import builders
+from tandem.operator.manifests import builders
 from tandem.spec.podenv import (
     CODE_EXEC_ONLY,
     ETCD_SECURITY_ONLY,

@@ -10,8 +10,9 @@ from test_operator_plan import observe
 from test_operator_pool_restart import prune, status_schema
 from wrappers import JobWrapper, StatusWrapper, pods
 
-from tandem.operator import metrics, status
-from tandem.operator.plan import decide
+from tandem.operator.policies import job_status
+from tandem.operator.policies.plan import decide
+from tandem.operator.runtime import metrics
 from tandem.spec.models import JobStatus
 from tandem.spec.progress import Progress, RolloutEngines
 
@@ -25,10 +26,10 @@ def pass_with(record: Progress, st: JobStatus | None = None) -> JobStatus:
 def test_the_drivers_counts_are_the_status_and_survive_the_crd_schema() -> None:
     got = pass_with(Progress(phase="train", iteration=5, rollout_engines=ENGINES))
     assert got.rollout_engines == ENGINES
-    dumped = status.dump_status(got)
+    dumped = job_status.dump_status(got)
     assert dumped["rolloutEngines"] == {"restarts": 2, "rejoins": 3, "lastRecoverySeconds": 46.6}
     assert prune(dumped, status_schema())["rolloutEngines"] == dumped["rolloutEngines"]
-    assert status.read_status(dumped).rollout_engines == ENGINES  # the next pass reads them back
+    assert job_status.read_status(dumped).rollout_engines == ENGINES  # the next pass reads them back
 
 
 def test_a_record_without_counts_keeps_the_last_ones() -> None:

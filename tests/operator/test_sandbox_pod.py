@@ -1,4 +1,4 @@
-"""The sandbox container (`tandem.operator.sandbox_pod`) in the built pods and in `tandem run`.
+"""The sandbox container (`tandem.operator.manifests.sandbox_pod`) in the built pods and in `tandem run`.
 
 Hybrid pods of jobs with a codeExec reward get it, and every pod of a job with the python tool; it runs as
 its own uid under a restricted, read-only context, with no GPU, no token and no job volume; the trainer
@@ -22,7 +22,7 @@ from wrappers import JobWrapper
 from tandem.cli import local_sandbox
 from tandem.cli.local import processes_for
 from tandem.cli.procs import stop_all
-from tandem.operator import builders, sandbox_pod
+from tandem.operator.manifests import builders, sandbox_pod
 from tandem.sidecars.sandbox.plan import parse_tests
 from tandem.sidecars.sandbox.runner import SandboxLimits, run_remote
 from tandem.spec.podenv import PodEnv

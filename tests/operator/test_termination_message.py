@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from wrappers import JobWrapper
 
-from tandem.operator import builders, stuck_policy
-from tandem.operator.observe import ContainerIssue, pod_state
+from tandem.operator.manifests import builders
+from tandem.operator.policies import stuck_policy
+from tandem.operator.policies.observe import ContainerIssue, pod_state
 from tandem.sidecars.startup import refuse
 from tandem.spec.models import FailurePolicy
 

@@ -17,7 +17,7 @@ from controlplane import ControlPlane
 from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
-from tandem.operator import builders, pod_template, tracking_access
+from tandem.operator.manifests import builders, pod_template, tracking_access
 from tandem.spec import crd
 from tandem.spec.load import SpecError, parse_job
 

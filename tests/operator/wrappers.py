@@ -11,8 +11,8 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tandem.operator.builders import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
-from tandem.operator.observe import ContainerIssue, PodState
+from tandem.operator.manifests.builders import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
+from tandem.operator.policies.observe import ContainerIssue, PodState
 from tandem.spec.load import parse_job
 from tandem.spec.models import Condition, JobStatus, RLHFJob
 

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tandem.operator import builders
+from tandem.operator.manifests import builders
 from tandem.sidecars.trainer.observe.tracking import Tracker, redact
 from tandem.spec.load import parse_job
 from tandem.spec.models import MLflow, Tracking

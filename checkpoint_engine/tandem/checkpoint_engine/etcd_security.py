@@ -3,10 +3,10 @@
 Role: `EtcdSecurity` holds a CA bundle, a client certificate + key and an etcd user; `client()`
 builds the aetcd client of one endpoint with them, `errors_of()` turns etcd's auth refusals into
 typed errors. Callers: `etcd_failover.EtcdCluster` (the sidecars' registries, `tandem run`) and
-`tandem.operator.etcd_store` (the operator). Writers of the settings: the sidecars from the pod env
+`tandem.operator.cluster.etcd_store` (the operator). Writers of the settings: the sidecars from the pod env
 contract (TANDEM_ETCD_CA_FILE, ..._CERT_FILE, ..._KEY_FILE, ..._USERNAME, ..._PASSWORD: the job's
 `checkpointEngine.etcd.tlsSecret` mounted and `authSecret` referenced), the operator from its own
-environment (`tandem.operator.config`, the same variable names, set by the chart).
+environment (`tandem.operator.runtime.env_settings`, the same variable names, set by the chart).
 
 TLS per endpoint: `https://` dials TLS (the CA given, else the system's roots), `http://` dials
 plain text (refused when certificates are configured: a typo must not send credentials in clear),

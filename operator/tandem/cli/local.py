@@ -1,6 +1,6 @@
 """`tandem run`: one RLHFJob on one machine, from the same pod builders the operator uses.
 
-Role: start a private etcd, build the job's pods with `tandem.operator.builders.build_pods`, run
+Role: start a private etcd, build the job's pods with `tandem.operator.manifests.builders.build_pods`, run
 each container as a local process (`tandem.cli.procs`), follow the driver's progress record in
 etcd with a live display (on a terminal; else one plain line per iteration, `progress_lines`), write
 metrics/plots under the run directory, and stop everything cleanly
@@ -49,7 +49,7 @@ from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
 from tandem.cli import local_sandbox, plot, progress_lines, say
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis
-from tandem.operator import builders
+from tandem.operator.manifests import builders
 from tandem.sidecars.rollout_engine.engine import CPU_RESERVED_ENV
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv

@@ -1,7 +1,7 @@
 """`tandem run`'s sandbox servers (codeExec, the python tool): the pods' `sandbox` containers as local processes.
 
 Role: `tandem.cli.local.processes_for` hands it the containers of the built pods; for each pod with a
-`sandbox` container (`tandem.operator.sandbox_pod`) it gives the server and that pod's trainer one
+`sandbox` container (`tandem.operator.manifests.sandbox_pod`) it gives the server and that pod's trainer one
 socket under the run directory instead of the pod's emptyDir, and gives the server an environment
 of its own instead of the trainer's (no token, no TANDEM_* but the socket, none of the shell's
 secrets such as HF_TOKEN).
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from tandem.cli.procs import LocalContainer
-from tandem.operator import sandbox_pod
+from tandem.operator.manifests import sandbox_pod
 from tandem.spec.podenv import PodEnv
 
 SOCKET_PATH_MAX = 100  # bytes; sun_path holds 108

@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tandem.operator.eta import human
+from tandem.operator.policies.eta import human
 from tandem.spec.progress import Progress
 
 RATE_WINDOW = 5  # the ETA's seconds per iteration: the mean of the latest rows' (a warm-up's first is slower)

@@ -1,19 +1,13 @@
-"""The RLHFJob Kubernetes operator: pure builders, pure status/restart policies, thin kopf handlers.
+"""The RLHFJob Kubernetes operator, one folder per role; each stands only on those listed before it.
 
-Callers: `python -m tandem.operator` (the chart's Deployment) and `tandem run`, which starts the
-pods of `builders.build_pods` as local processes. Modules (imported as modules, not names):
-  builders        spec -> Service, ConfigMap, Secret, Pods (the container env contract lives here)
-  observe         pod manifest -> PodState summary
-  status          phase, conditions, progress fields, transition events
-  restart_policy  gang-restart decisions and backoff
-  plan            the pure reconcile decision
-  reconcile       one pass: observe, decide, act (API + etcd I/O)
-  kube, etcd_store  the I/O edges
-  config          operator settings from the environment
-  handlers        kopf registrations (imported by __main__ only)
+Callers: `python -m tandem.operator` (`__main__.py`, the chart's Deployment) and `tandem run`, which starts the
+pods of `manifests.builders.build_pods` as local processes. Import the modules of a folder, never this package:
+  manifests/  pure builders: an RLHFJob spec in, Kubernetes objects out (pods, their security, templates and
+              GPU sharing; Service, ConfigMap, Secret, NetworkPolicy, PodDisruptionBudget, Workload; Kueue's marks)
+  policies/   pure decisions: a pod's summary (observe), the reconcile decision (plan, a table of rules) and the
+              policies it consults (*_policy, eta), the job's status (job_status); leader election's decision
+  cluster/    the I/O edges: the Kubernetes API (kube) and the job's etcd keys (etcd_store)
+  runtime/    the running operator: kopf handlers, one reconcile pass (observe, decide, act), leader election,
+              settings from the environment, metrics, log hygiene
+`.importlinter` keeps the folders acyclic; the operator imports none of `tandem.sidecars`.
 """
-
-from tandem.operator import builders, observe, plan, restart_policy, status
-from tandem.operator.builders import build_pods
-
-__all__ = ["build_pods", "builders", "observe", "plan", "restart_policy", "status"]

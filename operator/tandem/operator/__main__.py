@@ -3,9 +3,9 @@
 Caller: the chart's Deployment (and the tests, as a subprocess). Watches every namespace unless
 `--namespace` is given (repeatable). Runs standalone (no kopf peering resources). With
 `--leader-elect` (the chart's default, two replicas) a replica first waits for the Lease of
-`tandem.operator.leader` and serves its liveness endpoint as a standby meanwhile; a leader that
+`tandem.operator.runtime.leader` and serves its liveness endpoint as a standby meanwhile; a leader that
 loses the Lease exits at once with status 1. Settings come from the environment (see
-`tandem.operator.config` and `tandem.operator.leader`).
+`tandem.operator.runtime.env_settings` and `tandem.operator.runtime.leader`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
-    from tandem.operator import handlers  # noqa: F401 - registers the handlers
-    from tandem.operator.log_hygiene import quiet_routine_successes
+    from tandem.operator.runtime import handlers  # noqa: F401 - registers the handlers
+    from tandem.operator.runtime.log_hygiene import quiet_routine_successes
 
     if not args.verbose:  # every timer pass and pod event would log a success line
         quiet_routine_successes()
@@ -83,8 +83,8 @@ async def _standby_health(endpoint: str | None) -> Any:
 async def _elected(options: dict[str, Any]) -> int:
     import kopf
 
-    from tandem.operator.kube import connect
-    from tandem.operator.leader import ElectionConfig, LeaderElector
+    from tandem.operator.cluster.kube import connect
+    from tandem.operator.runtime.leader import ElectionConfig, LeaderElector
 
     api = await connect(4)
     elector = LeaderElector(api, ElectionConfig.from_env())

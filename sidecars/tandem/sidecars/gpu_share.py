@@ -1,7 +1,7 @@
 """A hybrid pod's rollout uses exactly its trainer's GPUs (`spec.gpuAllocation: devicePlugin`).
 
 Role: the device plugin gives the GPUs to the trainer container alone; the rollout container gets
-NVIDIA_VISIBLE_DEVICES=all (`tandem.operator.gpu_sharing`), so it sees every GPU of the node. The
+NVIDIA_VISIBLE_DEVICES=all (`tandem.operator.manifests.gpu_sharing`), so it sees every GPU of the node. The
 trainer's entry writes the UUIDs it was given (NVIDIA_VISIBLE_DEVICES as the device plugin sets it in
 its container, else `nvidia-smi -L`) to TANDEM_GPU_IDS_FILE in an emptyDir both mount (`publish`);
 the rollout's entry waits for the file (`wait_for`: meanwhile it answers GET /health on its port,

@@ -3,7 +3,7 @@
 Role: read the `TANDEM_*` variables into the typed contract (`tandem.spec.podenv.PodEnv`) and the
 job file they name, and the etcd credentials they carry (`etcd_security`). A sidecar that cannot
 start (`refuse`) logs one line and leaves it as the container's termination message, which the
-operator shows in the job's status (`tandem.operator.observe`). `freeze_start_up` ends a sidecar's start-up
+operator shows in the job's status (`tandem.operator.policies.observe`). `freeze_start_up` ends a sidecar's start-up
 for the garbage collector. Callers: `python -m tandem.sidecars.trainer` (its loop, `trainer.loop.driver`) and
 `python -m tandem.sidecars.rollout`.
 """

@@ -31,7 +31,7 @@ class Etcd(Base):
     )
 
 
-RENDEZVOUS_PORT = 29500  # torch.distributed's MASTER_PORT in every pod (tandem.operator.builders)
+RENDEZVOUS_PORT = 29500  # torch.distributed's MASTER_PORT in every pod (tandem.operator.manifests.builders)
 
 
 class Persist(Base):

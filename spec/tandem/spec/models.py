@@ -418,7 +418,7 @@ class EvalStatus(Base):
 
 
 class ProgressStatus(Base):
-    """Progress of the run, from the driver's progress record (`tandem.operator.eta`)."""
+    """Progress of the run, from the driver's progress record (`tandem.operator.policies.eta`)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     percent: float = Field(default=0.0, description="Iterations done of algorithm.iterations, in percent.")
@@ -438,7 +438,7 @@ class ReplacingPod(Base):
 
 
 class RolloutPoolStatus(Base):
-    """The operator's record of replacing lost rollout-only pods (`tandem.operator.pool_policy`)."""
+    """The operator's record of replacing lost rollout-only pods (`tandem.operator.policies.pool_policy`)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
     replacing: list[ReplacingPod] = Field(default_factory=list, description="Lost pods already counted whose "
@@ -490,7 +490,7 @@ class ObjectMeta(BaseModel):
     name: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=48)]
     namespace: str = "default"
     labels: dict[str, str] = Field(default_factory=dict, description="kueue.x-k8s.io/queue-name queues the job "
-                                   "in Kueue (`tandem.operator.kueue`).")
+                                   "in Kueue (`tandem.operator.manifests.kueue`).")
 
 
 class RLHFJob(BaseModel):

@@ -1,7 +1,7 @@
 """The pod environment contract: every `TANDEM_*` variable a pod's containers read, in one place.
 
 Role: the one typed home of the contract between whoever starts a sidecar and the sidecar itself.
-Writers: `tandem.operator.builders` (the pods' env in a cluster) and `tandem run`
+Writers: `tandem.operator.manifests.builders` (the pods' env in a cluster) and `tandem run`
 (`tandem.cli.local`, which rewrites what a kubelet would provide) build their variables with
 `PodEnv.environ(field=value, ...)`, so a misspelt or unknown field fails at once. Readers: the
 sidecars (`tandem.sidecars.startup`) parse the process environment with `PodEnv.from_environ()`.

@@ -15,7 +15,7 @@ otherwise). Each rule is a `Rule` (CEL for the API server, Python for `tandem va
 that need spec.volumes live on `JobSpec` (`JOB_RULES`). `rolloutOnly` (labels, annotations, nodeSelector,
 tolerations, affinity, priorityClassName) applies to the rollout-only pods over the rest, so that pool
 can run apart, e.g. on spot nodes.
-Callers: `tandem.spec.models.JobSpec.pod_template`; `tandem.operator.pod_template` applies it.
+Callers: `tandem.spec.models.JobSpec.pod_template`; `tandem.operator.manifests.pod_template` applies it.
 """
 
 from __future__ import annotations
@@ -275,13 +275,13 @@ class Capabilities(Base):
                   lambda c: all(x in ALLOWED_CAPABILITIES for x in c.add)),)
 
 
-RESTRICTED = ("the job's pods run as Pod Security restricted asks (tandem.operator.pod_security: non-root user, "
-              "group and fsGroup 10001, which the images are built for, seccomp RuntimeDefault, no host namespaces, "
-              "no service-account token)")
+RESTRICTED = ("the job's pods run as Pod Security restricted asks (tandem.operator.manifests.pod_security: non-root "
+              "user, group and fsGroup 10001, which the images are built for, seccomp RuntimeDefault, no host "
+              "namespaces, no service-account token)")
 
 
 class SecurityContext(Base):
-    """What a container may ask beyond the operator's restricted context (`tandem.operator.pod_security`)."""
+    """What a container may ask beyond the operator's restricted context (`tandem.operator.manifests.pod_security`)."""
 
     capabilities: Capabilities | None = None
     privileged: bool | None = Field(default=None, description="Refused when true.")

@@ -2,7 +2,7 @@
 
 Role: the shape of the three sinks of `tandem.sidecars.trainer.observe.tracking` and the rules that keep a
 credential out of the job: a tracking URI or W&B base URL may not carry `user:password@`, and the credentials
-come from a Secret named here, which `tandem.operator.tracking_access` hands to the trainer container by
+come from a Secret named here, which `tandem.operator.manifests.tracking_access` hands to the trainer container by
 secretKeyRef. Callers: `tandem.spec.models` (`JobSpec.tracking`, re-exported there), the trainer's tracker,
 the operator's builders.
 """

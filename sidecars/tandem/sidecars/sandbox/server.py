@@ -1,7 +1,7 @@
 """Sandbox server: runs `codeExec` programs under its own uid for a trainer that connects over a Unix socket.
 
 Role: `python -m tandem.sidecars.sandbox.server` is the command of the `sandbox` container that
-`tandem.operator.builders` adds to the hybrid pods of jobs with a codeExec reward, and the process
+`tandem.operator.manifests.builders` adds to the hybrid pods of jobs with a codeExec reward, and the process
 `tandem run` starts beside each trainer. Clients: `runner.run_remote` (the trainer's
 `code_exec_reward`, from its reward thread pool), with the socket path from the pod env contract
 (`TANDEM_SANDBOX_SOCKET`).

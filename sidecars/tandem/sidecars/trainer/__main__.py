@@ -8,7 +8,7 @@ GPUs) with global ranks derived from the pod index, and runs the driver loop (`d
 A failure ends with one line naming pod, component and cause (also the termination message); a failure the job's
 own bounds decide (`BOUNDED`: no healthy rollout within failurePolicy.rolloutUnavailableSeconds, a rollout's
 answer another rollout would not change) is only that line, any other also logs its traceback before it.
-Caller: the pod built by `tandem.operator.builders` (in a cluster) or `tandem run` (locally).
+Caller: the pod built by `tandem.operator.manifests.builders` (in a cluster) or `tandem run` (locally).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ once, `log` per iteration, `close` at the end. Settings: `spec.tracking` (`tande
   (MLFLOW_HTTP_REQUEST_TIMEOUT, MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR).
   Credentials are never in the URI: mlflow reads MLFLOW_TRACKING_USERNAME / _PASSWORD (basic auth) or
   _TOKEN (bearer) from the environment, which the pod gets from `tracking.mlflow.credentialsSecret`
-  (`tandem.operator.tracking_access`) and `tandem run` from the invoking shell. Log lines name the
+  (`tandem.operator.manifests.tracking_access`) and `tandem run` from the invoking shell. Log lines name the
   server by `redact(uri)`.
 - Weights & Biases: `wandb_sink.WandbSink`, the same background thread and queue; one run per job (its id
   from the job's uid, resumed by a restart), WANDB_API_KEY from `tracking.wandb.credentialsSecret`.

@@ -13,7 +13,7 @@ progress.png) is logged.
 Every W&B call (init included: an unreachable server makes `wandb.init` wait up to its `init_timeout`) runs
 on the background thread of `BackgroundSink`: the first failure is one warning and training goes on. The
 API key is never in the job: wandb reads WANDB_API_KEY, which the pod gets from
-`tracking.wandb.credentialsSecret` (`tandem.operator.tracking_access`) and `tandem run` from the shell.
+`tracking.wandb.credentialsSecret` (`tandem.operator.manifests.tracking_access`) and `tandem run` from the shell.
 WANDB_MODE=offline (or `mode: offline`) writes the run's files only, under `<dir>/wandb/offline-run-*`
 (the run directory with `tandem run`), for `wandb sync` later.
 Caller: `tracking.Tracker` (created by `Tracker.create` when the spec has `tracking.wandb`).
