@@ -1,7 +1,7 @@
 """vLLM's processes and their shared-memory segments: recorded at start, reaped and unlinked at the end.
 
 Caller: engine.py (`EngineProcesses.record` after vLLM started, `reap` when the engine is
-terminated or found dead).
+terminated or found dead, `kill` when it hangs).
 
 Why: vLLM's engine core and workers are child processes of the rollout process that talk through
 segments in /dev/shm: `psm_*` (Python `SharedMemory` ring buffers of vLLM's message queues,
@@ -119,6 +119,17 @@ class EngineProcesses:
 
     def alive(self) -> list[psutil.Process]:
         return [p for p in self.procs.values() if _alive(p)]
+
+    def kill(self) -> list[int]:
+        """SIGKILL every recorded process still alive (a hung engine), its workers included; their pids."""
+        self.refresh()
+        alive = self.alive()
+        for p in alive:
+            try:
+                p.kill()
+            except Exception as e:  # noqa: BLE001 - gone meanwhile
+                log.debug("kill %d: %s", p.pid, e)
+        return [p.pid for p in alive]
 
     def any_dead(self) -> bool:
         """True when one of vLLM's processes died (the engine cannot serve any more)."""

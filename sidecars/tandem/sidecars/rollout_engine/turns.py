@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.checkpoint_engine import errors
-from tandem.sidecars.rollout_engine.engine import completion, sampling_params
+from tandem.sidecars.rollout_engine.generation import completion, sampling_params
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
 
