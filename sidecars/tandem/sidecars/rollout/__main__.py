@@ -2,8 +2,8 @@
 
 Refuses to start, with one line naming the file and `spec.model.path` (also the termination message),
 when the model directory has no readable config.json or no tokenizer files (`tandem.spec.model_dir`).
-Starts vLLM with dummy weights through the checkpoint engine (`PodRolloutEngine`: versions not
-in this pod's shm are pulled from other pods first), starts this pod's broadcast node (serves the
+Starts vLLM with dummy weights (`RolloutEngine`, given a `puller.TransportPuller` as its version source:
+versions not in this pod's shm are pulled from other pods first), starts this pod's broadcast node (serves the
 versions it holds), loads the newest published version if there is one (a late joiner or a
 restarted pod), advertises its address and gang generation
 under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes when the lease expires), and
@@ -32,9 +32,9 @@ from tandem.sidecars.envs import factory
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.kept import GangFollower
-from tandem.sidecars.rollout.pod_engine import PodRolloutEngine
+from tandem.sidecars.rollout.puller import TransportPuller
 from tandem.sidecars.rollout.supervisor import EngineSupervisor
-from tandem.sidecars.rollout_engine.engine import EngineConfig
+from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, freeze_start_up, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
@@ -63,7 +63,7 @@ def engine_config(env: PodEnv, spec: JobSpec) -> EngineConfig:
                         routing_replay=devices.routing_replay(spec))
 
 
-def chat_and_turns(engine: PodRolloutEngine, spec: JobSpec, env: PodEnv, loaded: Any) -> tuple[Any, Any]:
+def chat_and_turns(engine: RolloutEngine, spec: JobSpec, env: PodEnv, loaded: Any) -> tuple[Any, Any]:
     """The OpenAI-compatible endpoint (always) and the job's multi-turn driver (rollout.environment with
     turns; None for single replies): a MultiTurnDriver, or for type agent an AgentDriver whose agents call
     the endpoint on this pod. `loaded`: `factory.load_environment`'s."""
@@ -124,7 +124,7 @@ def main() -> int:
     node.announce_local()
     stopping = threading.Event()
     gave_up: list[str] = []
-    engine = PodRolloutEngine(engine_config(env, spec), registry, node)
+    engine = RolloutEngine(engine_config(env, spec), registry, source=TransportPuller(node))
     try:
         engine.start(spec.model.path, dummy=True)
         if registry.latest() is not None:

@@ -12,8 +12,8 @@ Role: a thread beside the rollout's HTTP server that looks at the engine every s
 - **FAILED** (any of those, or a reload that failed half-way): it says so (a warning naming the cause,
   /health 503 so the pod is not ready, `ready: false` in its etcd endpoint so the driver admits it no
   more), starts a new engine, loads the newest version (from the pod's shared memory, else pulled from a
-  holder: `PodRolloutEngine.update`) and serves again (`ready: true`; the driver re-admits it at the
-  version it trains, `RolloutClient.join`).
+  holder by the engine's version source: `RolloutEngine.update`, `puller.TransportPuller`) and serves again
+  (`ready: true`; the driver re-admits it at the version it trains, `RolloutClient.join`).
 A restart that fails is tried again after a backoff; after MAX_FAILED_RESTARTS in a row the supervisor gives
 up and the sidecar exits with one line naming the cause: the kubelet (native sidecar, restartPolicy
 Always) or `tandem run` starts the container again, and the operator replaces a rollout-only pod. An engine

@@ -6,7 +6,9 @@ bench/weight_sync.py. One engine per process; every public method is serialised 
 The engine keeps vLLM's lifecycle (start, sleep, wake_up, terminate; vLLM's arguments and shutdown: llm.py),
 generation (generation.py) and its status; what it serves is its weights' (`weights.EngineWeights`: resolve a
 version, verify it, load it in place, serve LoRA adapters), which `update` and `update_from_path` call under
-the engine's lock. Phases and operations are published in etcd (keys.engine/keys.op).
+the engine's lock. A version missing from the pod's shm is its source's to fetch first (`VersionSource`, given
+at construction: the rollout sidecar's pulls from other pods; the default, SHM_ONLY, fetches nothing).
+Phases and operations are published in etcd (keys.engine/keys.op).
 generate() refuses a prompt with no room for one generated token in max_model_len (`PromptTooLong`,
 HTTP 400 naming the limit) before vLLM sees it, and any request vLLM itself refuses is a `BadRequest`:
 neither leaves the engine FAILED.
@@ -51,6 +53,7 @@ from tandem.sidecars.rollout_engine.procs import EngineProcesses
 from tandem.sidecars.rollout_engine.recovery import Recovery
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.rollout_engine.step_watch import StepWatch
+from tandem.sidecars.rollout_engine.version_source import SHM_ONLY, VersionSource
 from tandem.sidecars.rollout_engine.weights import EngineWeights
 
 log = logging.getLogger(__name__)
@@ -59,8 +62,10 @@ __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION",
 
 
 class RolloutEngine:
-    def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout") -> None:
+    def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout",
+                 source: VersionSource = SHM_ONLY) -> None:
         self.cfg, self.registry, self.role = config, registry, role
+        self.source = source  # makes a version present in this pod's shm before it loads (version_source.py)
         self.llm: Any = None
         self.phase = Phase.STOPPED
         self.version: int | None = None
@@ -170,7 +175,11 @@ class RolloutEngine:
 
     # ---- weights (weights.py) ---------------------------------------------------------------------
     def update(self, version: int | None = None) -> UpdateReport:
-        """Load version `version` (default: the latest registered) from shared memory."""
+        """Load version `version` (default: the latest registered) from shared memory, once the engine's
+        source made it present there (outside the lock: generation goes on while shards arrive)."""
+        if self.source is not SHM_ONLY:
+            self._need(Phase.READY)  # a failed or restarting engine pulls nothing (the supervisor loads the latest)
+            version = self.source.present(version)
         with self._lock, self._op("update", version=version):
             if self.registry is None:
                 raise errors.UnsupportedOperation("update by version needs an etcd registry")
