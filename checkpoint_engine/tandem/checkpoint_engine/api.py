@@ -7,11 +7,11 @@ Operations and statuses also go to etcd (the cores do that).
 
 Routes (all but /health and /metrics need `Authorization: Bearer <token>`, the token of the job's Secret,
 default env TANDEM_TOKEN):
-    GET  /health                     readiness, no token: 503 while the engine is FAILED or being restarted
-                                     (supervisor); its progress (steps, stalledS, and stallDeadlineS:
-                                     how long the open call may go without it, stallDeadline: why), version,
-                                     restarts, recoveries and recoveryS (the latest, failure to first
-                                     generation)
+    GET  /health                     readiness (`engine_status.Health`), no token: 503 while the engine is
+                                     FAILED or being restarted (supervisor); its progress (steps, stalledS,
+                                     and stallDeadlineS: how long the open call may go without it,
+                                     stallDeadline: why), version, restarts, recoveries and recoveryS (the
+                                     latest, failure to first generation)
     GET  /metrics                    Prometheus text (checkpoint_engine.metrics), no token
     GET  /status                     EngineStatus (phase, version, timings)
     POST /start, /dummy_start, /update, /terminate, /sleep, /wake_up   the rollout's operations
@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from tandem.checkpoint_engine import errors, metrics
-from tandem.checkpoint_engine.engine_status import Phase
+from tandem.checkpoint_engine.engine_status import Health, Phase
 from tandem.checkpoint_engine.metrics import EngineCore
 from tandem.checkpoint_engine.publisher import Publisher
 
@@ -125,12 +125,7 @@ def create_app(core: EngineCore, token: str | None = None, registry: CollectorRe
     async def health() -> JSONResponse:
         st = core.status()
         serving = st.phase != Phase.FAILED and not getattr(core, "recovering", False)
-        body = {"ok": serving, "phase": st.phase.value, "version": st.version, "steps": st.steps,
-                "stalledS": round(st.stalled_s, 3), "busy": st.busy, "restarts": st.restarts, "error": st.error,
-                "stallDeadlineS": None if st.stall_deadline_s is None else round(st.stall_deadline_s, 3),
-                "stallDeadline": st.stall_deadline, "recoveries": st.recoveries,
-                "recoveryS": None if st.recovery_s is None else round(st.recovery_s, 3)}
-        return JSONResponse(status_code=200 if serving else 503, content=body)
+        return JSONResponse(status_code=200 if serving else 503, content=Health.of(st, serving).body())
 
     scraped = metrics.engine_registry(core, registry)
 

@@ -1,8 +1,9 @@
 """Status and report shapes of a checkpoint engine's two cores (pydantic): the trainer's publisher and the
 rollout's engine (`tandem.sidecars.rollout_engine`).
 
-Callers: publisher.py and the rollout engine return them, api.py and metrics.py serialise them, the rollout
-sidecar and the RL driver read them. The rollout's request shapes are `tandem.sidecars.rollout_engine.sampling`.
+Callers: publisher.py and the rollout engine return them, api.py and metrics.py serialise them (api.py's
+/health body is `Health`), the rollout sidecar and the RL driver read them. The rollout's request and answer
+shapes are `tandem.sidecars.rollout_engine.contract`, which re-exports these.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Phase(StrEnum):
@@ -76,3 +77,40 @@ class EngineStatus(BaseModel):
     stall_deadline: str | None = None  # how that deadline was derived (rollout: its stall_deadline policy)
     recoveries: int = 0  # generations served again after a failure (rollout)
     recovery_s: float | None = None  # seconds from the latest failure found to the first generation after it
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+class Health(BaseModel):
+    """GET /health's body (camelCase on the wire), no token: whether the engine serves, its progress and
+    deadline (the driver's hung-call watch), its restarts and latest recovery. Every field has a default, so
+    a partial body (an older or a stand-in rollout) still reads."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    ok: bool = True
+    phase: str | None = None
+    version: int | None = None
+    steps: int = 0
+    stalled_s: float = Field(default=0.0, alias="stalledS")
+    busy: str | None = None
+    restarts: int = 0
+    error: str | None = None
+    stall_deadline_s: float | None = Field(default=None, alias="stallDeadlineS")
+    stall_deadline: str | None = Field(default=None, alias="stallDeadline")
+    recoveries: int = 0
+    recovery_s: float | None = Field(default=None, alias="recoveryS")
+
+    @classmethod
+    def of(cls, st: EngineStatus, serving: bool) -> Health:
+        return cls.model_validate({
+            "ok": serving, "phase": st.phase.value, "version": st.version, "steps": st.steps,
+            "stalledS": round(st.stalled_s, 3), "busy": st.busy, "restarts": st.restarts, "error": st.error,
+            "stallDeadlineS": _rounded(st.stall_deadline_s), "stallDeadline": st.stall_deadline,
+            "recoveries": st.recoveries, "recoveryS": _rounded(st.recovery_s)})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body as served."""
+        return self.model_dump(mode="json", by_alias=True)

@@ -5,7 +5,9 @@ health, status, start, update, terminate, sleep, wake_up; this module adds gener
 same bearer token: `/v1/generate` (one reply per prompt); where the job's rollout.environment has turns,
 `/v1/trajectories` (multi-turn: `envs.driver.MultiTurnDriver`, or `envs.agent.AgentDriver` for agents); and
 the OpenAI-compatible chat endpoint (`openai_api`). Each generation answer also carries the engine's restarts
-and its latest recovery (`Served`). Caller: `python -m tandem.sidecars.rollout`.
+and its latest recovery (`contract.Served`). Requests and answers are the contract's
+(`tandem.sidecars.rollout_engine.contract`), which the trainer's client uses too.
+Caller: `python -m tandem.sidecars.rollout`.
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from pydantic import BaseModel, Field
 
 from tandem.checkpoint_engine import errors
 from tandem.sidecars.envs.driver import Result
 from tandem.sidecars.rollout.openai_api import Chat, routes
+from tandem.sidecars.rollout_engine.contract import (
+    GenerateRequest,
+    GenerateResponse,
+    TrajectoriesRequest,
+    TrajectoriesResponse,
+    TrajectoryOut,
+)
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.routes import create_app
-from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
 
 def _out(r: Result) -> TrajectoryOut:
@@ -32,56 +39,6 @@ def _out(r: Result) -> TrajectoryOut:
                          turns=r.stats.turns or t.model_turns, tool_calls=r.stats.tool_calls,
                          tool_errors=r.stats.tool_errors, tool_seconds=r.stats.tool_seconds,
                          tool_results=r.stats.tool_results)
-
-
-class GenerateRequest(BaseModel):
-    prompts: list[str | list[int]] = Field(min_length=1)
-    options: SamplingOptions = Field(default_factory=SamplingOptions)
-    n: int = Field(1, ge=1, le=1024)
-    max_tokens: list[int] | None = Field(default=None, description="Per prompt, overriding options.maxTokens "
-                                         "(the continuation of a partial rollout).")
-
-
-class TrajectoriesRequest(BaseModel):
-    rows: list[list[dict[str, Any]]] = Field(min_length=1, description="Each row's chat messages.")
-    data: list[dict[str, Any]] | None = Field(default=None, description="Each row's dataset fields (question, "
-                                              "answer, index), for the environment's reset (and reward).")
-    options: SamplingOptions = Field(default_factory=SamplingOptions)
-    n: int = Field(1, ge=1, le=1024)
-
-
-class TrajectoryOut(BaseModel):
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    mask: list[int]  # 1 on the model's tokens
-    logprobs: list[float]  # the rollout's, 0 on the environment's tokens
-    text: str  # the last model turn: what the job's rewards judge
-    reward: float | None  # the environment's own
-    finish: str
-    turns: int
-    tool_calls: int
-    tool_errors: int
-    tool_seconds: float
-    tool_results: int = 0  # tool answers (not errors) that reached the model, in its context before a later turn
-
-
-class Served(BaseModel):
-    """What every generation answer carries besides its results: the driver's view of the engine's restarts
-    and recoveries (its `rollout_restarts`, `rollout_recovery_s`)."""
-
-    version: int | None
-    seconds: float
-    restarts: int = 0  # engines started again after a failure
-    recoveries: int = 0  # recoveries completed (a generation served after a failure)
-    recovery_s: float | None = None  # the latest recovery's seconds
-
-
-class TrajectoriesResponse(Served):
-    trajectories: list[list[TrajectoryOut]]
-
-
-class GenerateResponse(Served):
-    completions: list[list[Completion]]
 
 
 def _served(engine: RolloutEngine) -> dict[str, Any]:

@@ -7,72 +7,63 @@ errors, one operation at a time) with these routes (all need the bearer token):
     POST /update       {version|null}     (null: latest)
     POST /terminate
     POST /sleep {level}, POST /wake_up
+Their request and answer bodies are contract.py's (the trainer's client uses the same models).
 Caller: the rollout sidecar (`tandem.sidecars.rollout.server`, which adds /generate and the rest), tests.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, Field
 
 from tandem.checkpoint_engine import api
 from tandem.checkpoint_engine.api import Serial
+from tandem.sidecars.rollout_engine.contract import (
+    DummyStartRequest,
+    SleepRequest,
+    StartRequest,
+    StatusAnswer,
+    TimedAnswer,
+    UpdateRequest,
+    UpdateResponse,
+)
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
-
-
-class StartRequest(BaseModel):
-    model_dir: str
-    dummy: bool = False
-
-
-class DummyStartRequest(BaseModel):
-    model_dir: str
-
-
-class UpdateRequest(BaseModel):
-    version: int | None = Field(default=None, ge=0)
-
-
-class SleepRequest(BaseModel):
-    level: int = Field(default=1, ge=1, le=2)
 
 
 def rollout_router(engine: RolloutEngine, serial: Serial) -> APIRouter:
     r = APIRouter()
 
     @r.post("/start")
-    async def start(req: StartRequest) -> dict[str, Any]:
+    async def start(req: StartRequest) -> TimedAnswer:
         timings = await serial.run(engine.start, req.model_dir, req.dummy)
-        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
+        return TimedAnswer(status=engine.status(), timings=timings)
 
     @r.post("/dummy_start")
-    async def dummy_start(req: DummyStartRequest) -> dict[str, Any]:
+    async def dummy_start(req: DummyStartRequest) -> TimedAnswer:
         timings = await serial.run(engine.start, req.model_dir, True)
-        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
+        return TimedAnswer(status=engine.status(), timings=timings)
 
     @r.post("/update")
-    async def update(req: UpdateRequest) -> dict[str, Any]:
+    async def update(req: UpdateRequest) -> UpdateResponse:
         report = await serial.run(engine.update, req.version)
-        return {"status": engine.status().model_dump(mode="json"), "report": report.model_dump(mode="json")}
+        return UpdateResponse(status=engine.status(), report=report)
 
     @r.post("/terminate")
-    async def terminate() -> dict[str, Any]:
+    async def terminate() -> TimedAnswer:
         timings = await serial.run(engine.terminate)
-        return {"status": engine.status().model_dump(mode="json"), "timings": timings}
+        return TimedAnswer(status=engine.status(), timings=timings)
 
     @r.post("/sleep")
-    async def sleep(req: SleepRequest) -> dict[str, Any]:
+    async def sleep(req: SleepRequest) -> StatusAnswer:
         await serial.run(engine.sleep, req.level)
-        return {"status": engine.status().model_dump(mode="json")}
+        return StatusAnswer(status=engine.status())
 
     @r.post("/wake_up")
-    async def wake_up() -> dict[str, Any]:
+    async def wake_up() -> StatusAnswer:
         await serial.run(engine.wake_up)
-        return {"status": engine.status().model_dump(mode="json")}
+        return StatusAnswer(status=engine.status())
 
     return r
 

@@ -15,7 +15,8 @@ an unknown version) still fails the call. With no healthy rollout left, `recover
 (failurePolicy.rolloutUnavailableSeconds, saying why through `on_wait`), then fails with one line naming
 each rollout and what happened to it. Every generation answer carries its engine's restarts and latest
 recovery (seconds from a failure found to its first generation after the restart): `FaultCounts.seen` turns them
-into the iteration's `rollout_restarts` and `rollout_recovery_s`.
+into the iteration's `rollout_restarts` and `rollout_recovery_s`. Requests are built, and generation answers read,
+with the rollout's own models (`tandem.sidecars.rollout_engine.contract`), the ones its server parses.
 """
 
 from __future__ import annotations
@@ -29,8 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
-from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions, slice_seed
+from tandem.sidecars.rollout_engine.contract import (
+    Completion,
+    GenerateRequest,
+    GenerateResponse,
+    SamplingOptions,
+    SleepRequest,
+    StartRequest,
+    TrajectoriesRequest,
+    TrajectoriesResponse,
+    UpdateRequest,
+)
+from tandem.sidecars.rollout_engine.sampling import slice_seed
 from tandem.sidecars.trainer.loop.rollout_health import (
     RolloutError,
     RolloutGone,
@@ -129,7 +142,7 @@ class RolloutClient:
             self.names.update(addresses)
         registered = list(addresses)
         new = [a for a in registered if a not in self.addresses]
-        failed = [a for a in new if self._reach(a, "/update", {"version": version}) is None]
+        failed = [a for a in new if self._reach(a, "/update", UpdateRequest(version=version)) is None]
         admitted = [a for a in new if a not in failed]
         alive = [a for a in registered if a not in failed]
         if alive:
@@ -164,7 +177,7 @@ class RolloutClient:
             found = self.discover() if self.discover is not None else {}
             self.names.update(found)
             if self.expected is not None:
-                up = [a for a in found if self._reach(a, "/update", {"version": self.expected}) is not None]
+                up = [a for a in found if self._reach(a, "/update", UpdateRequest(version=self.expected)) is not None]
             else:
                 up = list(found)
             if up:
@@ -182,12 +195,14 @@ class RolloutClient:
             time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
 
     # ---- calls -----------------------------------------------------------------------------
-    def _call(self, address: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """POST, watched for progress; a typed error (rollout_health) for anything but an answer."""
+    def _call(self, address: str, path: str, body: BaseModel | None = None) -> dict[str, Any]:
+        """POST `body` (a contract model; none: {}), watched for progress; a typed error (rollout_health) for
+        anything but an answer."""
         url = f"http://{address}{path}"
+        sent = {} if body is None else body.model_dump(mode="json")
         for attempt in range(2):
             try:
-                r = self._watch.watched(address, lambda: self._http.post(url, json=body or {}))
+                r = self._watch.watched(address, lambda: self._http.post(url, json=sent))
                 break
             except httpx.TimeoutException as e:  # the rollout may still be working: not tried again
                 raise RolloutGone(f"{url}: {e!r}") from e
@@ -206,7 +221,7 @@ class RolloutClient:
         out: dict[str, Any] = r.json()
         return out
 
-    def _reach(self, address: str, path: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _reach(self, address: str, path: str, body: BaseModel | None) -> dict[str, Any] | None:
         """The answer, or None when the rollout is unhealthy (logged)."""
         try:
             return self._call(address, path, body)
@@ -214,7 +229,7 @@ class RolloutClient:
             log.warning("%s: %s", self.name(address), e)
             return None
 
-    def _all(self, path: str, body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def _all(self, path: str, body: BaseModel | None = None) -> list[dict[str, Any]]:
         addresses = list(self.addresses)
         failures: dict[str, BaseException] = {}
 
@@ -239,14 +254,14 @@ class RolloutClient:
         completions must come from (a rollout answering with another is stale: dropped, its slice re-sent).
         Also returns the weight versions the rollouts generated with (one, when all are in sync).
         """
-        def options_at(a: int) -> dict[str, Any]:  # each slice its own seed: rollouts' first prompts draw apart
+        def options_at(a: int) -> SamplingOptions:  # each slice its own seed: rollouts' first prompts draw apart
             seed = None if options.seed is None else slice_seed(options.seed, a)
-            return options.model_copy(update={"seed": seed}).model_dump()
+            return options.model_copy(update={"seed": seed})
 
-        return self._spread("/v1/generate", 0, len(prompts), lambda a, b: {
-            "options": options_at(a), "n": n, "prompts": list(prompts[a:b]),
-            "max_tokens": None if max_tokens is None else list(max_tokens[a:b])},
-            lambda part: [[Completion.model_validate(c) for c in group] for group in part["completions"]], expect)
+        return self._spread("/v1/generate", 0, len(prompts), lambda a, b: GenerateRequest(
+            options=options_at(a), n=n, prompts=list(prompts[a:b]),
+            max_tokens=None if max_tokens is None else list(max_tokens[a:b])),
+            lambda part: GenerateResponse.model_validate(part).completions, expect)
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
                      data: Sequence[dict[str, Any]] | None = None, *, expect: int | None = None
@@ -254,12 +269,12 @@ class RolloutClient:
         """n multi-turn trajectories per row of chat messages (the rollouts' `/v1/trajectories`), spread over
         the rollouts as `generate` spreads prompts; `data`: each row's dataset fields, for the environment.
         Also the weight versions that sampled them."""
-        body = {"options": options.model_dump(), "n": n}
-        return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: {
-            **body, "rows": list(rows[a:b]), "data": None if data is None else list(data[a:b])},
-            lambda part: list(part["trajectories"]), expect)
+        return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: TrajectoriesRequest(
+            options=options, n=n, rows=list(rows[a:b]), data=None if data is None else list(data[a:b])),
+            lambda part: [[t.model_dump() for t in row]
+                          for row in TrajectoriesResponse.model_validate(part).trajectories], expect)
 
-    def _spread(self, path: str, lo: int, hi: int, body: Callable[[int, int], dict[str, Any]],
+    def _spread(self, path: str, lo: int, hi: int, body: Callable[[int, int], BaseModel],
                 take: Callable[[dict[str, Any]], list[T]], expect: int | None) -> tuple[list[T], set[int | None]]:
         """Items lo..hi-1 in contiguous slices, one request per rollout (`body(a, b)` of its slice); the
         results in order, and the weight versions the rollouts report. A rollout that is unhealthy or stale
@@ -304,18 +319,18 @@ class RolloutClient:
         """Load `version` in every rollout (one that fails is dropped until it catches up: `join`);
         returns the slowest rollout's seconds."""
         t = time.perf_counter()
-        self._all("/update", {"version": version})
+        self._all("/update", UpdateRequest(version=version))
         self.expected = version
         return time.perf_counter() - t
 
     def start(self, model_dir: str, dummy: bool = True) -> None:
-        self._all("/start", {"model_dir": model_dir, "dummy": dummy})
+        self._all("/start", StartRequest(model_dir=model_dir, dummy=dummy))
 
     def terminate(self) -> None:
         self._all("/terminate")
 
     def sleep(self, level: int = 1) -> None:
-        self._all("/sleep", {"level": level})
+        self._all("/sleep", SleepRequest(level=level))
 
     def wake_up(self) -> None:
         self._all("/wake_up")

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import httpx
+
+from tandem.sidecars.rollout_engine.contract import Health
 
 CONTROL = ("/update", "/start", "/dummy_start", "/sleep", "/wake_up", "/terminate")
 
@@ -75,13 +77,13 @@ def classify(url: str, path: str, status: int, text: str) -> RolloutError:
     return RolloutError(message)
 
 
-def deadline_of(health: dict[str, Any], ceiling_s: float) -> tuple[float, str]:
+def deadline_of(health: Health | Mapping[str, Any], ceiling_s: float) -> tuple[float, str]:
     """(seconds, how it was derived) the open call of a rollout whose /health body is `health` may go without
     progress: the rollout's `stallDeadlineS`, capped at `ceiling_s` (failurePolicy.rolloutStallSeconds)."""
-    reported = health.get("stallDeadlineS")
-    if isinstance(reported, int | float) and 0 < reported < ceiling_s:
-        why = health.get("stallDeadline") or "the rollout's"
-        return float(reported), str(why)
+    h = health if isinstance(health, Health) else Health.model_validate(health)
+    reported = h.stall_deadline_s
+    if reported is not None and 0 < reported < ceiling_s:
+        return float(reported), str(h.stall_deadline or "the rollout's")
     return ceiling_s, f"failurePolicy.rolloutStallSeconds {ceiling_s:.0f}"
 
 
@@ -93,13 +95,12 @@ class Watch:
         # abandoned requests keep their thread until the rollout answers (or the HTTP timeout): room for many
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="rollout-call")
 
-    def health(self, address: str) -> dict[str, Any] | None:
-        """The rollout's /health body (200 or 503), or None when it does not answer."""
+    def health(self, address: str) -> Health | None:
+        """The rollout's /health body (200 or 503), or None when it does not answer (or not with one)."""
         try:
             r = self._probe_http.get(f"http://{address}/health")
-            out: dict[str, Any] = r.json()
-            return out
-        except (httpx.HTTPError, ValueError):
+            return Health.model_validate(r.json())
+        except (httpx.HTTPError, ValueError):  # pydantic's ValidationError is a ValueError
             return None
 
     def watched(self, address: str, send: Callable[[], httpx.Response]) -> httpx.Response:
@@ -116,7 +117,7 @@ class Watch:
             now = time.monotonic()
             if h is not None:
                 answered = now
-                stalled = float(h.get("stalledS") or 0.0)
+                stalled = h.stalled_s
                 limit, why = deadline_of(h, self.stall_s)
                 poll = max(0.5, min(self.poll_s, limit / 4))
                 if stalled > limit:

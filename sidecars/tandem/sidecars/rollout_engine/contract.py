@@ -1,0 +1,123 @@
+"""The one contract between the trainer and the rollouts: every request and answer of the rollout's HTTP API.
+
+Role: pydantic models of the bodies of `/v1/generate`, `/v1/trajectories`, the control operations (`/start`,
+`/dummy_start`, `/update`, `/sleep`, `/wake_up`, `/terminate`), `/status` and `/health`. The rollout's server
+parses requests and builds answers with them (routes.py, `tandem.sidecars.rollout.server`); the trainer's
+rollout client builds requests and reads answers with them (`tandem.sidecars.trainer.loop.rollout_client`,
+`rollout_health`). The field names are the JSON on the wire (snake_case; /health's camelCase, by alias).
+Imports nothing of vLLM: beside sampling.py, the one module of the rollout engine the trainer imports
+(.importlinter, "the trainer imports nothing of the rollout engine but its request shapes").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tandem.checkpoint_engine.engine_status import EngineStatus, Health, UpdateReport
+from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
+
+__all__ = ["Completion", "DummyStartRequest", "EngineStatus", "GenerateRequest", "GenerateResponse", "Health",
+           "SamplingOptions", "Served", "SleepRequest", "StartRequest", "StatusAnswer", "TimedAnswer",
+           "TrajectoriesRequest", "TrajectoriesResponse", "TrajectoryOut", "UpdateReport", "UpdateRequest",
+           "UpdateResponse"]
+
+
+# ---- generation ---------------------------------------------------------------------------------
+class GenerateRequest(BaseModel):
+    """POST /v1/generate: n completions of each prompt (text or token ids)."""
+
+    prompts: list[str | list[int]] = Field(min_length=1)
+    options: SamplingOptions = Field(default_factory=SamplingOptions)
+    n: int = Field(1, ge=1, le=1024)
+    max_tokens: list[int] | None = Field(default=None, description="Per prompt, overriding options.maxTokens "
+                                         "(the continuation of a partial rollout).")
+
+
+class TrajectoriesRequest(BaseModel):
+    """POST /v1/trajectories: n multi-turn trajectories of each row of chat messages."""
+
+    rows: list[list[dict[str, Any]]] = Field(min_length=1, description="Each row's chat messages.")
+    data: list[dict[str, Any]] | None = Field(default=None, description="Each row's dataset fields (question, "
+                                              "answer, index), for the environment's reset (and reward).")
+    options: SamplingOptions = Field(default_factory=SamplingOptions)
+    n: int = Field(1, ge=1, le=1024)
+
+
+class TrajectoryOut(BaseModel):
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    mask: list[int]  # 1 on the model's tokens
+    logprobs: list[float]  # the rollout's, 0 on the environment's tokens
+    text: str  # the last model turn: what the job's rewards judge
+    reward: float | None  # the environment's own
+    finish: str
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    tool_seconds: float
+    tool_results: int = 0  # tool answers (not errors) that reached the model, in its context before a later turn
+
+
+class Served(BaseModel):
+    """What every generation answer carries besides its results: the version that generated them and the
+    driver's view of the engine's restarts and recoveries (its `rollout_restarts`, `rollout_recovery_s`)."""
+
+    version: int | None = None  # defaults: a reader takes a stand-in rollout's answer without them
+    seconds: float = 0.0
+    restarts: int = 0  # engines started again after a failure
+    recoveries: int = 0  # recoveries completed (a generation served after a failure)
+    recovery_s: float | None = None  # the latest recovery's seconds
+
+
+class GenerateResponse(Served):
+    completions: list[list[Completion]]
+
+
+class TrajectoriesResponse(Served):
+    trajectories: list[list[TrajectoryOut]]
+
+
+# ---- control operations ---------------------------------------------------------------------------
+class StartRequest(BaseModel):
+    """POST /start."""
+
+    model_dir: str
+    dummy: bool = False
+
+
+class DummyStartRequest(BaseModel):
+    """POST /dummy_start."""
+
+    model_dir: str
+
+
+class UpdateRequest(BaseModel):
+    """POST /update: load `version` (None: the newest registered)."""
+
+    version: int | None = Field(default=None, ge=0)
+
+
+class SleepRequest(BaseModel):
+    """POST /sleep."""
+
+    level: int = Field(default=1, ge=1, le=2)
+
+
+class StatusAnswer(BaseModel):
+    """The answer of /sleep and /wake_up: the engine's status after it."""
+
+    status: EngineStatus
+
+
+class TimedAnswer(StatusAnswer):
+    """The answer of /start, /dummy_start and /terminate: the status and the operation's timings."""
+
+    timings: dict[str, float]
+
+
+class UpdateResponse(StatusAnswer):
+    """The answer of /update: the status and the load's report."""
+
+    report: UpdateReport
