@@ -1,7 +1,7 @@
 """A rollout-only pod kept through a gang restart: it follows the new gang and keeps what was learnt.
 
 Role: when a hybrid pod fails, the operator restarts the gang (its trainer ranks are one collective) but keeps
-the rollout-only pods that still run (`tandem.operator.pool_policy.kept`). Those pods hold, in their shared
+the rollout-only pods that still run (`tandem.operator.policies.pool_policy.kept`). Those pods hold, in their shared
 memory, the newest version they pulled: without `checkpointEngine.persist`, the only copy of what was learnt.
 Two things keep it usable, done every few seconds by the rollout's advertise thread (`GangFollower.tick`):
 
