@@ -12,7 +12,7 @@ the newest version; the pod is not ready meanwhile), and
 serves the control + generation API on TANDEM_CE_PORT, with the OpenAI-compatible chat endpoint and, for
 a job with turns (rollout.environment), its multi-turn driver or agent driver (the environment's modules are
 imported before vLLM starts: a bad entryPoint or tool is refused at once, naming the field). Caller: the pod built by
-`tandem.operator.builders`, or `tandem run`.
+`tandem.operator.manifests.builders`, or `tandem run`.
 """
 
 from __future__ import annotations
