@@ -154,6 +154,7 @@ def test_the_scan_sees_imports_in_function_bodies_and_skips_optional_ones() -> N
     """The scan is what makes the test above worth anything: check it on two known modules."""
     select = tandem_file("tandem.checkpoint_engine.transport.select")  # pyverbs: in a try/except ImportError
     assert select is not None and "pyverbs.device" not in imported("tandem.checkpoint_engine.transport.select", select)
-    engine = tandem_file("tandem.sidecars.rollout_engine.engine")
-    assert engine is not None and "vllm" in imported("tandem.sidecars.rollout_engine.engine", engine)
+    # vLLM's SamplingParams, imported in a function body
+    generation = tandem_file("tandem.sidecars.rollout_engine.generation")
+    assert generation is not None and "vllm" in imported("tandem.sidecars.rollout_engine.generation", generation)
     assert "vllm" in third_party_imports("tandem.sidecars.rollout.__main__")

@@ -37,6 +37,22 @@ def test_publish_registers_and_collects(make_registry: Any, shm_root: Path, job:
     assert pub.status().version == 4
 
 
+def test_records_lost_with_the_lease_never_send_versions_back(make_registry: Any, shm_root: Path, job: str) -> None:
+    """The trainer's lease expires (etcd unreachable past its TTL, a keepalive starved on a loaded machine): its
+    versions' records go with it, the versions stay in shm. The next publish counts on from what was written,
+    not from the empty registry (which said 1 and collided with the version 1 in shm: VersionExists)."""
+    pub = Publisher(shm_root, job, make_registry(), keep=3)
+    assert [pub.publish(None, tensors(v)).version for v in (1, 2)] == [1, 2]
+    pub.registry.close(revoke=True)  # the lease gone: etcd deletes every record it carried
+    pub.registry = make_registry()
+    assert pub.registry.versions() == [] and layout.list_versions(shm_root, job) == [1, 2]
+    assert pub.publish(None, tensors(3)).version == 3  # this publisher's own count
+    pub.registry.close(revoke=True)
+    fresh = Publisher(shm_root, job, make_registry("pod0", "trainer4"), keep=3)  # a new publisher: only shm knows
+    assert fresh.registry.versions() == [] and layout.list_versions(shm_root, job) == [1, 2, 3]
+    assert fresh.publish(None, tensors(4)).version == 4
+
+
 WRITER = textwrap.dedent("""
     import sys, time, torch
     sys.path[:0] = {roots!r}

@@ -121,7 +121,7 @@ def test_seeded_batch_over_the_step_token_budget(live_engine: RolloutEngine) -> 
     budget = live_engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     prompt_len = 200
     prompts = [[(i * 7 + j) % 900 + 2 for j in range(prompt_len)] for i in range(budget // prompt_len + 4)]
-    out = live_engine.generate(prompts, SamplingOptions(temperature=1.0, max_tokens=4, seed=7), n=2)
+    out = live_engine.generate(prompts, SamplingOptions(temperature=1.0, max_tokens=4, seed=7, ignore_eos=True), n=2)
     assert len(out) == len(prompts) and all(len(g) == 2 and len(g[0].token_ids) == 4 for g in out)
     assert live_engine.phase == Phase.READY
     again = live_engine.generate(["alpha beta"], SamplingOptions(temperature=0.0, max_tokens=3))

@@ -74,8 +74,13 @@ class Publisher:
         return {"stale_temps": stale, "orphan_versions": orphans, "latest": latest}
 
     def next_version(self) -> int:
+        """One above the newest version anyone knows of: the registry's, what this publisher wrote, what is in
+        its shared memory. Never the registry's alone: a lease that expired (etcd unreachable past its TTL, a
+        starved keepalive) takes the records with it while the versions stay in shm, and counting from the
+        registry again would collide with them (VersionExists)."""
         latest = self.registry.latest()
-        return 1 if latest is None else latest + 1
+        known = [v for v in (latest, self.version, *layout.list_versions(self.shm_root, self.job)) if v is not None]
+        return max(known, default=0) + 1
 
     def publish(self, version: int | None, named_tensors: Iterable[tuple[str, torch.Tensor]],
                 adapter: dict[str, Any] | None = None) -> PublishReport:
