@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from test_code_formats import within_one_limit
 
 from sandbox_servers import tcp_listener
 from tandem.sidecars.rewards.code_exec import code_exec_reward, extract_code
@@ -82,8 +83,9 @@ def test_io_cases(mode: Isolation) -> None:
 def test_harness_given_as_source() -> None:
     """Where the sandbox user cannot read the checkout (under /root), the harness runs from `-c` source."""
     command = (*harness_command()[:4], "-c", HARNESS.read_text())
-    r = run_tests("def sq(x):\n    return x * x\n", ["assert sq(3) == 9", "assert sq(2) == 5"], FAST,
-                  isolation="basic", command=command)
+    # what is checked is the harness, not its speed: a limit a loaded machine's interpreter start never reaches
+    r = run_tests("def sq(x):\n    return x * x\n", ["assert sq(3) == 9", "assert sq(2) == 5"],
+                  SandboxLimits(timeout_seconds=60.0), isolation="basic", command=command)
     assert (r.passed, r.total, r.status) == (1, 2, "ok")
 
 
@@ -99,7 +101,7 @@ def test_network_refused(mode: Isolation) -> None:
     with tcp_listener() as (port, accepted):
         code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nconnected = 1\n"
         r = run_tests(code, ["assert connected"], FAST, isolation=mode)
-        assert r.score == 0.0 and r.seconds < 5
+        assert r.score == 0.0 and within_one_limit(r, mode), r
         time.sleep(0.3)
         assert accepted == []
 
@@ -133,7 +135,7 @@ def test_fork_bomb_contained(mode: Isolation) -> None:
 def test_infinite_loop_killed(mode: Isolation) -> None:
     r = run_tests("while True:\n    pass\n", ["assert True"], SandboxLimits(timeout_seconds=1.0),
                   isolation=mode)
-    assert r.status == "timeout" and r.score == 0.0 and r.seconds < 6
+    assert r.status == "timeout" and r.score == 0.0 and within_one_limit(r, mode), r
 
 
 def test_timeout_keeps_tests_passed_before() -> None:
@@ -156,7 +158,7 @@ def test_huge_output_contained(mode: Isolation) -> None:
 
 def test_huge_memory_contained(mode: Isolation) -> None:
     r = run_tests("x = bytearray(8 * 1024 ** 3)\n", ["assert len(x) > 0"], FAST, isolation=mode)
-    assert r.score == 0.0 and r.seconds < 5
+    assert r.score == 0.0 and within_one_limit(r, mode), r
 
 
 def test_no_leftover_processes_or_dirs() -> None:

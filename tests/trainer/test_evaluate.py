@@ -205,7 +205,7 @@ def test_code_exec_needs_every_test_to_pass() -> None:
         "```python\ndef add(a, b):\n    return 3\n```",  # passes one of two: not correct
         "```python\ndef add(a, b):\n    return a - b\n```",  # passes none
     ]]
-    code = Reward(type="codeExec", timeout_seconds=5.0)
+    code = Reward(type="codeExec", timeout_seconds=60.0)  # the verdicts, not the speed: no timeout under load
     result = Evaluator(spec(samples=3, temperature=0.8), prompts([tests]), [code, FORMAT], max_tokens=64,
                        iterations=1).run(Scripted(texts), 1, 1)
     assert result.pass_at_1 == pytest.approx(1 / 3)
@@ -216,13 +216,13 @@ def test_code_exec_needs_every_test_to_pass() -> None:
 def test_every_verifiable_reward_must_give_full_marks() -> None:
     # answerMatch and codeExec both judge: a right answer whose code fails is not correct
     tests = ["assert f() == 1"]
-    both = [Reward(type="answerMatch", match="flexible"), Reward(type="codeExec")]
+    code = Reward(type="codeExec", timeout_seconds=60.0)  # the verdicts, not the speed: no timeout under load
+    both = [Reward(type="answerMatch", match="flexible"), code]
     texts = [["```python\ndef f():\n    return 1\n```", "```python\ndef f():\n    return 2\n```"]]
     ev = Evaluator(spec(samples=2, temperature=1.0), prompts([tests]), both, max_tokens=64, iterations=1)
     result = ev.run(Scripted(texts), 0, 0)
     assert result.pass_at_1 == 0.0  # the answer field is test code: no completion "answers" it
-    ok = Evaluator(spec(samples=2, temperature=1.0), prompts([tests]), [Reward(type="codeExec")], max_tokens=64,
-                   iterations=1)
+    ok = Evaluator(spec(samples=2, temperature=1.0), prompts([tests]), [code], max_tokens=64, iterations=1)
     assert ok.run(Scripted(texts), 0, 0).pass_at_1 == pytest.approx(0.5)
 
 
