@@ -36,11 +36,15 @@ Looked for a cause, 2026-11-29, and found no defect; each side of one step measu
   not run): mean 0.315 over 8, against TRL's 0.461 over its 3 seeds. Two of Tandem's eight sat in a mode of
   rising entropy and flat reward that none of TRL's three showed; more seeds on both sides (TRL's 3+) are
   what would tell a real gap from the spread.
-`--steps 4` (four optimizer steps an iteration on both sides, each against the sampling policy), seed 0 only
-(the machine mostly to itself): pass@1 0.122 -> 0.693 (export 0.646) against TRL's 0.117 -> 0.508, training
-reward over the last two iterations 0.734 against 0.484, 1.52x TRL's completions/s in the loop (1.33x with
-start-up; Tandem's steps: ratio 1.0 at the first, 0.996-1.011 after, up to 3.6% clipped). One seed: seeds 1-2
-of this shape are still to run (bench/results/rl_vs_trl-smollm2-steps4-seed0.json).
+`--steps 4` (four optimizer steps an iteration on both sides, each against the sampling policy), seeds 0-1:
+seed 0 (the machine mostly to itself): pass@1 0.122 -> 0.693 (export 0.646) against TRL's 0.117 -> 0.508,
+training reward over the last two iterations 0.734 against 0.484, 1.52x TRL's completions/s in the loop (1.33x
+with start-up; Tandem's steps: ratio 1.0 at the first, 0.996-1.011 after, up to 3.6% clipped). Seed 1 (beside
+a full test run and another bench, which starved TRL's half: its 10.2x completions/s means nothing): 0.122 ->
+0.445 (export 0.401) against TRL's 0.122 -> 0.583, reward over the last two iterations 0.547 on both; TRL's
+entropy fell 2.14 -> ~1.0 over its 40 steps. Over the two: Tandem 0.569 (0.445-0.693), TRL 0.546 (0.508-0.583),
+paired difference +0.023 (se 0.161). Seed 2 was stopped to free the cores (bench/results/
+rl_vs_trl_seeds-smollm2-steps4.{json,png}, rl_vs_trl-smollm2-steps4-seed{0,1}.json).
 """
 
 from __future__ import annotations
