@@ -9,16 +9,15 @@ iteration's `rollout_restarts` and `rollout_recovery_s`.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
+from http_stand_in import JsonHandler, serve
 from tandem.sidecars.trainer.loop.rollout_client import FaultCounts
 from tandem.sidecars.trainer.loop.rollout_health import RolloutHung, Watch, deadline_of
 
@@ -31,28 +30,16 @@ class Sidecar:
         self.release = threading.Event()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_GET(self) -> None:  # noqa: N802
-                self._answer(outer.body)
+                self.answer(outer.body)
 
             def do_POST(self) -> None:  # noqa: N802
                 self.rfile.read(int(self.headers["Content-Length"]))
                 outer.release.wait(60)
-                self._answer({"version": 1})
+                self.answer({"version": 1})
 
-            def _answer(self, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.address = serve(Handler)
 
 
 @pytest.fixture

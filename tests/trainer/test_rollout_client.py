@@ -11,11 +11,11 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from http_stand_in import JsonHandler, serve
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.loop.rollout_client import RolloutClient, RolloutError
 
@@ -32,15 +32,11 @@ class Rollout:
         self.health_answers = True  # False: /health does not answer (the whole sidecar stopped)
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_GET(self) -> None:  # noqa: N802
                 while not outer.health_answers:
                     time.sleep(0.05)
-                data = json.dumps({"ok": True, "stalledS": outer.stalled}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer({"ok": True, "stalledS": outer.stalled})
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -59,18 +55,9 @@ class Rollout:
                         [{"prompt_index": i, "sample_index": j, "prompt_token_ids": [], "token_ids": [],
                           "logprobs": [], "text": f"{p}@{outer.name}"} for j in range(body["n"])]
                         for i, p in enumerate(body["prompts"])]
-                data = json.dumps(answer).encode()
-                self.send_response(outer.status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer(answer, outer.status)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.address = serve(Handler)
 
     def leave(self) -> None:
         """The pod is deleted: nothing listens at its address any more."""
