@@ -143,16 +143,19 @@ class Chaos:
         self._say(f"{pod}: kill -9 of its engine core {core.pid} mid-generate")
         return "step"
 
-    def hang(self, pod: str, seconds: float, stop: threading.Event, during: str | None = None) -> str:
+    def hang(self, pod: str, seconds: float, stop: threading.Event, during: str | None = None,
+             paced_below: float | None = None) -> str:
         """SIGSTOP the engine core and workers for `seconds` (or until they are gone: killed as hung); with
-        `during`, once that call is open (/health's busy, polled every 10 ms). The seconds until they were gone
-        go to `cut_s[pod]`."""
+        `during`, once that call is open (/health's busy, polled every 10 ms); with `paced_below`, only once the
+        engine's deadline for it is set by its pace (/health's stallDeadlineS below that ceiling: past its
+        warm-up calls). The seconds until they were gone go to `cut_s[pod]`."""
         _, procs = self._wait_engine(pod, stop)
         while True:
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise TimeoutError(f"no stop of {pod}'s engine during its {during} before the deadline")
             if during is not None:
-                self._until(lambda: (self.health(pod) or {}).get("busy") == during, stop, f"{pod}'s {during}",
+                self._until(lambda: _open(self.health(pod), during, paced_below), stop, f"{pod}'s {during}"
+                            + (f" with a deadline below {paced_below:.0f}s" if paced_below is not None else ""),
                             poll=0.01)
             for p in procs:
                 p.send_signal(signal.SIGSTOP)
@@ -314,3 +317,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _open(health: dict[str, Any] | None, during: str, paced_below: float | None) -> bool:
+    """The call `during` is open on the engine (and, with `paced_below`, judged by a deadline below it)."""
+    h = health or {}
+    return h.get("busy") == during and (paced_below is None or float(h.get("stallDeadlineS") or paced_below)
+                                        < paced_below)
