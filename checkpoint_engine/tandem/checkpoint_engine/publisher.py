@@ -78,7 +78,9 @@ class Publisher:
         its shared memory. Never the registry's alone: a lease that expired (etcd unreachable past its TTL, a
         starved keepalive) takes the records with it while the versions stay in shm, and counting from the
         registry again would collide with them (VersionExists)."""
-        latest = self.registry.latest()
+        return self._next_after(self.registry.latest())
+
+    def _next_after(self, latest: int | None) -> int:
         known = [v for v in (latest, self.version, *layout.list_versions(self.shm_root, self.job)) if v is not None]
         return max(known, default=0) + 1
 
@@ -88,8 +90,8 @@ class Publisher:
         a version holding LoRA adapters only (adapters.py)."""
         with self._lock:
             t0 = time.perf_counter()
-            v = self.next_version() if version is None else version
-            latest = self.registry.latest()
+            latest = self.registry.latest()  # one read: the next version's base and the check below
+            v = self._next_after(latest) if version is None else version
             if latest is not None and v <= latest:
                 raise errors.VersionExists(f"version {v} is not newer than the registered latest {latest}")
             self._set(Phase.PUBLISHING)
