@@ -8,7 +8,7 @@ then times, on the same files and target filesystem:
            dir + rename)
   verify   DurableStore.read (maps the copy and recomputes every tensor checksum, as a resume does)
 and prints MiB/s and the ratios save/plain+fs and verify/save. The copy runs in a background thread
-during training (sidecars/tandem/sidecars/trainer/loop/persist.py), so its cost shows as
+during training (sidecars/tandem/sidecars/trainer/loop/recovery/persist.py), so its cost shows as
 `persist_wait_s` only when the next copy is due before this one ends. Not a test.
 
 Run: /root/.cache/tandem/venv/bin/python bench/durable_copy.py [--mib 512] [--target /var/tmp]

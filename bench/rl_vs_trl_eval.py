@@ -43,7 +43,7 @@ def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any
     from transformers import AutoTokenizer
 
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
-    from tandem.sidecars.trainer.loop.dataset import PromptDataset
+    from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
     from tandem.sidecars.trainer.loop.held_out import Evaluator
     from tandem.spec import model_dir
     from tandem.spec.load import load_job

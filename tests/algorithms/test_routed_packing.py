@@ -106,9 +106,9 @@ def test_the_drivers_samples_carry_the_rollouts_routing_through_partial_rollouts
     record covers the prompt and the first segment) become samples whose routing packs; an empty completion
     (stood in for by EOS) gets the filler row for its last prompt token."""
     from tandem.sidecars.rollout_engine.sampling import RoutedExperts
-    from tandem.sidecars.trainer.loop.dataset import Prompt
-    from tandem.sidecars.trainer.loop.partial import PartialRollouts, whole_groups
-    from tandem.sidecars.trainer.loop.sources import to_samples
+    from tandem.sidecars.trainer.loop.data.dataset import Prompt
+    from tandem.sidecars.trainer.loop.rollout.partial import PartialRollouts, whole_groups
+    from tandem.sidecars.trainer.loop.rollout.sources import to_samples
 
     def done(prompt: list[int], ids: list[int], reason: str = "stop") -> Completion:
         n = len(prompt) + len(ids) - 1

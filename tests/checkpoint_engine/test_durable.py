@@ -13,7 +13,7 @@ import torch
 from tandem.checkpoint_engine import errors, layout
 from tandem.checkpoint_engine.durable import META, DurableStore
 from tandem.checkpoint_engine.publisher import Publisher
-from tandem.sidecars.trainer.loop.persist import Persister
+from tandem.sidecars.trainer.loop.recovery.persist import Persister
 
 
 def tensors(v: int) -> list[tuple[str, torch.Tensor]]:

@@ -11,7 +11,7 @@ import pytest
 from tandem.checkpoint_engine.engine_status import Phase
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
 from tandem.sidecars.trainer.loop.held_out import Evaluator
 from tandem.spec.data import Dataset, Eval
 from tandem.spec.models import Reward

@@ -15,8 +15,8 @@ import torch
 
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.partial import PartialRollouts
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.rollout.partial import PartialRollouts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]
 

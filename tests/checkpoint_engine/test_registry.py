@@ -96,7 +96,7 @@ def test_a_restarted_gang_ignores_the_old_generations_rollouts(make_registry: An
     """A killed pod's rollout record outlives it by its lease TTL, under the key its successor uses.
 
     The driver (`trainer.resume`) must wait for the new generation's rollout, not call the dead one."""
-    from tandem.sidecars.trainer.loop import resume
+    from tandem.sidecars.trainer.loop.recovery import resume
 
     old, new, driver = make_registry("job-0", "rollout", ttl=30), make_registry("job-1", "rollout"), make_registry()
     key = keys.endpoint("test", driver.scope, "job-0", "rollout")

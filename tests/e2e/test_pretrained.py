@@ -85,7 +85,7 @@ def test_smollm2_grpo_with_tied_embeddings(model: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    from tandem.sidecars.trainer.loop.dataset import PromptDataset
+    from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
     from tandem.spec.models import Dataset
 
     assert json.loads((model / "config.json").read_text())["tie_word_embeddings"] is True

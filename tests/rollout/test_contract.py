@@ -23,8 +23,8 @@ from tandem.sidecars.rollout_engine.contract import (
     SamplingOptions,
     UpdateRequest,
 )
-from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
-from tandem.sidecars.trainer.loop.rollout_health import deadline_of
+from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient
+from tandem.sidecars.trainer.loop.rollout.rollout_health import deadline_of
 
 TOKEN = "t0k"
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from http_stand_in import JsonHandler, serve
-from tandem.sidecars.trainer.loop.rollout_client import FaultCounts
-from tandem.sidecars.trainer.loop.rollout_health import RolloutHung, Watch, deadline_of
+from tandem.sidecars.trainer.loop.rollout.rollout_client import FaultCounts
+from tandem.sidecars.trainer.loop.rollout.rollout_health import RolloutHung, Watch, deadline_of
 
 
 class Sidecar:

@@ -72,7 +72,7 @@ def on_every_rank(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def optimizer_script(spec: Any, store_dir: Path) -> dict[str, Any]:
     from tandem.sidecars.trainer.engines import megatron_build
-    from tandem.sidecars.trainer.loop import train_state
+    from tandem.sidecars.trainer.loop.recovery import train_state
 
     ctx = engines(spec, store_dir)
     seen: dict[str, Any] = {"sharded": train_state.sharded(ctx.engine)}
@@ -98,7 +98,7 @@ def optimizer_script(spec: Any, store_dir: Path) -> dict[str, Any]:
 
 def expert_script(spec: Any) -> dict[str, Any]:
     from tandem.sidecars.trainer.engines.select import build_engine
-    from tandem.sidecars.trainer.loop import train_state
+    from tandem.sidecars.trainer.loop.recovery import train_state
 
     engine = build_engine(spec)
     names = [n for n, _ in engine.named_parameters()]
@@ -112,7 +112,7 @@ def run(rank: int, world: int, port: int, out_dir: str, model_dirs: dict[str, st
     dist_worker.join(rank, world, port)
     from megatron.core import parallel_state
 
-    from tandem.sidecars.trainer.loop import train_state
+    from tandem.sidecars.trainer.loop.recovery import train_state
 
     root = Path(out_dir)
     seen: dict[str, Any] = {}

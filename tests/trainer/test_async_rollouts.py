@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate
-from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.partial import Group, Pending, Segment
-from tandem.sidecars.trainer.loop.sources import to_samples, trajectory_groups, turn_stats
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.rollout.async_rollouts import AsyncRollouts, Generate
+from tandem.sidecars.trainer.loop.rollout.partial import Group, Pending, Segment
+from tandem.sidecars.trainer.loop.rollout.sources import to_samples, trajectory_groups, turn_stats
 from tandem.spec import seeds
 
 WAIT = 10.0  # seconds a condition may take before the test fails

@@ -1,4 +1,4 @@
-"""Prompt datasets (`tandem.sidecars.trainer.loop.dataset`): every file format read through `datasets`,
+"""Prompt datasets (`tandem.sidecars.trainer.loop.data.dataset`): every file format read through `datasets`,
 chat-template rendering with a real local tokenizer, and bad rows named by file, row and field.
 
 The tokenizer is built here (byte-level BPE trained on a few sentences, ChatML template, BOS added by
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import DatasetError, Prompt, PromptDataset
 from tandem.spec.data import Dataset as DatasetSpec
 
 CHATML = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' and m.get('name') == 'forbidden' %}"
@@ -271,7 +271,7 @@ import socket
 def refuse(*a, **k): raise OSError("network used")
 socket.socket.connect = refuse
 socket.create_connection = refuse
-from tandem.sidecars.trainer.loop.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
 from tandem.spec.data import Dataset
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained({str(chatml_dir)!r})

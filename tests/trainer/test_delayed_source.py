@@ -12,8 +12,8 @@ import pytest
 from test_seeds import job
 
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop import sources
-from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.rollout import sources
 
 
 class Recorder:

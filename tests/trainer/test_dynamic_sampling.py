@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling (`tandem.sidecars.trainer.loop.dynamic_sampling.fill`) with the driver's own
+"""DAPO's dynamic sampling (`tandem.sidecars.trainer.loop.rollout.dynamic_sampling.fill`) with the driver's own
 sample conversion (`sources.to_samples`) and the job's real reward combiner (answerMatch): groups whose
 rewards all tie are dropped, rounds are generated until the batch is full or the rounds run out, the
 kept groups' rewards stay aligned with their samples, and a batch with nothing informative trains as
@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
-from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.dynamic_sampling import fill, informative
-from tandem.sidecars.trainer.loop.partial import Group, Pending, Segment
-from tandem.sidecars.trainer.loop.sources import to_samples
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.rollout.dynamic_sampling import fill, informative
+from tandem.sidecars.trainer.loop.rollout.partial import Group, Pending, Segment
+from tandem.sidecars.trainer.loop.rollout.sources import to_samples
 from tandem.spec.models import Reward
 
 ANSWER = 7

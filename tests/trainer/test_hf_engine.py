@@ -145,7 +145,7 @@ def test_reference_weights_swap_in_and_out_between_steps(model_dirs: dict[str, P
     final norm, head) unsharded, a backward reshards it: weights written by name must reach the shards
     whichever state the root is in, or the policy's embedding silently becomes the reference's. lr 0: the
     steps change nothing, so every forward has an exact answer."""
-    from tandem.sidecars.trainer.loop.reference import ReferenceWeights
+    from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights
 
     samples = grouped_samples(3)
     other = make_tiny_hf_model(tmp_path / "other", family="gemma", seed=1)  # the same shape, other weights

@@ -20,7 +20,7 @@ from tiny_models import make_tiny_hf_model
 
 from tandem.checkpoint_engine.durable import DurableStore
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
-from tandem.sidecars.trainer.loop import train_state
+from tandem.sidecars.trainer.loop.recovery import train_state
 
 VERSION = 5
 LORA = SimpleNamespace(rank=4, alpha=8.0, target_modules=["all-linear"], dropout=0.0)

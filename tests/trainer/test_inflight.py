@@ -1,4 +1,4 @@
-"""The in-flight record (`tandem.sidecars.trainer.loop.inflight`) in a real etcd.
+"""The in-flight record (`tandem.sidecars.trainer.loop.recovery.inflight`) in a real etcd.
 
 What a restart re-generates: the carried prompts of partial rollouts and the next asynchronous
 batch, recorded with the version just published; only a resume from that same version uses it.
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
-from tandem.sidecars.trainer.loop import inflight
-from tandem.sidecars.trainer.loop.inflight import Inflight
+from tandem.sidecars.trainer.loop.recovery import inflight
+from tandem.sidecars.trainer.loop.recovery.inflight import Inflight
 
 
 @pytest.fixture

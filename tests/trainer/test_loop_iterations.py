@@ -22,8 +22,8 @@ from tiny_models import make_tiny_hf_model
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.trainer.loop.context import TrainerContext
-from tandem.sidecars.trainer.loop.inference import inference
-from tandem.sidecars.trainer.loop.train import train
+from tandem.sidecars.trainer.loop.phases.inference import inference
+from tandem.sidecars.trainer.loop.phases.train import train
 from tandem.spec.models import RLHFJob
 
 ITERATIONS = 3

@@ -31,9 +31,9 @@ from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 from tandem.sidecars.trainer.loop.context import TrainerContext
-from tandem.sidecars.trainer.loop.inference import inference
-from tandem.sidecars.trainer.loop.reference import ReferenceWeights
-from tandem.sidecars.trainer.loop.train import train
+from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights
+from tandem.sidecars.trainer.loop.phases.inference import inference
+from tandem.sidecars.trainer.loop.phases.train import train
 from tandem.spec.models import RLHFJob
 
 # Adam moves every weight by about LR a step: at 3e-3 the fourth step has clipped a third of the tokens and one
@@ -421,7 +421,7 @@ def test_the_reference_tells_a_missing_trust_region_apart(dirs: tuple[Path, Path
     want = reference_iteration(cell, policy, ref_dir, [Sample(**vars(s)) for s in samples])
     no_trust = reference_iteration(cell, policy, ref_dir, [Sample(**vars(s)) for s in samples])
     assert _relative_gap(no_trust["weights"], want["weights"], start) == 0.0  # the reference is deterministic
-    import tandem.sidecars.trainer.loop.inference as phase
+    import tandem.sidecars.trainer.loop.phases.inference as phase
 
     original = phase.needs_old_logprobs
     phase.needs_old_logprobs = lambda ctx, samples: False  # type: ignore[assignment]

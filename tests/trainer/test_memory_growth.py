@@ -24,7 +24,7 @@ from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
-from tandem.sidecars.trainer.loop import sharded
+from tandem.sidecars.trainer.loop.forwards import sharded
 from tandem.sidecars.trainer.observe import memory
 from tandem.sidecars.trainer.observe.timing import PhaseTimer
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tandem.sidecars.algorithms.base import Sample, pack_samples
-from tandem.sidecars.trainer.loop.mismatch_guard import Guard, MismatchGuardTripped, Verdict, enforce
-from tandem.sidecars.trainer.loop.train import train
+from tandem.sidecars.trainer.loop.phases.mismatch_guard import Guard, MismatchGuardTripped, Verdict, enforce
+from tandem.sidecars.trainer.loop.phases.train import train
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.spec.load import parse_job
 from tandem.spec.models import Algorithm

@@ -1,6 +1,6 @@
 """`trainer.offload` decides whether the trainer frees its accelerator state around each rollout phase.
 
-Real megatron-core on CPU, where there is no accelerator memory to free: the switch (`loop/switch.py`) leaves the
+Real megatron-core on CPU, where there is no accelerator memory to free: the switch (`loop/phases/switch.py`) leaves the
 state where it is whatever the spec says (a host copy of host memory would free nothing and double
 the trainer's resident memory), and training goes on from the same weights. The copy itself
 (`HostOffloader`, the GPU path) is tested bit-exact on CPU in test_megatron_engine.py.
@@ -19,7 +19,7 @@ from dist_worker import fixed_batch, nll_loss
 from tiny_models import make_tiny_hf_model
 
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
-from tandem.sidecars.trainer.loop import switch
+from tandem.sidecars.trainer.loop.phases import switch
 from tandem.spec.load import parse_job
 
 pytestmark = pytest.mark.megatron

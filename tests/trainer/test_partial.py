@@ -1,4 +1,4 @@
-"""Partial rollouts' bookkeeping (`tandem.sidecars.trainer.loop.partial`) with a scripted engine.
+"""Partial rollouts' bookkeeping (`tandem.sidecars.trainer.loop.rollout.partial`) with a scripted engine.
 
 `Script` stands in for the rollouts' generate: every member of a prompt's group has a natural
 length; a request yields min(limit, what is left) tokens and says "stop" when the answer ended,
@@ -16,8 +16,15 @@ from collections import Counter
 import pytest
 
 from tandem.sidecars.rollout_engine.sampling import Completion
-from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment, staleness_stats, whole_groups
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.rollout.partial import (
+    Group,
+    PartialRollouts,
+    Pending,
+    Segment,
+    staleness_stats,
+    whole_groups,
+)
 
 TOKEN = 10_000  # generated token ids are TOKEN + member uid (uid = 100 * prompt + member)
 

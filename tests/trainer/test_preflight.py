@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tandem.sidecars.trainer.loop import preflight
-from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
 

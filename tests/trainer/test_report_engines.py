@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tandem.sidecars.trainer.loop.report import engines_after
+from tandem.sidecars.trainer.loop.phases.report import engines_after
 from tandem.spec.progress import Progress, RolloutEngines
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from http_stand_in import JsonHandler, serve
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
-from tandem.sidecars.trainer.loop.rollout_client import RolloutClient, RolloutError
+from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient, RolloutError
 
 
 class Rollout:

@@ -10,7 +10,7 @@ import pytest
 
 from tandem.sidecars.rollout.__main__ import engine_config
 from tandem.sidecars.rollout_engine.sampling import prompt_seeds, slice_seed
-from tandem.sidecars.trainer.loop.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
 from tandem.spec import seeds
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv

@@ -26,7 +26,7 @@ from tandem.checkpoint_engine import layout
 from tandem.checkpoint_engine.durable import DurableStore
 from tandem.checkpoint_engine.hf_export import export_version
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
-from tandem.sidecars.trainer.loop import resume, train_state
+from tandem.sidecars.trainer.loop.recovery import resume, train_state
 
 pytestmark = pytest.mark.megatron
 VERSION, ITERATION = 5, 7

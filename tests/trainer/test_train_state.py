@@ -22,7 +22,7 @@ from tiny_models import make_tiny_hf_model
 from tandem.checkpoint_engine.durable import DurableStore
 from tandem.sidecars.trainer.engines import megatron_build
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
-from tandem.sidecars.trainer.loop import train_state
+from tandem.sidecars.trainer.loop.recovery import train_state
 
 pytestmark = pytest.mark.megatron
 VERSION = 3

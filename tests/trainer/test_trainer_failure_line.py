@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tandem.sidecars.trainer import __main__ as entry
-from tandem.sidecars.trainer.loop.rollout_health import RolloutError, RolloutHung
+from tandem.sidecars.trainer.loop.rollout.rollout_health import RolloutError, RolloutHung
 
 NONE_CAME_BACK = ("no healthy rollout: http://10.0.0.7:8000: gone; none came back within 600s "
                   "(failurePolicy.rolloutUnavailableSeconds)")

@@ -15,9 +15,9 @@ operator's pod builders; a local directory under `tandem run`):
 never resumes from its predecessor's weights (its directory is left for the user to remove).
 A copy appears by one rename of a complete, fsync'ed temp directory, and `latest()` verifies
 every checksum before a copy is trusted, so a resume loads a whole version or nothing.
-Callers: the trainer's persister (`tandem.sidecars.trainer.loop.persist`) saves, the driver's
-resume (`tandem.sidecars.trainer.loop.resume`) reads; `tandem.sidecars.trainer.loop.train_state` writes
-and reads the per-rank training state.
+Callers: the trainer's persister (`tandem.sidecars.trainer.loop.recovery.persist`) saves, the driver's
+resume (`tandem.sidecars.trainer.loop.recovery.resume`) reads;
+`tandem.sidecars.trainer.loop.recovery.train_state` writes and reads the per-rank training state.
 """
 
 from __future__ import annotations

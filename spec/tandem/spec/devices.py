@@ -75,7 +75,7 @@ class VllmSettings:
 
 def sleep_level(spec: JobSpec) -> int:
     """rollout.sleepLevel with auto resolved. Level 2 drops the weights instead of copying them to host
-    memory; in RL every wake-up is followed by loading the new version (`trainer.loop.publish.sync`), so the
+    memory; in RL every wake-up is followed by loading the new version (`trainer.loop.phases.publish.sync`), so the
     copy level 1 keeps would be thrown away: auto is 2; with adapter sync 1, whose versions apply to the
     base weights vLLM keeps."""
     level = spec.rollout.sleep_level

@@ -10,7 +10,7 @@ stay its token-level shorthand (`Algorithm.correction` folds them in). `Mismatch
 the gap per iteration and warns, pauses or fails the job after `iterations` consecutive iterations over a
 threshold. Callers: `tandem.spec.algorithm` (the fields, the rules across them), `tandem.spec.models`
 (re-exported there, where `tandem.spec.crd` finds the rules), the trainer (`algorithms.rollout_correction`,
-`trainer.loop.mismatch_guard`).
+`trainer.loop.phases.mismatch_guard`).
 """
 
 from __future__ import annotations

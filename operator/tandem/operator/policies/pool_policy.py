@@ -30,7 +30,7 @@ Rules:
   image shortens the pool, it does not restart the trainers; the status still shows it.
 - A gang restart (a hybrid pod failed) keeps the rollout-only pods that run (`kept`): they hold the newest
   version they pulled, which the restarted trainers resume from when checkpointEngine.persist is not set
-  (`tandem.sidecars.rollout.kept`, `tandem.sidecars.trainer.loop.resume`). The restart relabels them into
+  (`tandem.sidecars.rollout.kept`, `tandem.sidecars.trainer.loop.recovery.resume`). The restart relabels them into
   the new generation (plan.adopt) instead of deleting them; their sidecars follow the new gang through etcd.
 Jobs queued by Kueue keep the gang behaviour: Kueue keeps its finalizer on a failed pod of a pod group
 until it sees a replacement pod, which therefore needs a new name, and a pod group never shrinks (its

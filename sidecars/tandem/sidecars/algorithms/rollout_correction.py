@@ -4,7 +4,7 @@ Role: `weights` turns the trainer's and the rollout engine's log-probs of the sa
 per-token weights the policy loss is multiplied by (`algorithm.rolloutCorrection`, or `tisCap`/`tisMode`
 at token level), and the statistics of the gap; `summarize` turns those statistics, summed over
 micro-batches, into the batch's metrics. Callers: `grpo.GRPO.loss`, `ppo.PPO.loss` (weights),
-`trainer.loop.train.train` (summarize), tests/algorithms/test_rollout_correction.py.
+`trainer.loop.phases.train.train` (summarize), tests/algorithms/test_rollout_correction.py.
 
 With rho_t = p_trainer(y_t) / p_rollout(y_t) on the model's tokens (the loss mask: no prompt, padding or
 environment token), the weight w_t of token t is

@@ -7,7 +7,7 @@ Two things keep it usable, done every few seconds by the rollout's advertise thr
 
 - the version records in etcd were bound to the dead trainer's lease and vanish with it (`latest` too): the
   kept pod registers its newest complete version again under its own lease, as its holder, so the restarted
-  driver finds it (`tandem.sidecars.trainer.loop.resume`, "peers") and its pod's rollout pulls it over the
+  driver finds it (`tandem.sidecars.trainer.loop.recovery.resume`, "peers") and its pod's rollout pulls it over the
   transport like any other version (checksums checked on the way);
 - the pod's environment still names the old gang generation, which the new driver does not count: the kept
   pod reads the generation the new driver writes (`keys.gang`) and advertises itself under it.

@@ -20,7 +20,7 @@ import sys
 from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.startup import refuse, start_sidecar
 from tandem.sidecars.trainer.loop import preflight
-from tandem.sidecars.trainer.loop.rollout_health import RolloutError
+from tandem.sidecars.trainer.loop.rollout.rollout_health import RolloutError
 from tandem.sidecars.trainer.rank import run_rank
 from tandem.spec import model_dir
 

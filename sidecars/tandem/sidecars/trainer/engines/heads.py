@@ -4,7 +4,7 @@ Role: both take this rank's output `logits [rows, len, V/tp]` of a packed micro-
 `[rows, len]` tensor in the log-prob layout: entry t is about token t of its sample given the
 tokens before it, 0 at each sample's first token and in padding (`out[:, 1:]` is the algorithms'
 labels layout without its last column; `shift_to_labels` converts). Callers: `MegatronEngine._outputs`
-(forwards and train steps); the Train phase (`loop.train`) and `sharded` (`shift_to_labels`).
+(forwards and train steps); the Train phase (`loop.phases.train`) and `loop.forwards.sharded` (`shift_to_labels`).
 """
 
 from __future__ import annotations

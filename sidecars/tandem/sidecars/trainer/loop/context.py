@@ -5,7 +5,8 @@ trainer.engine says; for PPO with `critic: true`, a value-head critic engine), r
 weights, algorithm, rewards, dataset, and — on the driver rank — the etcd registry, the shared-memory
 publisher, the rollout client, the evaluator and the metrics sinks; with the loop's counters (the version
 the rollouts hold, the latest figures its reports carry). The phases' work lives in their own modules
-(`generation`, `switch`, `inference`, `train`, `publish`, `evaluate`, `report`), each taking the context.
+under `phases/` (`rollout`, `switch`, `inference`, `train`, `publish`, `evaluate`, `report`), each taking the
+context.
 Every rank runs the collective phases in the same order; the driver alone talks to rollouts and etcd.
 Callers: `driver.run` and the phase modules.
 """
@@ -24,12 +25,12 @@ from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.base import Algorithm, Sample, row_budget
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.trainer.engines.interface import TrainerEngine
-from tandem.sidecars.trainer.loop.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights
 from tandem.sidecars.trainer.loop.held_out import EvalResult, Evaluator
 from tandem.sidecars.trainer.loop.host_wait import broadcast as host_broadcast
-from tandem.sidecars.trainer.loop.persist import Persister
-from tandem.sidecars.trainer.loop.reference import ReferenceWeights
-from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
+from tandem.sidecars.trainer.loop.recovery.persist import Persister
+from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.sidecars.trainer.observe.tracking import Tracker
 from tandem.spec.models import RLHFJob

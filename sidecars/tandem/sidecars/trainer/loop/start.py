@@ -23,16 +23,16 @@ from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.startup import etcd_security
 from tandem.sidecars.trainer.engines.select import build_engine
-from tandem.sidecars.trainer.loop import resume
 from tandem.sidecars.trainer.loop.context import TrainerContext
-from tandem.sidecars.trainer.loop.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights
 from tandem.sidecars.trainer.loop.held_out import Evaluator
-from tandem.sidecars.trainer.loop.persist import Persister
-from tandem.sidecars.trainer.loop.publish import publish, sync
-from tandem.sidecars.trainer.loop.reference import ReferenceWeights
-from tandem.sidecars.trainer.loop.report import report, waiting
-from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
-from tandem.sidecars.trainer.loop.switch import offload
+from tandem.sidecars.trainer.loop.phases.publish import publish, sync
+from tandem.sidecars.trainer.loop.phases.report import report, waiting
+from tandem.sidecars.trainer.loop.phases.switch import offload
+from tandem.sidecars.trainer.loop.recovery import resume
+from tandem.sidecars.trainer.loop.recovery.persist import Persister
+from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.sidecars.trainer.observe.tracking import Tracker
 from tandem.spec.models import RLHFJob

@@ -15,9 +15,9 @@ when no rollout-only pod is registered) unless they stay up while the trainer tr
 when the job has no rollout-only pod), and the producer alone loads versions into them; the driver
 evaluates inside `exclusive(version)`, between two batches. Batches in the queue live in memory only: a restart
 re-generates them from `next_batch()` (the driver records it with each version; see
-`tandem.sidecars.trainer.loop.inflight`). What a batch is comes from its `Generate`: single-turn completions
+`tandem.sidecars.trainer.loop.recovery.inflight`). What a batch is comes from its `Generate`: single-turn completions
 (`single_turn`, the default) or multi-turn trajectories (`sources.trajectory_groups`), each batch of one
-version either way. Caller: `tandem.sidecars.trainer.loop.sources.make_source`.
+version either way. Caller: `tandem.sidecars.trainer.loop.rollout.sources.make_source`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
-from tandem.sidecars.trainer.loop.dataset import Prompt
-from tandem.sidecars.trainer.loop.partial import Group, whole_groups
-from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.rollout.partial import Group, whole_groups
+from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient
 from tandem.spec import seeds
 
 log = logging.getLogger(__name__)

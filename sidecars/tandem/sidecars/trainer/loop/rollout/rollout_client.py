@@ -44,7 +44,7 @@ from tandem.sidecars.rollout_engine.contract import (
     UpdateRequest,
 )
 from tandem.sidecars.rollout_engine.sampling import slice_seed
-from tandem.sidecars.trainer.loop.rollout_health import (
+from tandem.sidecars.trainer.loop.rollout.rollout_health import (
     RolloutError,
     RolloutGone,
     RolloutStale,

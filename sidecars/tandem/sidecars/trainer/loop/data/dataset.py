@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tandem.sidecars.trainer.loop import labelled as kto_rows
-from tandem.sidecars.trainer.loop.labelled import Labelled
+from tandem.sidecars.trainer.loop.data import labelled as kto_rows
+from tandem.sidecars.trainer.loop.data.labelled import Labelled
 from tandem.spec.data import Dataset as DatasetSpec
 
 ROLES = ("system", "user", "assistant", "tool")

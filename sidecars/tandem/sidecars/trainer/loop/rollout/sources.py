@@ -37,11 +37,11 @@ from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop import inflight, resume
-from tandem.sidecars.trainer.loop.async_rollouts import AsyncRollouts, Generate, one_version, single_turn
-from tandem.sidecars.trainer.loop.dataset import DatasetError, Prompt, PromptDataset
-from tandem.sidecars.trainer.loop.partial import Group, PartialRollouts, Pending, Segment
-from tandem.sidecars.trainer.loop.rollout_client import RolloutClient
+from tandem.sidecars.trainer.loop.data.dataset import DatasetError, Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.recovery import inflight, resume
+from tandem.sidecars.trainer.loop.rollout.async_rollouts import AsyncRollouts, Generate, one_version, single_turn
+from tandem.sidecars.trainer.loop.rollout.partial import Group, PartialRollouts, Pending, Segment
+from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient
 from tandem.spec import seeds
 from tandem.spec.models import JobSpec
 

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
-from tandem.sidecars.trainer.loop import dynamic_sampling, inflight, resume
-from tandem.sidecars.trainer.loop.dynamic_sampling import Scores
-from tandem.sidecars.trainer.loop.partial import Group, staleness_stats
-from tandem.sidecars.trainer.loop.sources import (
+from tandem.sidecars.trainer.loop.recovery import inflight, resume
+from tandem.sidecars.trainer.loop.rollout import dynamic_sampling
+from tandem.sidecars.trainer.loop.rollout.dynamic_sampling import Scores
+from tandem.sidecars.trainer.loop.rollout.partial import Group, staleness_stats
+from tandem.sidecars.trainer.loop.rollout.sources import (
     LabelledSource,
     RolloutSource,
     SyncSource,

@@ -24,7 +24,7 @@ import httpx
 from tandem.checkpoint_engine import keys, layout
 from tandem.checkpoint_engine.sync_registry import SyncRegistry
 from tandem.sidecars.trainer.engines.common import EngineError
-from tandem.sidecars.trainer.loop import train_state
+from tandem.sidecars.trainer.loop.recovery import train_state
 from tandem.spec.podenv import PodEnv
 from tandem.spec.progress import Progress
 

@@ -14,8 +14,8 @@ round, the iteration generates another round under the same weights, so every it
 
 The per-token behaviour log-probs (`Sample.rollout_logprobs`, from whichever version sampled each
 token) feed the algorithm's importance weights (`algorithm.tisCap`/`tisMode`). Caller:
-`tandem.sidecars.trainer.loop.generation.rollout`. The carried groups live in the driver's memory; what a
-restart does with them is `inflight()`'s (see `tandem.sidecars.trainer.loop.inflight`).
+`tandem.sidecars.trainer.loop.phases.rollout.rollout`. The carried groups live in the driver's memory; what a
+restart does with them is `inflight()`'s (see `tandem.sidecars.trainer.loop.recovery.inflight`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.sidecars.rollout_engine.sampling import Completion, RoutedExperts
-from tandem.sidecars.trainer.loop.dataset import Prompt
+from tandem.sidecars.trainer.loop.data.dataset import Prompt
 
 # (prompt inputs, max_tokens per input) -> (one completion per input, the version that generated them)
 Generate = Callable[[list[str | list[int]], list[int]], tuple[list[Completion], int]]

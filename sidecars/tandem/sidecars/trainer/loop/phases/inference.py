@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.sidecars.algorithms.base import AlgorithmError, Sample, pack_samples
 from tandem.sidecars.rewards.combine import RewardInput, overlapped
-from tandem.sidecars.trainer.loop import sharded
-from tandem.sidecars.trainer.loop.train import optimizer_steps
+from tandem.sidecars.trainer.loop.forwards import sharded
+from tandem.sidecars.trainer.loop.phases.train import optimizer_steps
 
 if TYPE_CHECKING:
     from tandem.sidecars.trainer.loop.context import TrainerContext

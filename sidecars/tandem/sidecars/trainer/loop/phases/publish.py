@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.sidecars.trainer.loop import persist as persisting
-from tandem.sidecars.trainer.loop import train_state
+from tandem.sidecars.trainer.loop.recovery import persist as persisting
+from tandem.sidecars.trainer.loop.recovery import train_state
 from tandem.spec import devices
 
 if TYPE_CHECKING:

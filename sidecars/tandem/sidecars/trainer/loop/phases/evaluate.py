@@ -12,7 +12,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from tandem.sidecars.trainer.loop.report import report
+from tandem.sidecars.trainer.loop.phases.report import report
 
 if TYPE_CHECKING:
     from tandem.sidecars.trainer.loop.context import TrainerContext
