@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from tandem.sidecars.trainer.loop.data.dataset import DatasetError, Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.spec.data import Dataset as DatasetSpec
 
 CHATML = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' and m.get('name') == 'forbidden' %}"

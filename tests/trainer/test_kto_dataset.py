@@ -15,7 +15,8 @@ import pytest
 # a real byte-level BPE tokenizer with a ChatML template, built and saved as a model's would be
 from test_dataset import build_tokenizer, jsonl
 
-from tandem.sidecars.trainer.loop.data.dataset import DatasetError, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.sidecars.trainer.loop.rollout.sources import LabelledSource
 from tandem.spec.data import Dataset as DatasetSpec
 from tandem.spec.load import SpecError, parse_job

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tandem.sidecars.trainer.loop.data.dataset import DatasetError, Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.spec import model_dir
 from tandem.spec.data import Dataset
 from tandem.spec.models import JobSpec

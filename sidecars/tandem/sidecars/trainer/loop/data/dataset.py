@@ -4,14 +4,8 @@ Callers: the trainer's loop (`tandem.sidecars.trainer.loop.start`, `.driver`):
 `PromptDataset.load(spec.dataset, tokenizer)` once, `batch(iteration, size)` every iteration,
 `head(n)` for an evaluation set (its first n prompts in file order).
 
-Files (`dataset.format`, or `auto`: `.jsonl`/`.ndjson`, `.json`, `.parquet`/`.pq` by extension, a
-directory is `datasets`) are read by the `datasets` library, never by a parser of ours: the json and
-parquet builders (a JSON file holds one object per line or a list of objects) with a private
-temporary cache and `keep_in_memory`, so nothing is written to the HF cache and no network is used
-(a JSON file the library rejects is re-read with `json` only to name the broken line; date-like
-strings that Arrow's JSON reader would make timestamps are kept as written, see `_read`);
-a directory is read with `load_from_disk` (a DatasetDict directory gives `dataset.split`, default
-train; the split of a single file must stay `train`).
+Files (`dataset.format`: JSON Lines, JSON, Parquet, a `datasets` directory) are read by the `datasets`
+library (`dataset_files`).
 
 Rows are numbered from 1 in file order. `dataset.promptField` holds a string or an OpenAI-style
 messages list `[{role: system|user|assistant|tool, content: str}, ...]` that has a user message and
@@ -41,28 +35,19 @@ in the order of `prompts`); a row without a valid one is a DatasetError naming f
 
 from __future__ import annotations
 
-import json
-import logging
 import random
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tandem.sidecars.trainer.loop.data import labelled as kto_rows
+from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError, detect_format, read
 from tandem.sidecars.trainer.loop.data.labelled import Labelled
 from tandem.spec.data import Dataset as DatasetSpec
 
 ROLES = ("system", "user", "assistant", "tool")
-EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
-_BUILDERS = {"jsonl": "json", "json": "json", "parquet": "parquet"}
 _ENCODE_CHUNK = 1024  # texts per tokenizer call
-
-
-class DatasetError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -114,7 +99,7 @@ class PromptDataset:
         path = Path(spec.path)
         kto = {f: name for f, name in ((spec.completion_field, "completionField"), (spec.label_field, "labelField"))
                if f is not None}
-        table = _read(path, detect_format(path, spec.format), spec.split,
+        table = read(path, detect_format(path, spec.format), spec.split,
                       (spec.prompt_field, spec.answer_field, *kto))
         columns = list(table.column_names)
         for field, name in ((spec.prompt_field, "promptField"), *kto.items()):
@@ -160,84 +145,6 @@ class PromptDataset:
         if n < 0:
             raise ValueError(f"head: n must be >= 0, got {n}")
         return self.prompts[:n]
-
-
-def detect_format(path: Path, format: str = "auto") -> str:
-    """`format` checked against what `path` is, or (auto) told from its extension / being a directory."""
-    if not path.exists():
-        raise DatasetError(f"dataset.path: {path} does not exist")
-    if path.is_dir():
-        if format not in ("auto", "datasets"):
-            raise DatasetError(f"dataset.format: {format} needs a file; {path} is a directory")
-        return "datasets"
-    if format == "datasets":
-        raise DatasetError(f"dataset.format: datasets needs a directory written by save_to_disk; {path} is a file")
-    if format != "auto":
-        return format
-    found = EXTENSIONS.get(path.suffix.lower())
-    if found is None:
-        raise DatasetError(f"dataset.format: cannot tell the format of {path} from its extension (known: "
-                           f"{', '.join(EXTENSIONS)}); set dataset.format")
-    return found
-
-
-def _read(path: Path, format: str, split: str, fields: tuple[str, ...]) -> Any:
-    """The rows as a `datasets.Dataset` held in memory.
-
-    Arrow's JSON reader turns ISO-8601 strings into timestamps; when it did so anywhere in `fields`,
-    the file is read again with those columns as `datasets.Json`, which keeps every value as written.
-    """
-    import datasets
-
-    with _quiet(datasets):
-        if format == "datasets":
-            return _read_saved(datasets, path, split)
-        if split != "train":
-            raise DatasetError(f"dataset.split: {split!r} applies to a DatasetDict directory; {path} is one "
-                               f"{format} file (split train)")
-        options: dict[str, Any] = {"parse_agent_traces": False} if _BUILDERS[format] == "json" else {}
-        table = _load_file(datasets, path, format, options)
-        dated = [f for f in fields if f in table.column_names and _has_temporal(table.data.schema.field(f).type)]
-        if dated and _BUILDERS[format] == "json":
-            features = table.features.copy()
-            features.update({f: datasets.Json() for f in dated})
-            table = _load_file(datasets, path, format, {**options, "features": features})
-        return table
-
-
-def _load_file(datasets: Any, path: Path, format: str, options: dict[str, Any]) -> Any:
-    with tempfile.TemporaryDirectory(prefix="tandem-dataset-") as cache:
-        try:
-            return datasets.load_dataset(_BUILDERS[format], data_files=str(path), split="train", cache_dir=cache,
-                                         keep_in_memory=True, **options)
-        except Exception as e:  # the builders raise many types (Arrow, JSON, DatasetGenerationError)
-            where = _json_error(path, format) if _BUILDERS[format] == "json" else None
-            raise DatasetError(where or f"{path}: cannot read as {format}: {_reason(e)}") from None
-
-
-def _has_temporal(arrow_type: Any) -> bool:
-    """A date/time type anywhere in an Arrow type (list items, struct fields, map keys/values)."""
-    import pyarrow as pa
-
-    return bool(pa.types.is_temporal(arrow_type)) or any(
-        _has_temporal(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
-
-
-def _read_saved(datasets: Any, path: Path, split: str) -> Any:
-    if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
-        raise DatasetError(f"{path}: a directory must be written by datasets' save_to_disk "
-                           "(it has no dataset_dict.json or state.json)")
-    try:
-        loaded = datasets.load_from_disk(str(path), keep_in_memory=True)
-    except Exception as e:
-        raise DatasetError(f"{path}: cannot load the saved dataset: {_reason(e)}") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise DatasetError(f"dataset.split: {path} has no split {split!r} (it has {', '.join(loaded)})")
-        return loaded[split]
-    if split not in ("train", str(loaded.split)):
-        raise DatasetError(f"dataset.split: {path} is a single dataset of split {loaded.split}, not {split!r}")
-    return loaded
 
 
 class _Renderer:
@@ -361,50 +268,3 @@ def _kind(value: Any) -> str:
     names = ((type(None), "null"), (bool, "boolean"), (int | float, "number"), (str, "string"), (list, "a list"),
              (dict, "an object"))
     return next((name for cls, name in names if isinstance(value, cls)), type(value).__name__)
-
-
-def _reason(e: BaseException) -> str:
-    """The error and, when the library wrapped it, its innermost cause."""
-    inner: BaseException = e
-    for _ in range(32):  # a chain may, rarely, loop
-        nxt = inner.__cause__ or inner.__context__
-        if nxt is None:
-            break
-        inner = nxt
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return text if inner is e else f"{text} ({type(inner).__name__}: {str(inner).strip()[:300]})"
-
-
-def _json_error(path: Path, format: str) -> str | None:
-    """Where a JSON file that the library rejected is broken (for the message only; None if unsure)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        return f"{path}: cannot read as {format}: {e}"
-    try:
-        json.loads(text)
-        return None  # one JSON document: the library's own reason applies (e.g. an object, not a list)
-    except json.JSONDecodeError as whole:
-        if format == "json" and not text.lstrip().startswith("{"):
-            return f"{path}: line {whole.lineno}: not valid JSON ({whole.msg})"
-    for n, line in enumerate(text.splitlines(), 1):
-        try:
-            if line.strip():
-                json.loads(line)
-        except json.JSONDecodeError as e:
-            return f"{path}: line {n}: not valid JSON ({e.msg})"
-    return None
-
-
-@contextmanager
-def _quiet(datasets: Any) -> Iterator[None]:
-    """No progress bars, and no error logs for what becomes our DatasetError."""
-    bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        datasets.logging.set_verbosity(verbosity)
-        if bars:
-            datasets.enable_progress_bars()

@@ -37,7 +37,8 @@ from tandem.sidecars.algorithms.base import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.data.dataset import DatasetError, Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.sidecars.trainer.loop.recovery import inflight, resume
 from tandem.sidecars.trainer.loop.rollout.async_rollouts import AsyncRollouts, Generate, one_version, single_turn
 from tandem.sidecars.trainer.loop.rollout.partial import Group, PartialRollouts, Pending, Segment
