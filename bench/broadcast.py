@@ -75,7 +75,7 @@ for sub in ("checkpoint_engine", "spec", "sidecars", "operator", "tests/transpor
 from broadcast_pods import Pod, Pods, wait_etcd_ready  # noqa: E402
 from emunet import EmulatedNetwork, NetError  # noqa: E402
 
-from tandem.checkpoint_engine.local_etcd import LocalEtcd  # noqa: E402
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd  # noqa: E402
 
 RX = """
 import socket, sys, time

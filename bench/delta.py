@@ -10,7 +10,7 @@ rate. The versions after each step are published in bf16 (as the trainer publish
 fp32. For the first step (v0→v1: Adam's first update is ±lr on every element) and the last
 (v(n-1)→v(n), the steady state) it prints, all in one run:
 - codec: full bytes, delta bytes, ratio, encode and decode(+verify) seconds over every shard
-  (one thread, checkpoint_engine/delta.py);
+  (one thread, checkpoint_engine/versions/delta.py);
 - wire, over the real broadcast (holder server, receivers, private etcd, TCP on loopback): a
   receiver holding the base pulls the version as deltas (the holder encodes on the first
   request: "delta", then serves its cache: "delta cached"), another without a base pulls it in
@@ -65,11 +65,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from broadcast_pods import same_bytes, wait_etcd_ready  # noqa: E402
 
-from tandem.checkpoint_engine import delta, layout  # noqa: E402
-from tandem.checkpoint_engine.local_etcd import LocalEtcd  # noqa: E402
-from tandem.checkpoint_engine.publisher import Publisher  # noqa: E402
-from tandem.checkpoint_engine.sync_registry import SyncRegistry  # noqa: E402
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd  # noqa: E402
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry  # noqa: E402
+from tandem.checkpoint_engine.service.publisher import Publisher  # noqa: E402
 from tandem.checkpoint_engine.transport import BroadcastNode  # noqa: E402
+from tandem.checkpoint_engine.versions import delta, layout  # noqa: E402
 
 MODEL = Path.home() / ".cache" / "tandem" / "models" / "smollm2-135m"
 LINKS = {"1 Gbit/s": 1e9 / 8, "10 Gbit/s": 10e9 / 8, "400 Gbit/s": 400e9 / 8}

@@ -30,8 +30,8 @@ sys.path[:0] = [str(ROOT / r) for r in ("operator", "sidecars", "spec", "checkpo
 
 import torch  # noqa: E402
 
-from tandem.checkpoint_engine import layout  # noqa: E402
-from tandem.checkpoint_engine.durable import DurableStore  # noqa: E402
+from tandem.checkpoint_engine.versions import layout  # noqa: E402
+from tandem.checkpoint_engine.versions.durable import DurableStore  # noqa: E402
 
 
 def timed(fn: object) -> float:

@@ -139,7 +139,7 @@ def main() -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from tandem.checkpoint_engine import layout
+    from tandem.checkpoint_engine.versions import layout
     from tandem.sidecars.algorithms.base import Sample
     from tandem.sidecars.algorithms.registry import make_algorithm
     from tandem.sidecars.algorithms.routed import bytes_per_sample

@@ -118,7 +118,7 @@ def build_model(size: str, out: Path) -> Any:
 def raw_leg(path: Path, model: Any) -> float:
     import torch
 
-    from tandem.checkpoint_engine import layout
+    from tandem.checkpoint_engine.versions import layout
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -179,8 +179,8 @@ def _mean(xs: Any) -> float:
 def run_size(size: str, endpoint: str, tmp: Path, memcpy: float) -> dict[str, Any]:
     import torch
 
-    from tandem.checkpoint_engine.publisher import Publisher
-    from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.service.publisher import Publisher
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     model_dir = tmp / f"model-{size}"
@@ -271,8 +271,8 @@ def publish_only(size: str, endpoint: str) -> dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tandem.checkpoint_engine.publisher import Publisher
-    from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.service.publisher import Publisher
 
     with torch.device("meta"):
         meta = Qwen2ForCausalLM(Qwen2Config(**SIZES[size], tie_word_embeddings=False))
@@ -320,7 +320,7 @@ def main() -> None:
     try:
         memcpy = memcpy_gbps()
         print(f"single-thread memcpy: {memcpy:.2f} GB/s", flush=True)
-        from tandem.checkpoint_engine import hashing
+        from tandem.checkpoint_engine.versions import hashing
 
         sums = ", ".join(f"{k} {v:.2f} GB/s" for k, v in hashing.throughput().items())
         print(f"checksums: {sums} (layout uses {hashing.ALGORITHM})", flush=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.local_etcd import EtcdNotFound, LocalEtcd, free_port
+from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcd, free_port
 from tandem.cli.procs import pod_cpus
 
 __all__ = ["EtcdServer", "free_port"]

@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_model  # noqa: E402
 
-from tandem.checkpoint_engine.sync_registry import SyncRegistry  # noqa: E402
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +86,7 @@ def live_engine(etcd_server: Any, tiny_dir: Path, engine_shm: Path) -> Iterator[
 
 @pytest.fixture(scope="session")
 def live_publisher(etcd_server: Any, engine_shm: Path) -> Iterator[Any]:
-    from tandem.checkpoint_engine.publisher import Publisher
+    from tandem.checkpoint_engine.service.publisher import Publisher
 
     reg = SyncRegistry(etcd_server.endpoint, "test", "live", "pod0", "trainer", ttl=5, timeout=2.0).connect()
     pub = Publisher(engine_shm, "live", reg, keep=2)

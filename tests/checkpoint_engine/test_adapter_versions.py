@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import adapters, errors, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import adapters, layout
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.engines import lora
 
@@ -62,8 +63,8 @@ def lora_engine(etcd_server: Any, tiny_dir: Path) -> Iterator[tuple[Any, Any, Pa
     """A vLLM engine with LoRA enabled (rank 8) and a publisher on the same job and shm root."""
     import shutil
 
-    from tandem.checkpoint_engine.publisher import Publisher
-    from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.service.publisher import Publisher
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     root = Path("/dev/shm") / f"tandem-lora-{uuid.uuid4().hex[:8]}"
@@ -168,7 +169,7 @@ def test_export_of_an_adapter_version_is_the_merged_model_and_a_peft_adapter(tin
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from tandem.checkpoint_engine.hf_export import export_version
+    from tandem.checkpoint_engine.versions.hf_export import export_version
 
     model, state, config = peft_model(tiny_dir, seed=6)
     version = _write(tmp_path / "shm", 1, state, config)

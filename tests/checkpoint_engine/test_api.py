@@ -10,8 +10,8 @@ import tiny_model
 from fastapi import APIRouter, Depends
 from fastapi.testclient import TestClient
 
-from tandem.checkpoint_engine.api import create_app
-from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine.service.api import create_app
+from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.routes import create_app as rollout_app
 

@@ -21,8 +21,9 @@ import pytest
 import tiny_model
 import torch
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.hf_export import export_version
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions.hf_export import export_version
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

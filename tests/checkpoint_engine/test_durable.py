@@ -1,4 +1,5 @@
-"""Durable copies (checkpoint_engine.durable) and the trainer's background persister, on real files and etcd."""
+"""Durable copies (checkpoint_engine.versions.durable) and the trainer's background persister, on real files
+and etcd."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.durable import META, DurableStore
-from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.service.publisher import Publisher
+from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions.durable import META, DurableStore
 from tandem.sidecars.trainer.loop.recovery.persist import Persister
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.checkpoint_engine import etcd_security
-from tandem.checkpoint_engine.endpoints import EndpointError, parse_endpoint, split_endpoints
+from tandem.checkpoint_engine.etcd import security as etcd_security
+from tandem.checkpoint_engine.etcd.endpoints import EndpointError, parse_endpoint, split_endpoints
 from tandem.operator.cluster import etcd_store
 from tandem.spec.podenv import PodEnv
 

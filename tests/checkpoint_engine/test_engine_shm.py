@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.engine_status import Phase
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.service.engine_status import Phase
+from tandem.checkpoint_engine.versions import layout
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

@@ -25,11 +25,12 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.local_etcd import EtcdNotFound, LocalEtcdCluster
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcdCluster
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.checkpoint_engine.versions import layout
 
 pytestmark = pytest.mark.etcd
 
@@ -187,7 +188,7 @@ def _wait(cond: Any, what: str, timeout: float = 120.0) -> None:
 def test_a_dead_first_endpoint_is_skipped(etcd_server: Any, job: str) -> None:
     """The first listed member is down from the start (nothing listens there): the registry
     connects through the next one, comma-separated lists included."""
-    from tandem.checkpoint_engine.local_etcd import free_port
+    from tandem.checkpoint_engine.etcd.local_etcd import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     reg = SyncRegistry(f"{dead}, {etcd_server.endpoint}", "test", job, "pod0", "trainer", timeout=2.0).connect()

@@ -28,11 +28,13 @@ import torch
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tandem.checkpoint_engine import errors, keys, layout
-from tandem.checkpoint_engine.endpoints import EndpointError
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity
-from tandem.checkpoint_engine.local_etcd import EtcdNotFound, LocalEtcd
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.endpoints import EndpointError
+from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcd
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.versions import layout
 from tandem.operator.cluster.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.spec.progress import Progress
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.checkpoint_engine.engine_status import Phase
+from tandem.checkpoint_engine.service.engine_status import Phase
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.data.dataset import Prompt

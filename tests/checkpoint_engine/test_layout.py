@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import layout
 
 
 def sample() -> list[tuple[str, torch.Tensor]]:

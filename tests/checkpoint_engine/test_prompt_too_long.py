@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tandem.checkpoint_engine.engine_status import Phase
+from tandem.checkpoint_engine.service.engine_status import Phase
 from tandem.sidecars.rollout.server import build_app
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.service.publisher import Publisher
+from tandem.checkpoint_engine.versions import layout
 
 pytestmark = pytest.mark.etcd
 ROOTS = [str(Path(__file__).resolve().parents[2] / "checkpoint_engine")]
@@ -57,8 +58,8 @@ WRITER = textwrap.dedent("""
     import sys, time, torch
     sys.path[:0] = {roots!r}
     from pathlib import Path
-    from tandem.checkpoint_engine.publisher import Publisher
-    from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.service.publisher import Publisher
+    from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
     reg = SyncRegistry({endpoint!r}, "test", {job!r}, "pod0", "trainer2", ttl=5).connect()
     pub = Publisher(Path({root!r}), {job!r}, reg)
     def slow():

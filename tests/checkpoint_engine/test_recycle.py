@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import keys, layout, slots
-from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.service.publisher import Publisher
+from tandem.checkpoint_engine.versions import layout, slots
 
 pytestmark = pytest.mark.etcd
 

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import errors, keys, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.versions import layout
 
 pytestmark = pytest.mark.etcd
 
@@ -114,7 +116,7 @@ def test_a_restarted_gang_ignores_the_old_generations_rollouts(make_registry: An
 def test_connect_waits_for_an_etcd_that_is_not_answering_yet(etcd_server: Any, job: str) -> None:
     """A sidecar may start while etcd is still starting (or too busy to accept): connect() keeps
     trying until etcd answers instead of failing the sidecar on the first dial."""
-    from tandem.checkpoint_engine.sync_registry import SyncRegistry
+    from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 
     outcome: list[object] = []
 

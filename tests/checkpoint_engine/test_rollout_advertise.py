@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.etcd import keys
 from tandem.sidecars.rollout.advertise import keep_advertised
 
 pytestmark = pytest.mark.etcd

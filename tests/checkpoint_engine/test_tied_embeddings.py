@@ -16,7 +16,7 @@ import pytest
 import tiny_model
 import torch
 
-from tandem.checkpoint_engine import layout
+from tandem.checkpoint_engine.versions import layout
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

@@ -18,8 +18,8 @@ import pytest
 import tiny_model
 from test_tied_embeddings import GREEDY, PROMPTS, hf_greedy, hf_state
 
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.sidecars.rollout_engine.engine import (
     CPU_BIND_ENV,
     EngineConfig,

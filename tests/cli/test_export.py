@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
 from hf_source import logits, make_source, publish  # noqa: E402
 
-from tandem.checkpoint_engine import layout  # noqa: E402
-from tandem.checkpoint_engine.durable import DurableStore  # noqa: E402
+from tandem.checkpoint_engine.versions import layout  # noqa: E402
+from tandem.checkpoint_engine.versions.durable import DurableStore  # noqa: E402
 from tandem.cli.main import app  # noqa: E402
 
 runner = CliRunner()

@@ -223,8 +223,8 @@ def test_durable_checkpoint_outlives_shared_memory(toy: Path, tmp_path: Path) ->
     rather than in a run of its own."""
     import torch
 
-    from tandem.checkpoint_engine import layout
-    from tandem.checkpoint_engine.durable import DurableStore
+    from tandem.checkpoint_engine.versions import layout
+    from tandem.checkpoint_engine.versions.durable import DurableStore
 
     job = demo_job(toy, "e2e-durable")
     job["spec"]["algorithm"].update(name="ppo", iterations=3, epochs=2, lr=3e-3)

@@ -25,7 +25,7 @@ import tiny_model
 import torch
 from gpu_record import record
 
-from tandem.checkpoint_engine.hf_export import export_version
+from tandem.checkpoint_engine.versions.hf_export import export_version
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

@@ -3,7 +3,7 @@
 Every PromQL expression of the dashboard (panels and template variables) is read into its selectors and
 grouping labels (`promql_refs`) and checked against the exposition of the real Prometheus registries the
 code builds: the driver's (the loop's `LoopMetrics` fed an iteration's row and an evaluation, with its
-engine's collector, as `checkpoint_engine.api.create_app` serves them on port ce-trainer), a rollout's (its
+engine's collector, as `checkpoint_engine.service.api.create_app` serves them on port ce-trainer), a rollout's (its
 engine's collector, on ce-rollout) and the operator's (`tandem.operator.runtime.metrics` after a reconcile pass and a
 failed one), plus the labels the monitors add (Prometheus's target labels and the monitors' relabelings).
 The monitors' selectors, ports and relabelings are checked against the pods the operator's builders
@@ -29,8 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from promql_refs import legend_labels, literal_alternatives, refs
 from wrappers import JobWrapper
 
-from tandem.checkpoint_engine.engine_status import EngineStatus, Phase
-from tandem.checkpoint_engine.metrics import engine_registry
+from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase
+from tandem.checkpoint_engine.service.metrics import engine_registry
 from tandem.operator.manifests import builders
 from tandem.operator.policies.plan import Plan
 from tandem.operator.runtime import metrics as operator_metrics
@@ -111,7 +111,7 @@ def registries() -> dict[str, CollectorRegistry]:
     loop = LoopMetrics()
     loop.observe(ROW)
     loop.observe_eval(EVAL)
-    driver = engine_registry(Core("trainer"), loop.registry)  # as checkpoint_engine.api.create_app does
+    driver = engine_registry(Core("trainer"), loop.registry)  # as checkpoint_engine.service.api.create_app does
     st = JobStatus(phase="Running", iteration=3, reward_mean=0.4, last_sync_seconds=1.2)
     operator_metrics.record("team-a", "demo", Plan(status=st))
     try:

@@ -16,7 +16,7 @@ from controlplane import ControlPlane
 from harness import MANIFESTS, OperatorProcess, etcd_keys, etcd_put, get_json, wait_for
 from wrappers import JobWrapper
 
-from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.etcd import keys
 from tandem.spec.progress import EvalSummary, Progress
 
 pytestmark = pytest.mark.k8s

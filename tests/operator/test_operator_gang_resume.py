@@ -30,8 +30,8 @@ from test_monitoring import families
 from test_operator_cluster import create, fail_pod, phase_is, running
 from wrappers import JobWrapper
 
-from tandem.checkpoint_engine import layout
-from tandem.checkpoint_engine.durable import DurableStore
+from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.cli.local import processes_for
 from tandem.cli.procs import LocalContainer
 from tandem.cli.volumes import localize

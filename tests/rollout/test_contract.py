@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from tandem.checkpoint_engine.engine_status import EngineStatus, Phase, UpdateReport
+from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase, UpdateReport
 from tandem.sidecars.rollout.server import build_app
 from tandem.sidecars.rollout_engine.contract import (
     Completion,

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.checkpoint_engine import keys, layout
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.checkpoint_engine.versions import layout
 from tandem.sidecars.rollout.kept import GangFollower
 
 pytestmark = [pytest.mark.etcd]

@@ -201,7 +201,7 @@ def spawn_layouts(model_dirs: Mapping[str, Path], layouts: list[tuple[str, int, 
     """`run` on `world` spawned gloo ranks for each (family, tp, pp, ep) layout; what each rank saw, by layout."""
     import torch.multiprocessing as mp
 
-    from tandem.checkpoint_engine.local_etcd import free_port
+    from tandem.checkpoint_engine.etcd.local_etcd import free_port
 
     dirs = [(str(model_dirs[f]), tp, pp, ep) for f, tp, pp, ep in layouts]
     mp.start_processes(run, args=(world, free_port(), str(out), dirs, scored, replay), nprocs=world,

@@ -43,7 +43,7 @@ def job_spec(model_dir: str, **trainer: Any) -> Any:
 
 def engines(spec: Any, store_dir: Path) -> Any:
     """A context as `train_state` sees it: policy, critic and a durable store, built from `spec`."""
-    from tandem.checkpoint_engine.durable import DurableStore
+    from tandem.checkpoint_engine.versions.durable import DurableStore
     from tandem.sidecars.trainer.engines.select import build_engine
 
     return SimpleNamespace(engine=build_engine(spec), critic=build_engine(spec, seed=1, value_head=True),

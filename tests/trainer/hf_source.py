@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "checkpoint_engine"))
 import tiny_model  # noqa: E402
 from tiny_models import make_tiny_hf_model  # noqa: E402
 
-from tandem.checkpoint_engine import layout  # noqa: E402
+from tandem.checkpoint_engine.versions import layout  # noqa: E402
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"

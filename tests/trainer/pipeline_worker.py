@@ -29,7 +29,7 @@ def one_row(ids: list[int]) -> dict[str, torch.Tensor]:
 def run_case(case: dict[str, Any]) -> None:
     from dist_worker import fixed_batch, nll_loss
 
-    from tandem.checkpoint_engine import layout
+    from tandem.checkpoint_engine.versions import layout
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     dtype = getattr(torch, case.get("dtype", "float32"))  # bfloat16: Megatron's Float16Module, bf16 export

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
-from tandem.checkpoint_engine.local_etcd import free_port
+from tandem.checkpoint_engine.etcd.local_etcd import free_port
 
 pytestmark = pytest.mark.megatron
 WORLD = 2

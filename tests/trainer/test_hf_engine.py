@@ -121,7 +121,7 @@ def test_two_fsdp_ranks_equal_one(model_dirs: dict[str, Path], tmp_path: Path) -
     import hf_worker
     import torch.multiprocessing as mp
 
-    from tandem.checkpoint_engine.local_etcd import free_port
+    from tandem.checkpoint_engine.etcd.local_etcd import free_port
 
     model = str(model_dirs["llama"])
     mp.start_processes(hf_worker.run, args=(2, free_port(), str(tmp_path), model), nprocs=2, start_method="spawn")

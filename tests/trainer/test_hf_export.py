@@ -16,9 +16,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from hf_source import CHAT_TEMPLATE, MESSAGES, hf_state, logits, make_source, publish  # noqa: E402
 
-from tandem.checkpoint_engine import errors, layout  # noqa: E402
-from tandem.checkpoint_engine.durable import DurableStore  # noqa: E402
-from tandem.checkpoint_engine.hf_export import (  # noqa: E402
+from tandem.checkpoint_engine import errors  # noqa: E402
+from tandem.checkpoint_engine.versions import layout  # noqa: E402
+from tandem.checkpoint_engine.versions.durable import DurableStore  # noqa: E402
+from tandem.checkpoint_engine.versions.hf_export import (  # noqa: E402
     STALE_S,
     ExportError,
     export_hf_dir,

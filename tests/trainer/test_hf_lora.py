@@ -97,12 +97,12 @@ def test_loaded_weights_become_the_base_with_fresh_adapters(model_dir: Path, tmp
 
 def test_adapter_versions_carry_the_adapters_alone_and_load_back_exactly(model_dir: Path) -> None:
     """trainer.lora.sync adapter: `export_adapters` gives PEFT's saved adapter tensors (nothing of the base),
-    the rollout side's merge of them (checkpoint_engine.adapters, as vLLM and the export apply them) equals
+    the rollout side's merge of them (checkpoint_engine.versions.adapters, as vLLM and the export apply them) equals
     the engine's own merged weights, and a fresh engine that loads them over the base computes exactly the
     trained engine's log-probs."""
     from peft import get_peft_model_state_dict
 
-    from tandem.checkpoint_engine import adapters
+    from tandem.checkpoint_engine.versions import adapters
 
     samples = grouped_samples(6)
     engine = HFEngine.from_hf(model_dir, lr=1e-2, lora=LORA)

@@ -18,7 +18,7 @@ import torch
 from dist_worker import fixed_batch, nll_loss
 from tiny_models import make_tiny_hf_model
 
-from tandem.checkpoint_engine.durable import DurableStore
+from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 from tandem.sidecars.trainer.loop.recovery import train_state
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.sidecars.trainer.loop.recovery import inflight
 from tandem.sidecars.trainer.loop.recovery.inflight import Inflight
 

@@ -327,7 +327,7 @@ def _spawned(cell: Cell, policy: Path, ref_dir: Path, samples: list[Sample], out
     """`tandem_iteration` on `cell.world` spawned gloo ranks; what rank 0 saw (its export holds every weight)."""
     import torch.multiprocessing as mp
 
-    from tandem.checkpoint_engine.local_etcd import free_port
+    from tandem.checkpoint_engine.etcd.local_etcd import free_port
 
     torch.save(samples, out / "samples.pt")
     mp.start_processes(_rank, args=(cell.world, free_port(), str(out), cell.name, str(policy), str(ref_dir)),

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from tiny_models import make_tiny_hf_model
 
 from tandem.checkpoint_engine import convert
-from tandem.checkpoint_engine.local_etcd import free_port
+from tandem.checkpoint_engine.etcd.local_etcd import free_port
 
 pytestmark = pytest.mark.megatron
 QK_NORM = ("q_layernorm.weight", "k_layernorm.weight")

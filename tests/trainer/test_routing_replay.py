@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tandem.checkpoint_engine import layout
+from tandem.checkpoint_engine.versions import layout
 from tandem.sidecars.algorithms.base import Sample, pack_samples
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions

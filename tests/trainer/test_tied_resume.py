@@ -22,9 +22,9 @@ import torch
 from dist_worker import fixed_batch, nll_loss
 from tiny_models import make_tiny_hf_model
 
-from tandem.checkpoint_engine import layout
-from tandem.checkpoint_engine.durable import DurableStore
-from tandem.checkpoint_engine.hf_export import export_version
+from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions.durable import DurableStore
+from tandem.checkpoint_engine.versions.hf_export import export_version
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.loop.recovery import resume, train_state
 

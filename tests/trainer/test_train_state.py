@@ -19,7 +19,7 @@ import torch
 from dist_worker import fixed_batch, nll_loss, value_mse
 from tiny_models import make_tiny_hf_model
 
-from tandem.checkpoint_engine.durable import DurableStore
+from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.sidecars.trainer.engines import megatron_build
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 from tandem.sidecars.trainer.loop.recovery import train_state

@@ -19,8 +19,9 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.versions import layout
 
 POD_SCRIPT = Path(__file__).with_name("pod.py")
 REPO = POD_SCRIPT.parents[2]

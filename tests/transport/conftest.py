@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from broadcast_pods import Pods, wait_etcd_ready  # noqa: E402
 from emunet import EmulatedNetwork  # noqa: E402
 
-from tandem.checkpoint_engine.local_etcd import LocalEtcd  # noqa: E402
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd  # noqa: E402
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport.base import Transport
 from tandem.checkpoint_engine.transport.node import BroadcastNode
 from tandem.checkpoint_engine.transport.rdma import RdmaTransport

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from broadcast_pods import Pods, same_bytes, wait_for
 
-from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import RdmaUnavailable, make_transport, plan
 from tandem.checkpoint_engine.transport.receiver import fanout
 from tandem.checkpoint_engine.transport.select import rdma_devices
@@ -181,9 +181,9 @@ def test_in_process_nodes_receive_then_prune_unregistered_versions(etcd: Any, sh
     the publisher's GC unregistered; the next version lands in the pruned one's files."""
     import torch
 
-    from tandem.checkpoint_engine import layout
-    from tandem.checkpoint_engine.publisher import Publisher
+    from tandem.checkpoint_engine.service.publisher import Publisher
     from tandem.checkpoint_engine.transport import BroadcastNode
+    from tandem.checkpoint_engine.versions import layout
 
     job = "prune"
     a = SyncRegistry(etcd.endpoint, "test", job, "pub", "trainer", timeout=15).connect()

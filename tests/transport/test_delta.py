@@ -1,4 +1,4 @@
-"""Delta updates: the codec (checkpoint_engine/delta.py) and the broadcast's delta pass
+"""Delta updates: the codec (checkpoint_engine/versions/delta.py) and the broadcast's delta pass
 (transport/deltas.py), on versions from real training steps (train_versions.py).
 
 Covers: shards rebuilt bit-exact from a delta against the previous version (bf16 and fp32, a new
@@ -21,10 +21,11 @@ import torch
 from broadcast_pods import same_bytes
 from train_versions import trained_versions
 
-from tandem.checkpoint_engine import delta, errors, layout
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.checkpoint_engine.versions import delta, layout
 
 SHARD = 96 << 10  # several shards per version
 

@@ -17,9 +17,9 @@ import pytest
 from broadcast_pods import Pods, same_bytes, wait_for
 from emunet import EmulatedNetwork, NetError
 
-from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.local_etcd import LocalEtcd
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.rdma import mooncake_available
 
 NAMES = ["pub", "r1", "r2", "late"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.checkpoint_engine.local_etcd import LocalEtcd
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd
 from tandem.checkpoint_engine.transport import RdmaUnavailable, make_transport
 from tandem.checkpoint_engine.transport.select import mounted
 from tandem.checkpoint_engine.transport.tcp import TcpTransport

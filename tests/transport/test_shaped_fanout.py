@@ -17,9 +17,9 @@ import pytest
 from broadcast_pods import Pod, Pods, same_bytes, wait_for
 from emunet import EmulatedNetwork, NetError
 
-from tandem.checkpoint_engine import layout
-from tandem.checkpoint_engine.local_etcd import LocalEtcd
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd
 from tandem.checkpoint_engine.transport import plan
+from tandem.checkpoint_engine.versions import layout
 
 RECEIVERS = [f"r{i}" for i in range(5)]
 VICTIM = "r2"

@@ -44,8 +44,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.local_etcd import LocalEtcd, free_port
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd, free_port
 from tandem.cli import local_sandbox, plot, progress_lines, say
 from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis

@@ -3,7 +3,7 @@
 Caller: the `tandem` console script. `validate` applies the API server's rules offline (the same
 pydantic models the CRD is generated from); `crd` prints or writes the CRD; `run` runs a job on one
 machine through `tandem.cli.local`; `export` writes a published or durable version as a HuggingFace
-directory (`tandem.checkpoint_engine.hf_export`).
+directory (`tandem.checkpoint_engine.versions.hf_export`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def export(
                                        "(with model.safetensors.index.json)."),
 ) -> None:
     """Write a published or durably copied version as a HuggingFace directory (from_pretrained, vllm serve)."""
-    from tandem.checkpoint_engine import errors, hf_export
+    from tandem.checkpoint_engine import errors
+    from tandem.checkpoint_engine.versions import hf_export
 
     if dtype != "auto" and dtype not in hf_export.DTYPES:
         err.print(say.failed(f"--dtype: {dtype!r} is not one of auto, {', '.join(hf_export.DTYPES)}"))

@@ -15,7 +15,7 @@ import logging
 import signal
 from pathlib import Path
 
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv, PodEnvError
 

@@ -132,7 +132,7 @@ def _persist_on_volume(s: JobSpec) -> bool:
 
 
 class Export(Base):
-    """HuggingFace model directories of the trained policy (tandem.checkpoint_engine.hf_export)."""
+    """HuggingFace model directories of the trained policy (tandem.checkpoint_engine.versions.hf_export)."""
 
     path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024, description="Directory on a writable volume "
                                "(volumes[].mountPath); <path>/iteration-<N> is written every `every` iterations "

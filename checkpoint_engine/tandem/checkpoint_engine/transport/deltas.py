@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tandem.checkpoint_engine import delta, errors, keys, layout
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.base import Peer, PeerFailed
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
 from tandem.checkpoint_engine.transport.wire import Connection, recv_exact, recv_msg, send_msg
+from tandem.checkpoint_engine.versions import delta, layout
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tandem.checkpoint_engine.endpoints import parse_endpoint
-from tandem.checkpoint_engine.local_etcd import free_port
+from tandem.checkpoint_engine.etcd.endpoints import parse_endpoint
+from tandem.checkpoint_engine.etcd.local_etcd import free_port
 from tandem.checkpoint_engine.transport.base import Peer, PeerFailed, Progress, RdmaUnavailable
 from tandem.checkpoint_engine.transport.wire import Connection
 

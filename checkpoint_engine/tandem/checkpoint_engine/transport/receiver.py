@@ -26,14 +26,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.checkpoint_engine import errors, keys, layout
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.base import NoSource, Peer, PeerFailed, Transport
 from tandem.checkpoint_engine.transport.deltas import DeltaStats, pull_deltas
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
 from tandem.checkpoint_engine.transport.verify import ShardVerifier
 from tandem.checkpoint_engine.transport.wire import Connection
+from tandem.checkpoint_engine.versions import layout
 
 HOP_BYTES = 6 << 20  # bytes a forwarding hop holds in flight (bench/broadcast.py: 50 ms at 1 Gbit/s = 6.0 MB)
 MAX_SHARD_ATTEMPTS = 3  # a shard still corrupt after this many pulls means the version itself is bad

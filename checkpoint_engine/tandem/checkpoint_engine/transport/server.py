@@ -21,11 +21,12 @@ import threading
 import time
 from typing import Any
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.transport import auth, wire
 from tandem.checkpoint_engine.transport.base import Transport
 from tandem.checkpoint_engine.transport.deltas import DeltaSource
 from tandem.checkpoint_engine.transport.store import LocalStore
+from tandem.checkpoint_engine.versions import layout
 
 log = logging.getLogger(__name__)
 

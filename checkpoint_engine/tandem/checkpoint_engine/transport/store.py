@@ -21,7 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-from tandem.checkpoint_engine import errors, layout, slots
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import layout, slots
 
 SPARE = slots.SPARE  # <job dir>/.spare/: shard files of released versions, reused as receive targets
 take_spare = slots.take  # the best-fitting spare: its pages are already allocated (slots.py)

@@ -19,7 +19,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tandem.checkpoint_engine import errors, hashing, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import hashing, layout
 
 
 def shard_digest_ok(index: layout.VersionIndex, shard: int) -> bool:

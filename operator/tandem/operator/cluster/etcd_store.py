@@ -1,10 +1,10 @@
 """The operator's view of etcd: read a job's progress record, delete a job's keys.
 
 Callers: `tandem.operator.runtime.reconcile` (progress → status) and the deletion handler in
-`tandem.operator.runtime.handlers` (finalizer). Keys come from `tandem.checkpoint_engine.keys`; values are
+`tandem.operator.runtime.handlers` (finalizer). Keys come from `tandem.checkpoint_engine.etcd.keys`; values are
 parsed by `tandem.spec.progress.Progress`. One aetcd client per endpoint, reused; endpoints are
 tried in order until one answers. Every client dials with the operator's own etcd credentials
-(`tandem.checkpoint_engine.etcd_security`: TLS and user from `tandem.operator.runtime.env_settings`), whichever
+(`tandem.checkpoint_engine.etcd.security`: TLS and user from `tandem.operator.runtime.env_settings`), whichever
 etcd a job names; its user needs read-write on /tandem/jobs/ (the jobs' users reach their own prefix
 only). Keys are those of the job's incarnation (`keys.scope(name, uid)`): deleting a job never
 touches the records of a newer job of the same name.
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import aetcd
 
-from tandem.checkpoint_engine import keys
 from tandem.checkpoint_engine.errors import CheckpointEngineError
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity
 from tandem.spec.progress import Progress
 
 

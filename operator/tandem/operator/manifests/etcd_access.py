@@ -8,7 +8,8 @@ Callers: `tandem.operator.manifests.builders` (every container's env, the pod's 
   authSecret  Secret with username, password: TANDEM_ETCD_USERNAME / _PASSWORD from secretKeyRef
               (the values never appear in the pod spec).
 
-The sidecars turn these variables into an `etcd_security.EtcdSecurity` (`tandem.sidecars.startup`).
+The sidecars turn these variables into an `EtcdSecurity` (`tandem.checkpoint_engine.etcd.security`,
+in `tandem.sidecars.startup`).
 """
 
 from __future__ import annotations

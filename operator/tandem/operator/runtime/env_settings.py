@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity, EtcdSecurityError
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity, EtcdSecurityError
 from tandem.operator.manifests.builders import DEFAULT_ETCD_ENDPOINTS
 
 

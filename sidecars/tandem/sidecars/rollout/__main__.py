@@ -23,9 +23,10 @@ import sys
 import threading
 from typing import Any
 
-from tandem.checkpoint_engine import errors, keys
-from tandem.checkpoint_engine.endpoints import split_endpoints
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.endpoints import split_endpoints
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
 from tandem.sidecars import gpu, gpu_share
 from tandem.sidecars.envs import factory

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
 POLL_S = 5.0  # how often the thread looks at `stop` while the lease holds

@@ -22,9 +22,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tandem.checkpoint_engine import errors, keys, layout
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
+from tandem.checkpoint_engine.versions import layout
 
 log = logging.getLogger(__name__)
 

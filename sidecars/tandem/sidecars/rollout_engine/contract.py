@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tandem.checkpoint_engine.engine_status import EngineStatus, Health, UpdateReport
+from tandem.checkpoint_engine.service.engine_status import EngineStatus, Health, UpdateReport
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
 __all__ = ["Completion", "DummyStartRequest", "EngineStatus", "GenerateRequest", "GenerateResponse", "Health",

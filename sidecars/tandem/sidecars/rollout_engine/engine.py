@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.engine_status import EngineStatus, Phase, UpdateReport
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase, UpdateReport
 from tandem.sidecars.rollout_engine import generation, llm, ops, routing
 from tandem.sidecars.rollout_engine.config import (
     CPU_BIND_ENV,

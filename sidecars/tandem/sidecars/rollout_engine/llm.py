@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tandem.checkpoint_engine import adapters
+from tandem.checkpoint_engine.versions import adapters
 from tandem.sidecars.rollout_engine import routing
 from tandem.sidecars.rollout_engine.config import EXTENSION, EngineConfig
 

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.engine_status import EngineStatus
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.engine_status import EngineStatus
 
 log = logging.getLogger(__name__)
 

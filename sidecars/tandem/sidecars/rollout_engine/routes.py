@@ -18,8 +18,8 @@ from functools import partial
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
 
-from tandem.checkpoint_engine import api
-from tandem.checkpoint_engine.api import Serial
+from tandem.checkpoint_engine.service import api
+from tandem.checkpoint_engine.service.api import Serial
 from tandem.sidecars.rollout_engine.contract import (
     DummyStartRequest,
     SleepRequest,

@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from tandem.checkpoint_engine import adapters, errors, layout
-from tandem.checkpoint_engine.engine_status import Phase, UpdateReport
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.engine_status import Phase, UpdateReport
+from tandem.checkpoint_engine.versions import adapters, layout
 from tandem.sidecars.rollout_engine.config import EngineConfig, expected_parameters
 from tandem.sidecars.rollout_engine.procs import EngineProcesses
 from tandem.sidecars.rollout_engine.step_watch import StepWatch

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.checkpoint_engine.layout import MappedVersion, VersionIndex
+from tandem.checkpoint_engine.versions.layout import MappedVersion, VersionIndex
 from tandem.sidecars.rollout_engine.worker.moe_repack import repack_cpu_experts
 from tandem.sidecars.rollout_engine.worker.routing_capture import RoutingCapture
 

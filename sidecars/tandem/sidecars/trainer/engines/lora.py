@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine.adapters import merge_weight
+from tandem.checkpoint_engine.versions.adapters import merge_weight
 
 PREFIX = "base_model.model."
 ADAPTER = "default"
@@ -96,6 +96,6 @@ def write_adapter_dir(out: Path, adapters: dict[str, torch.Tensor], model: Any, 
     """A PEFT adapter directory (`adapter_model.safetensors`, `adapter_config.json`) that `PeftModel.
     from_pretrained(base, out)` loads onto the base model at `base_dir`: the checkpoint engine's writer
     (`adapters.write_peft_dir`, atomic), which also writes adapter versions' exports."""
-    from tandem.checkpoint_engine.adapters import write_peft_dir
+    from tandem.checkpoint_engine.versions.adapters import write_peft_dir
 
     return write_peft_dir(adapters.items(), config_dict(model, base_dir), out, base_dir=base_dir)

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tandem.checkpoint_engine.durable import DurableStore
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
+from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.sidecars.algorithms.base import Algorithm, Sample, row_budget
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.trainer.engines.interface import TrainerEngine

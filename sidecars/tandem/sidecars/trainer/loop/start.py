@@ -14,11 +14,11 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.durable import DurableStore
-from tandem.checkpoint_engine.endpoints import split_endpoints
-from tandem.checkpoint_engine.publisher import Publisher
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.endpoints import split_endpoints
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.publisher import Publisher
+from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.sidecars.algorithms.registry import make_algorithm
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.startup import etcd_security
@@ -103,7 +103,7 @@ def create(env: PodEnv, job: RLHFJob) -> TrainerContext:
 
 def serve_control_api(publisher: Publisher, env: PodEnv, prom: LoopMetrics) -> None:
     """The trainer's checkpoint-engine API (status, gc, /metrics) on TANDEM_CE_PORT, in a daemon thread."""
-    from tandem.checkpoint_engine.api import create_app
+    from tandem.checkpoint_engine.service.api import create_app
     from tandem.sidecars.serve import start_server
 
     start_server(create_app(publisher, env.token, prom.registry), env.port, "trainer-api")

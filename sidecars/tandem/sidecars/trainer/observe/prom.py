@@ -14,7 +14,7 @@ rollout pool's health: _rollouts (serving the latest iteration), _rollouts_dropp
 _prompts_resent_total, _rollout_restarts (the engine restarts the rollouts reported so far) and
 _rollout_recovery_seconds (histogram: each iteration's longest recovery, failure to first generation); and
 `observe_eval(result)` sets tandem_trainer_eval_pass_at_1 / _pass_at_k / _eval_iteration. Its registry is handed to
-`checkpoint_engine.api.create_app`, which adds the engine's own collector. Callers: the trainer's
+`checkpoint_engine.service.api.create_app`, which adds the engine's own collector. Callers: the trainer's
 loop (`loop.start`, `loop.report`, `loop.evaluate`; driver rank only).
 """
 

@@ -67,7 +67,7 @@ def export(ctx: TrainerContext, iteration: int, version: int) -> dict[str, Any]:
     if spec is None or ctx.last_publish_path is None or not persisting.due(done, spec.every,
                                                                             ctx.job.spec.algorithm.iterations):
         return {}
-    from tandem.checkpoint_engine.hf_export import export_version
+    from tandem.checkpoint_engine.versions.hf_export import export_version
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     t = time.perf_counter()

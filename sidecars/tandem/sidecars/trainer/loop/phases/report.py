@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tandem.checkpoint_engine import keys
+from tandem.checkpoint_engine.etcd import keys
 from tandem.spec import devices
 from tandem.spec.progress import EvalSummary, Phase, Progress, RolloutEngines
 

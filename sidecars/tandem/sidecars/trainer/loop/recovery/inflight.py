@@ -17,8 +17,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tandem.checkpoint_engine import keys
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 
 log = logging.getLogger(__name__)
 

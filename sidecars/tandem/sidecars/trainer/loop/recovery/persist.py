@@ -1,7 +1,7 @@
 """Durable copies of the driver's published versions, made in the background while the loop goes on.
 
 Role: with `checkpointEngine.persist` set, every `every`-th iteration's version (and the last
-iteration's) is copied from shared memory to the durable store (`checkpoint_engine.durable`),
+iteration's) is copied from shared memory to the durable store (`checkpoint_engine.versions.durable`),
 so a gang restart — new pods, empty /dev/shm — resumes from it instead of the initial model.
 The copy runs in one worker thread while the next rollout proceeds; the version is pinned in
 etcd for the copy's duration so the publisher's GC cannot delete it under the reader. A copy
@@ -17,9 +17,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tandem.checkpoint_engine import errors, layout
-from tandem.checkpoint_engine.durable import DurableStore, DurableVersion
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions.durable import DurableStore, DurableVersion
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from tandem.checkpoint_engine import keys, layout
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.versions import layout
 from tandem.sidecars.trainer.engines.common import EngineError
 from tandem.sidecars.trainer.loop.recovery import train_state
 from tandem.spec.podenv import PodEnv

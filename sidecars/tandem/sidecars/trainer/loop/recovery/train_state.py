@@ -1,6 +1,6 @@
 """The trainer ranks' own state beside each durable weight copy: optimizer (and PPO's critic), per rank.
 
-Role: a durable copy (`checkpoint_engine.durable`) holds the policy's weights in HF layout — all
+Role: a durable copy (`checkpoint_engine.versions.durable`) holds the policy's weights in HF layout — all
 the rollouts need, not all training needs. Adam's moments and step count, the fp32 master weights
 of a bf16 run, and PPO's critic (weights and optimizer) live only in the trainer ranks' memory.
 When a durable copy is due, every rank writes its own share beside it:
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from tandem.sidecars.trainer.engines import common
 
 if TYPE_CHECKING:
-    from tandem.checkpoint_engine.durable import DurableStore
+    from tandem.checkpoint_engine.versions.durable import DurableStore
     from tandem.sidecars.trainer.engines.interface import TrainerEngine
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from tandem.checkpoint_engine import errors, hashing, slots
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import hashing, slots
 
 FORMAT = "tandem-shm-v1"
 ALIGN = 64

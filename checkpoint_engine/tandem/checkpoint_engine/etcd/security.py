@@ -2,7 +2,7 @@
 
 Role: `EtcdSecurity` holds a CA bundle, a client certificate + key and an etcd user; `client()`
 builds the aetcd client of one endpoint with them, `errors_of()` turns etcd's auth refusals into
-typed errors. Callers: `etcd_failover.EtcdCluster` (the sidecars' registries, `tandem run`) and
+typed errors. Callers: `failover.EtcdCluster` (the sidecars' registries, `tandem run`) and
 `tandem.operator.cluster.etcd_store` (the operator). Writers of the settings: the sidecars from the pod env
 contract (TANDEM_ETCD_CA_FILE, ..._CERT_FILE, ..._KEY_FILE, ..._USERNAME, ..._PASSWORD: the job's
 `checkpointEngine.etcd.tlsSecret` mounted and `authSecret` referenced), the operator from its own
@@ -32,7 +32,7 @@ import grpc
 from aetcd import rpc, watcher
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.endpoints import EndpointError, endpoint_scheme, parse_endpoint
+from tandem.checkpoint_engine.etcd.endpoints import EndpointError, endpoint_scheme, parse_endpoint
 
 ENV_VARS = {
     "ca_file": "TANDEM_ETCD_CA_FILE",

@@ -2,7 +2,7 @@
 
 Callers: publisher.py (register, gc), the rollout engine (latest, pin/unpin, status), api.py (ops),
 transports of other pods (shard records), through `SyncRegistry` when the caller is not async.
-Every listed etcd endpoint is used: requests go through `etcd_failover.EtcdCluster`, which moves to
+Every listed etcd endpoint is used: requests go through `failover.EtcdCluster`, which moves to
 another member when one dies (the lease lives in the cluster's raft state and survives that).
 
 Protocol (keys.py holds the paths):
@@ -31,11 +31,12 @@ import aetcd
 import aetcd.exceptions
 from aetcd.utils import prefix_range_end
 
-from tandem.checkpoint_engine import errors, keys
-from tandem.checkpoint_engine.endpoints import split_endpoints
-from tandem.checkpoint_engine.etcd_failover import EtcdCluster
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity
-from tandem.checkpoint_engine.layout import VersionIndex
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.endpoints import split_endpoints
+from tandem.checkpoint_engine.etcd.failover import EtcdCluster
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity
+from tandem.checkpoint_engine.versions.layout import VersionIndex
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Registry:
         carries them); `timeout`: seconds per request on one member; `failover_s`: how long a
         request keeps trying members (default 2 x timeout); `uid`: the job's metadata.uid (its
         records live under `keys.scope(job, uid)`, so a later job of the same name never reads
-        them); `security`: TLS and etcd user (`etcd_security`)."""
+        them); `security`: TLS and etcd user (`security`)."""
         self.endpoints = split_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
         self.etcd = EtcdCluster(self.endpoints, timeout=timeout, failover_s=failover_s, security=security)
         self.namespace, self.job, self.pod, self.role = namespace, job, pod, role

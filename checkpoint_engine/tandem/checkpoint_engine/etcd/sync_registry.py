@@ -14,9 +14,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity
-from tandem.checkpoint_engine.layout import VersionIndex
-from tandem.checkpoint_engine.registry import Registry
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity
+from tandem.checkpoint_engine.etcd.version_registry import Registry
+from tandem.checkpoint_engine.versions.layout import VersionIndex
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Every member of one etcd cluster behind one asyncio client, with failover (aetcd underneath).
 
-Role: `registry.Registry` sends each request through `EtcdCluster.call` / `transaction` / `watch`.
+Role: `version_registry.Registry` sends each request through `EtcdCluster.call` / `transaction` / `watch`.
 A request goes to the member that answered last; when it fails in a way that says "this member is
 gone, unreachable or without a leader" (gRPC UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, a socket
 error), it is sent to the next endpoint, round after round with a short backoff, until the call's
@@ -33,8 +33,8 @@ import aetcd
 import aetcd.exceptions
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.endpoints import EndpointError
-from tandem.checkpoint_engine.etcd_security import EtcdSecurity, handshake_hint, invalid_token
+from tandem.checkpoint_engine.etcd.endpoints import EndpointError
+from tandem.checkpoint_engine.etcd.security import EtcdSecurity, handshake_hint, invalid_token
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,7 +71,7 @@ class EtcdCluster:
     ) -> None:
         """`timeout`: seconds one request may take on one member; `failover_s`: how long one call
         keeps trying members before it gives up (default twice `timeout`); `security`: TLS and
-        user (`etcd_security`; default none: plain text, no auth)."""
+        user (`security`; default none: plain text, no auth)."""
         if not endpoints:
             raise EndpointError("no etcd endpoints given")
         self.endpoints = list(endpoints)

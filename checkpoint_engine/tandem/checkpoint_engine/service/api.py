@@ -12,7 +12,7 @@ default env TANDEM_TOKEN):
                                      and stallDeadlineS: how long the open call may go without it,
                                      stallDeadline: why), version, restarts, recoveries and recoveryS (the
                                      latest, failure to first generation)
-    GET  /metrics                    Prometheus text (checkpoint_engine.metrics), no token
+    GET  /metrics                    Prometheus text (checkpoint_engine.service.metrics), no token
     GET  /status                     EngineStatus (phase, version, timings)
     POST /start, /dummy_start, /update, /terminate, /sleep, /wake_up   the rollout's operations
                                      (tandem.sidecars.rollout_engine.routes); a publisher answers 405
@@ -36,10 +36,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from tandem.checkpoint_engine import errors, metrics
-from tandem.checkpoint_engine.engine_status import Health, Phase
-from tandem.checkpoint_engine.metrics import EngineCore
-from tandem.checkpoint_engine.publisher import Publisher
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.service import metrics
+from tandem.checkpoint_engine.service.engine_status import Health, Phase
+from tandem.checkpoint_engine.service.metrics import EngineCore
+from tandem.checkpoint_engine.service.publisher import Publisher
 
 Operations = Callable[["Serial"], APIRouter]  # a core's POST routes, given the app's one-at-a-time runner
 

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import layout
 
 log = logging.getLogger(__name__)
 

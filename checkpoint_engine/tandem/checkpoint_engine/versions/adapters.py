@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine import errors, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import layout
 
 PREFIX = "base_model.model."
 CONFIG = "adapter_config.json"

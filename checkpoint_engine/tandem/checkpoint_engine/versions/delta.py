@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from tandem.checkpoint_engine import errors, hashing, layout
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import hashing, layout
 
 FORMAT = "tandem-delta-v1"
 METHOD = "zigzag-sub+byteplanes+zstd"

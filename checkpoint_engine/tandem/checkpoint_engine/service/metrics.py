@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tandem.checkpoint_engine.engine_status import EngineStatus, Phase
+from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase
 
 
 class EngineCore(Protocol):

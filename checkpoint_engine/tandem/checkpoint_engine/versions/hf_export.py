@@ -40,8 +40,9 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine import adapters, errors, hashing, layout
-from tandem.checkpoint_engine.durable import fsync_path
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.versions import adapters, hashing, layout
+from tandem.checkpoint_engine.versions.durable import fsync_path
 
 log = logging.getLogger(__name__)
 

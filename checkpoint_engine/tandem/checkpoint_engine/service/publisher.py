@@ -4,7 +4,7 @@ Caller: the trainer sidecar, with `export_hf(target_tp, target_rank)` of the Meg
 `named_tensors`; tests and bench/weight_sync.py with a transformers state_dict.
 
 publish(v, tensors) = write the layout into a temp dir, rename it into place (layout.py), then
-register it in one etcd transaction on the publisher's lease (registry.py), then garbage-collect
+register it in one etcd transaction on the publisher's lease (`..etcd.version_registry`), then garbage-collect
 versions beyond the newest `keep` that no reader pins (etcd records first, then files). A
 publisher killed at any point leaves either nothing visible or a complete version; its temp
 dir is removed by the next publisher's `recover()` (or the next GC).
@@ -30,9 +30,11 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint_engine import errors, keys, layout, slots
-from tandem.checkpoint_engine.engine_status import EngineStatus, Phase, PublishReport
-from tandem.checkpoint_engine.sync_registry import SyncRegistry
+from tandem.checkpoint_engine import errors
+from tandem.checkpoint_engine.etcd import keys
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
+from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase, PublishReport
+from tandem.checkpoint_engine.versions import layout, slots
 
 log = logging.getLogger(__name__)
 

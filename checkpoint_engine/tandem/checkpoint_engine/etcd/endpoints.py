@@ -3,10 +3,10 @@
 Role: turn what a job spec (`checkpointEngine.etcd.endpoints`), the chart or `TANDEM_ETCD_ENDPOINTS`
 says into (host, port) pairs for the etcd clients. Accepted: `host`, `host:port`,
 `http://host[:port]`, `https://host[:port]`, IPv6 as `[::1]:2379`; no port means etcd's client
-port 2379; a path, query or user part is refused. Callers: `registry.Registry` (sidecars; it
-uses every endpoint, failing over among them in `etcd_failover`),
+port 2379; a path, query or user part is refused. Callers: `version_registry.Registry` (sidecars; it
+uses every endpoint, failing over among them in `failover`),
 `transport.rdma` (Mooncake's metadata server), `tandem.operator.cluster.etcd_store`, the sidecars (trainer
-context, rollout entry). `endpoint_scheme` tells `etcd_security` whether an endpoint asked for TLS
+context, rollout entry). `endpoint_scheme` tells `security` whether an endpoint asked for TLS
 (`https://`), for plain text (`http://`) or left it to the configured certificates (no scheme).
 """
 
