@@ -69,7 +69,11 @@ from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd  # noqa: E402
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry  # noqa: E402
 from tandem.checkpoint_engine.service.publisher import Publisher  # noqa: E402
 from tandem.checkpoint_engine.transport import BroadcastNode  # noqa: E402
-from tandem.checkpoint_engine.versions import delta, layout  # noqa: E402
+from tandem.checkpoint_engine.versions import (  # noqa: E402
+    delta,
+    layout,
+    version_writer,  # noqa: E402
+)
 
 MODEL = Path.home() / ".cache" / "tandem" / "models" / "smollm2-135m"
 LINKS = {"1 Gbit/s": 1e9 / 8, "10 Gbit/s": 10e9 / 8, "400 Gbit/s": 400e9 / 8}
@@ -112,8 +116,8 @@ def load(path: Path) -> dict[str, torch.Tensor]:
 
 
 def codec(root: Path, base: Tensors, new: Tensors, shard_bytes: int) -> dict[str, float]:
-    b = layout.write_version(root, "codec", 1, base, shard_bytes=shard_bytes)
-    n = layout.write_version(root, "codec", 2, new, shard_bytes=shard_bytes)
+    b = version_writer.write_version(root, "codec", 1, base, shard_bytes=shard_bytes)
+    n = version_writer.write_version(root, "codec", 2, new, shard_bytes=shard_bytes)
     bs, ns = delta.open_shards(b.path, b.index), delta.open_shards(n.path, n.index)
     enc = dec = 0.0
     sent = 0

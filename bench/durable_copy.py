@@ -1,6 +1,6 @@
 """Durable checkpoint copies: what `checkpointEngine.persist` costs, side by side with a plain copy.
 
-Writes one version of `--mib` MiB into shared memory (layout.write_version, as the publisher does),
+Writes one version of `--mib` MiB into shared memory (version_writer.write_version, as the publisher does),
 then times, on the same files and target filesystem:
   plain    shutil.copytree of the version directory (no fsync: the page cache holds it)
   plain+fs shutil.copytree then fsync of every file (what durability costs any copier)
@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT / r) for r in ("operator", "sidecars", "spec", "checkpo
 
 import torch  # noqa: E402
 
-from tandem.checkpoint_engine.versions import layout  # noqa: E402
+from tandem.checkpoint_engine.versions import version_writer  # noqa: E402
 from tandem.checkpoint_engine.versions.durable import DurableStore  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def main() -> int:
     try:
         n = args.mib * (1 << 20) // 4 // 8
         tensors = [(f"layer{i}.weight", torch.randn(n)) for i in range(8)]
-        src = layout.write_version(shm, "job", 1, tensors, shard_bytes=128 << 20).path
+        src = version_writer.write_version(shm, "job", 1, tensors, shard_bytes=128 << 20).path
         mib = sum(f.stat().st_size for f in src.iterdir()) / (1 << 20)
         print(f"version of {mib:.0f} MiB in {len(list(src.glob('shard-*')))} shards; target {args.target}")
         rows: dict[str, list[float]] = {"plain": [], "plain+fs": [], "save": [], "verify": []}

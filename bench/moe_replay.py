@@ -139,7 +139,7 @@ def main() -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from tandem.checkpoint_engine.versions import layout
+    from tandem.checkpoint_engine.versions import version_writer
     from tandem.sidecars.algorithms.base import Sample
     from tandem.sidecars.algorithms.registry import make_algorithm
     from tandem.sidecars.algorithms.routed import bytes_per_sample
@@ -191,7 +191,7 @@ def main() -> int:
                 for s in samples]
             trainer.train_step(algo.prepare(trained, 128), algo.loss, micro_batch_size=4, reduction="sum")
             stale_on, stale_off = mismatch(trainer, samples, True), mismatch(trainer, samples, False)
-            version = layout.write_version(shm, "moe", it + 1,
+            version = version_writer.write_version(shm, "moe", it + 1,
                                            ((n, t.to(torch.bfloat16)) for n, t in trainer.export_hf()))
             rollout.update_from_path(version.path)
             assert fresh_on[3] == 0.0 and stale_on[3] == 0.0, "replayed routers use vLLM's experts"

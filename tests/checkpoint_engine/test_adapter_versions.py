@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.versions import adapters, layout
+from tandem.checkpoint_engine.versions import adapters, layout, version_writer
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.engines import lora
 
@@ -117,7 +117,7 @@ def test_adapter_versions_are_served_hot_version_after_version(lora_engine: tupl
 
 
 def _write(root: Path, version: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
-    return layout.write_version(root, "bad", version, tensors.items(), adapter=config).path
+    return version_writer.write_version(root, "bad", version, tensors.items(), adapter=config).path
 
 
 def test_bad_adapter_versions_are_refused_and_the_served_adapter_stays(lora_engine: tuple[Any, Any, Path],

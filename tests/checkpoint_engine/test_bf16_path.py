@@ -22,7 +22,7 @@ import tiny_model
 import torch
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 from tandem.checkpoint_engine.versions.hf_export import export_version
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
@@ -99,7 +99,7 @@ def test_bf16_train_publish_and_vllm_decode_like_transformers(tmp_path: Path) ->
         assert got != hf_greedy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval(),
                                 prompts), "the two bf16 training steps must change some greedy continuation"
 
-        fp32 = layout.write_version(shm, "bf16-as-fp32", 2, ((n, t.float()) for n, t in
+        fp32 = version_writer.write_version(shm, "bf16-as-fp32", 2, ((n, t.float()) for n, t in
                                                               layout.MappedVersion(v1).tensors()))
         with pytest.raises(errors.CheckpointEngineError, match="dtype float32 != expected bfloat16"):
             engine.update_from_path(fp32.path)

@@ -13,7 +13,7 @@ import torch
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.service.publisher import Publisher
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 from tandem.checkpoint_engine.versions.durable import META, DurableStore
 from tandem.sidecars.trainer.loop.recovery.persist import Persister
 
@@ -23,7 +23,7 @@ def tensors(v: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def written(shm_root: Path, job: str, v: int) -> Path:
-    return layout.write_version(shm_root, job, v, tensors(v), shard_bytes=10_000).path
+    return version_writer.write_version(shm_root, job, v, tensors(v), shard_bytes=10_000).path
 
 
 def test_save_copies_a_whole_version_that_loads_back(shm_root: Path, job: str, tmp_path: Path) -> None:

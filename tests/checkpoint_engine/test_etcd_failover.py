@@ -30,7 +30,7 @@ from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcdClus
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport import BroadcastNode
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 
 pytestmark = pytest.mark.etcd
 
@@ -224,7 +224,7 @@ def test_a_transaction_whose_answer_was_lost_is_not_reported_as_a_conflict(
             return result
 
         client.transaction = commit_then_lose_answer
-        reps = [layout.write_version(shm_root, job, v, tensors(v), shard_bytes=8192) for v in (1, 2, 3)]
+        reps = [version_writer.write_version(shm_root, job, v, tensors(v), shard_bytes=8192) for v in (1, 2, 3)]
         assert writer.register(reps[0].index, str(reps[0].path)) == 1 and lost == [True]
         assert len(writer.shard_records(1)) == writer.version_record(1)["shards"] == len(reps[0].index.shards)
         with pytest.raises(errors.VersionExists):  # a real conflict is still one

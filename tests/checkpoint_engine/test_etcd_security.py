@@ -34,7 +34,7 @@ from tandem.checkpoint_engine.etcd.endpoints import EndpointError
 from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcd
 from tandem.checkpoint_engine.etcd.security import EtcdSecurity
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import version_writer
 from tandem.operator.cluster.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.spec.progress import Progress
 
@@ -132,7 +132,7 @@ def test_a_version_is_published_and_read_over_tls_as_the_jobs_user(secure_etcd: 
     writer = registry(secure_etcd, security(secure_etcd, "job-a")).connect(wait_s=10)
     reader = registry(secure_etcd, security(secure_etcd, "job-a"), pod="pod1", role="rollout").connect(wait_s=10)
     try:
-        rep = layout.write_version(tmp_path, "job-a", 1, [("w", torch.ones(4, 4))], shard_bytes=64)
+        rep = version_writer.write_version(tmp_path, "job-a", 1, [("w", torch.ones(4, 4))], shard_bytes=64)
         writer.register(rep.index, str(rep.path))
         assert reader.latest() == 1
         assert reader.version_record(1)["shards"] == len(rep.index.shards)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 
 
 def sample() -> list[tuple[str, torch.Tensor]]:
@@ -28,7 +28,7 @@ def sample() -> list[tuple[str, torch.Tensor]]:
 
 
 def test_round_trip_alignment_and_shards(shm_root: Path) -> None:
-    rep = layout.write_version(shm_root, "j", 1, sample(), shard_bytes=128)
+    rep = version_writer.write_version(shm_root, "j", 1, sample(), shard_bytes=128)
     idx = layout.read_index(rep.path)
     assert len(idx.shards) > 1, "a 128-byte shard limit must split these tensors"
     assert all(t.offset % layout.ALIGN == 0 for t in idx.tensors)
@@ -43,7 +43,7 @@ def test_round_trip_alignment_and_shards(shm_root: Path) -> None:
 
 
 def test_views_map_the_file_without_copy(shm_root: Path) -> None:
-    rep = layout.write_version(shm_root, "j", 1, [("x", torch.zeros(16)), ("y", torch.zeros(16))])
+    rep = version_writer.write_version(shm_root, "j", 1, [("x", torch.zeros(16)), ("y", torch.zeros(16))])
     mapped = layout.MappedVersion(rep.path)
     x, y = (mapped.tensor(r) for r in mapped.index.tensors)
     assert y.data_ptr() - x.data_ptr() == mapped.index.tensors[1].offset
@@ -54,7 +54,7 @@ def test_views_map_the_file_without_copy(shm_root: Path) -> None:
 
 
 def test_corrupt_byte_is_detected(shm_root: Path) -> None:
-    rep = layout.write_version(shm_root, "j", 1, sample())
+    rep = version_writer.write_version(shm_root, "j", 1, sample())
     rec = rep.index.tensors[0]
     with open(rep.path / rep.index.shards[rec.shard].file, "r+b") as f:
         f.seek(rec.offset + 5)
@@ -66,7 +66,7 @@ def test_corrupt_byte_is_detected(shm_root: Path) -> None:
 
 
 def test_truncated_or_missing_files_are_torn(shm_root: Path) -> None:
-    rep = layout.write_version(shm_root, "j", 1, sample())
+    rep = version_writer.write_version(shm_root, "j", 1, sample())
     shard = rep.path / rep.index.shards[0].file
     os.truncate(shard, shard.stat().st_size - 64)
     with pytest.raises(errors.TornVersion, match="bytes"):
@@ -80,7 +80,7 @@ def test_truncated_or_missing_files_are_torn(shm_root: Path) -> None:
 
 
 def test_validate_names_shapes_dtypes(shm_root: Path) -> None:
-    rep = layout.write_version(shm_root, "j", 1, sample())
+    rep = version_writer.write_version(shm_root, "j", 1, sample())
     expected = {n: layout.Expected(tuple(t.shape), layout.dtype_name(t.dtype)) for n, t in sample()}
     layout.validate(rep.index, expected)
     bad = dict(expected)
@@ -102,11 +102,11 @@ def test_validate_names_shapes_dtypes(shm_root: Path) -> None:
 
 
 def test_existing_version_and_duplicate_names_rejected(shm_root: Path) -> None:
-    layout.write_version(shm_root, "j", 1, sample())
+    version_writer.write_version(shm_root, "j", 1, sample())
     with pytest.raises(errors.VersionExists):
-        layout.write_version(shm_root, "j", 1, sample())
+        version_writer.write_version(shm_root, "j", 1, sample())
     with pytest.raises(ValueError, match="twice"):
-        layout.write_version(shm_root, "j", 2, [("x", torch.zeros(1)), ("x", torch.zeros(1))])
+        version_writer.write_version(shm_root, "j", 2, [("x", torch.zeros(1)), ("x", torch.zeros(1))])
     assert layout.list_versions(shm_root, "j") == [1]
     assert not [p for p in (shm_root / "j").iterdir() if p.name.startswith(".tmp-")], "failed write left a temp dir"
 

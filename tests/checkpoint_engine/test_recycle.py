@@ -16,7 +16,7 @@ import torch
 
 from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.service.publisher import Publisher
-from tandem.checkpoint_engine.versions import layout, slots
+from tandem.checkpoint_engine.versions import layout, slots, version_writer
 
 pytestmark = pytest.mark.etcd
 
@@ -57,7 +57,7 @@ def test_steady_publish_writes_into_released_pages(make_registry: Any, shm_root:
     assert set(inodes(shm_root, job, 3).values()) == set(first.values()), "v3 lives in v1's slot files"
     assert_exact(shm_root, job, 3, tensors(3))
     # the checksums are those of a fresh write of the same tensors
-    fresh = layout.write_version(shm_root / "fresh", job, 3, tensors(3), shard_bytes=40_000)
+    fresh = version_writer.write_version(shm_root / "fresh", job, 3, tensors(3), shard_bytes=40_000)
     recycled = layout.read_index(layout.version_dir(shm_root, job, 3))
     assert [t.checksum for t in recycled.tensors] == [t.checksum for t in fresh.index.tensors]
     assert slots.held(spare) == r3.bytes  # one slot between publishes, v2's files

@@ -12,13 +12,13 @@ import torch
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.etcd import keys
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import version_writer
 
 pytestmark = pytest.mark.etcd
 
 
-def write(shm_root: Path, job: str, v: int) -> layout.WriteReport:
-    return layout.write_version(
+def write(shm_root: Path, job: str, v: int) -> version_writer.WriteReport:
+    return version_writer.write_version(
         shm_root, job, v, [("w", torch.full((4, 4), float(v))), ("b", torch.zeros(3))], shard_bytes=64
     )
 

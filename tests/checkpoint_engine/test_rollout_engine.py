@@ -17,7 +17,7 @@ import torch
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.service.engine_status import Phase
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
@@ -72,7 +72,7 @@ def test_update_equals_fresh_engine_and_hf(
     try:
         assert greedy(fresh) == live
         other = tiny_model.random_model(seed=12)
-        wrote = layout.write_version(tmp_path / "shm", "tp2", 1, other.state_dict().items())
+        wrote = version_writer.write_version(tmp_path / "shm", "tp2", 1, other.state_dict().items())
         report = fresh.update_from_path(wrote.path)
         assert sorted(w["rank"] for w in report.workers) == [0, 1]
         ranks = fresh.llm.collective_rpc("tandem_param_info")

@@ -16,7 +16,7 @@ import pytest
 import tiny_model
 import torch
 
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import version_writer
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 
@@ -62,7 +62,7 @@ def test_tied_update_generates_like_transformers(tied_engine: tuple[RolloutEngin
     assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
     names = [n for n, _ in hf_state(model)]
     assert "lm_head.weight" not in names
-    wrote = layout.write_version(root / "versions", "tied", seed, hf_state(model))
+    wrote = version_writer.write_version(root / "versions", "tied", seed, hf_state(model))
     report = engine.update_from_path(wrote.path)
     assert all(w["retied"] for w in report.workers)
     sums = engine.llm.collective_rpc("tandem_logits_weight_sum")[0]

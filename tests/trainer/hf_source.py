@@ -18,7 +18,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "checkpoint_engine"))
 import tiny_model  # noqa: E402
 from tiny_models import make_tiny_hf_model  # noqa: E402
 
-from tandem.checkpoint_engine.versions import layout  # noqa: E402
+from tandem.checkpoint_engine.versions import (
+    version_writer,  # noqa: E402
+)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
@@ -58,7 +60,7 @@ def publish(root: Path, model_dir: Path, version: int, with_tied_head: bool = Fa
     state = hf_state(model_dir)
     if with_tied_head:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    return layout.write_version(root, "job", version, sorted(state.items()), shard_bytes=shard_bytes).path
+    return version_writer.write_version(root, "job", version, sorted(state.items()), shard_bytes=shard_bytes).path
 
 
 def logits(model_dir: Path, dtype: torch.dtype | str = torch.float32) -> torch.Tensor:

@@ -29,7 +29,7 @@ def one_row(ids: list[int]) -> dict[str, torch.Tensor]:
 def run_case(case: dict[str, Any]) -> None:
     from dist_worker import fixed_batch, nll_loss
 
-    from tandem.checkpoint_engine.versions import layout
+    from tandem.checkpoint_engine.versions import version_writer
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     dtype = getattr(torch, case.get("dtype", "float32"))  # bfloat16: Megatron's Float16Module, bf16 export
@@ -39,7 +39,7 @@ def run_case(case: dict[str, Any]) -> None:
     for version in (0, 1):
         if version == 1:
             result["losses"] = [engine.train_step(fixed_batch(), nll_loss)["loss"] for _ in range(STEPS)]
-        wrote = layout.write_version(Path(case["shm_root"]), case["job"], version, engine.export_hf())
+        wrote = version_writer.write_version(Path(case["shm_root"]), case["job"], version, engine.export_hf())
         result[f"v{version}"] = {
             "path": str(wrote.path),
             "logits": [engine.logits(one_row(p))[0] for p in prompts],

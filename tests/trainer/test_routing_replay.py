@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import version_writer
 from tandem.sidecars.algorithms.base import Sample, pack_samples
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
@@ -57,7 +57,7 @@ def rollouts(toy_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         greedy = engine.generate(prompts[:3], SamplingOptions(max_tokens=10, temperature=0.0))
         # an in-place reload of the same weights (bf16, as the trainer publishes for this engine)
         weights = load_file(str(toy_moe / "model.safetensors"))
-        version = layout.write_version(engine.cfg.shm_root, "r3", 1,
+        version = version_writer.write_version(engine.cfg.shm_root, "r3", 1,
                                        sorted((n, t.to(torch.bfloat16)) for n, t in weights.items()))
         engine.update_from_path(version.path)
         reloaded = engine.generate(prompts[:3], SamplingOptions(max_tokens=10, temperature=0.0))

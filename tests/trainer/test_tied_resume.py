@@ -22,7 +22,7 @@ import torch
 from dist_worker import fixed_batch, nll_loss
 from tiny_models import make_tiny_hf_model
 
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.checkpoint_engine.versions.hf_export import export_version
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
@@ -69,7 +69,7 @@ def test_resume_from_durable_copy_restores_the_trained_model(case: str, tmp_path
     for _ in range(2):
         trained.train_step(batch, nll_loss)
     train_state.save(SimpleNamespace(engine=trained, critic=None, durable=store), VERSION)
-    published = layout.write_version(shm, "job", VERSION, trained.export_hf())
+    published = version_writer.write_version(shm, "job", VERSION, trained.export_hf())
     names = {t.name for t in published.index.tensors}
     assert ("lm_head.weight" in names) is not tied, "a tied version carries no output head"
     if not tied:

@@ -25,7 +25,7 @@ from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport import BroadcastNode
-from tandem.checkpoint_engine.versions import delta, layout
+from tandem.checkpoint_engine.versions import delta, layout, version_writer
 
 SHARD = 96 << 10  # several shards per version
 
@@ -41,7 +41,7 @@ def versions(dtype: torch.dtype = torch.bfloat16) -> list[list[tuple[str, torch.
 
 
 def _write(root: Path, v: int, tensors: list[tuple[str, torch.Tensor]]) -> tuple[layout.VersionIndex, list[Any]]:
-    rep = layout.write_version(root, "job", v, tensors, shard_bytes=SHARD)
+    rep = version_writer.write_version(root, "job", v, tensors, shard_bytes=SHARD)
     return rep.index, delta.open_shards(rep.path, rep.index)
 
 

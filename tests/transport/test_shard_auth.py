@@ -21,17 +21,17 @@ from tandem.checkpoint_engine.transport.auth import shard_key
 from tandem.checkpoint_engine.transport.server import HolderServer
 from tandem.checkpoint_engine.transport.store import LocalStore
 from tandem.checkpoint_engine.transport.wire import Connection, recv_exact, recv_msg, send_msg
-from tandem.checkpoint_engine.versions import layout
+from tandem.checkpoint_engine.versions import layout, version_writer
 
 JOB, TOKEN = "shard-auth", "the-jobs-token"
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[HolderServer, layout.WriteReport]]:
+def served(tmp_path: Path) -> Iterator[tuple[HolderServer, version_writer.WriteReport]]:
     """Version 1 (three shards of random bytes) behind a holder server bounded to 2 connections."""
     torch.manual_seed(0)
     tensors = [(f"w{i}", torch.randn(64, 64)) for i in range(3)]
-    rep = layout.write_version(tmp_path, JOB, 1, tensors, shard_bytes=64 * 64 * 4)
+    rep = version_writer.write_version(tmp_path, JOB, 1, tensors, shard_bytes=64 * 64 * 4)
     server = HolderServer(LocalStore(tmp_path, JOB), shard_key(TOKEN, JOB), host="127.0.0.1",
                           max_connections=2).start()
     yield server, rep

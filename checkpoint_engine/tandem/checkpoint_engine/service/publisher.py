@@ -34,7 +34,7 @@ from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase, PublishReport
-from tandem.checkpoint_engine.versions import layout, slots
+from tandem.checkpoint_engine.versions import layout, slots, version_writer
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Publisher:
                 raise errors.VersionExists(f"version {v} is not newer than the registered latest {latest}")
             self._set(Phase.PUBLISHING)
             try:
-                wrote = layout.write_version(
+                wrote = version_writer.write_version(
                     self.shm_root, self.job, v, named_tensors, shard_bytes=self.shard_bytes, fsync=self.fsync,
                     spares=self.spares if self.recycle else None, expected_shards=self._shard_sizes(),
                     adapter=adapter,

@@ -1,8 +1,11 @@
 """Versioned, aligned shared-memory layout of a job's weights: write once, map without a copy.
 
-Callers: publisher.py writes versions (`write_version`), the rollout engine (tandem.sidecars.rollout_engine)
-and its worker side (`rollout_engine.worker.shm_loader`) read them (`read_index`, `MappedVersion`), publisher
-GC removes them (`remove_version`, `clean_stale_temps`). Transports (other pods) copy shard files byte for byte.
+Here: the format (the index's records, the paths, the constants), reading and mapping a version (`read_index`,
+`MappedVersion`), checking it against what an engine expects (`validate`) and removing versions; writing one is
+`version_writer.write_version`. Callers: the publisher writes versions (through `version_writer`), the rollout
+engine (tandem.sidecars.rollout_engine) and its worker side (`rollout_engine.worker.shm_loader`) read them
+(`read_index`, `MappedVersion`), the publisher's GC removes them (`remove_version`, `clean_stale_temps`).
+Transports (other pods) copy shard files byte for byte.
 
 On disk (normally under /dev/shm):
 
@@ -37,7 +40,7 @@ import torch
 from pydantic import BaseModel
 
 from tandem.checkpoint_engine import errors
-from tandem.checkpoint_engine.versions import hashing, slots
+from tandem.checkpoint_engine.versions import hashing
 
 FORMAT = "tandem-shm-v1"
 ALIGN = 64
@@ -96,153 +99,6 @@ def torch_dtype(name: str) -> torch.dtype:
     if not isinstance(dt, torch.dtype):
         raise errors.InvalidVersion(f"unknown dtype {name!r} in tensor index")
     return dt
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a CPU, contiguous copy-free (when possible) form of `t`."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _host_bytes(flat: torch.Tensor) -> Any:
-    """A numpy view of a CPU uint8 tensor's bytes that leaves the tensor's storage resizable.
-
-    `Tensor.numpy()` would mark the storage non-resizable for good; the exported tensors can be
-    the trainer's live parameters, whose storages the offloader must later release.
-    """
-    import ctypes
-
-    import numpy as np
-
-    n = int(flat.numel())
-    if n == 0:
-        return np.empty(0, dtype=np.uint8)
-    return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(flat.data_ptr()))
-
-
-def _pad(n: int, align: int = ALIGN) -> int:
-    return (-n) % align
-
-
-@dataclass
-class WriteReport:
-    path: Path
-    index: VersionIndex
-    seconds: float
-    bytes: int
-    recycled: int = 0  # bytes of spare files reused as this version's shards (pages not faulted anew)
-
-
-def write_version(
-    root: Path,
-    job: str,
-    version: int,
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
-    fsync: bool = False,
-    spares: Path | None = None,
-    expected_shards: list[int] | None = None,
-    adapter: dict[str, Any] | None = None,
-) -> WriteReport:
-    """Write all tensors of `version` into a temp dir, then rename it into place atomically.
-
-    Tensors are written in the iterator's order; a shard closes when the next tensor would make
-    it exceed `shard_bytes` (a larger tensor gets a shard of its own). With `spares` (slots.py),
-    each shard file is a spare file of a released version when there is one (the best fit for
-    `expected_shards[i]`, else for `shard_bytes`), overwritten in place and cut to its size. `adapter` (a
-    PEFT adapter config) marks a version of LoRA adapters only (adapters.py).
-    """
-    if shard_bytes <= 0:
-        raise ValueError("shard_bytes must be positive")
-    t0 = time.perf_counter()
-    final = version_dir(root, job, version)
-    if final.exists():
-        raise errors.VersionExists(f"{final} already exists")
-    jdir = job_dir(root, job)
-    jdir.mkdir(parents=True, exist_ok=True)
-    tmp = jdir / f".tmp-v{version:012d}-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
-    lock_fd = os.open(tmp / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
-    try:
-        tensors: list[TensorRecord] = []
-        shards: list[ShardRecord] = []
-        shard_sums: list[str] = []
-        fh = None
-        pos = 0
-        names: set[str] = set()
-        recycled = 0
-
-        def close_shard() -> None:
-            nonlocal fh
-            if fh is None:
-                return
-            fh.flush()
-            fh.truncate(pos)  # a recycled file may be longer than this shard
-            if fsync:
-                os.fsync(fh.fileno())
-            fh.close()
-            fh = None
-            i = len(shards)
-            shards.append(
-                ShardRecord(index=i, file=f"shard-{i:05d}.bin", nbytes=pos, digest=hashing.digest_strings(shard_sums))
-            )
-
-        for name, tensor in named_tensors:
-            if name in names:
-                raise ValueError(f"tensor {name!r} given twice")
-            names.add(name)
-            flat = _as_bytes(tensor)
-            nbytes = int(flat.numel())
-            if fh is not None and pos > 0 and pos + nbytes > shard_bytes:
-                close_shard()
-            if fh is None:
-                i = len(shards)
-                want = expected_shards[i] if expected_shards is not None and i < len(expected_shards) else shard_bytes
-                fd, reused = slots.open_shard(tmp / f"shard-{i:05d}.bin", spares, want)
-                recycled += os.fstat(fd).st_size if reused else 0
-                fh = open(fd, "wb")  # noqa: SIM115 - closed above; an fd is never truncated on open
-                pos, shard_sums = 0, []
-            arr = _host_bytes(flat)
-            checksum = hashing.checksum(arr)
-            tensors.append(
-                TensorRecord(
-                    name=name,
-                    dtype=dtype_name(tensor.dtype),
-                    shape=list(tensor.shape),
-                    shard=len(shards),
-                    offset=pos,
-                    nbytes=nbytes,
-                    checksum=checksum,
-                )
-            )
-            shard_sums.append(checksum)
-            fh.write(memoryview(arr))
-            pad = _pad(nbytes)
-            if pad:
-                fh.write(b"\0" * pad)
-            pos += nbytes + pad
-        close_shard()
-        index = VersionIndex(
-            job=job,
-            version=version,
-            algorithm=hashing.ALGORITHM,
-            created=time.time(),
-            shards=shards,
-            tensors=tensors,
-            adapter=adapter,
-        )
-        (tmp / INDEX).write_text(index.model_dump_json())
-        os.rename(tmp, final)  # atomic: the version appears complete or not at all
-        os.unlink(final / ".lock")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock_fd)
-    return WriteReport(final, index, time.perf_counter() - t0, index.total_bytes, recycled)
 
 
 def read_index(path: Path) -> VersionIndex:

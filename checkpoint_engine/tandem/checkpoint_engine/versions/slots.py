@@ -1,6 +1,6 @@
 """Spare shard files: the /dev/shm pages of released versions, reused by the next version written.
 
-Callers: publisher.py (its GC retires collected versions here, `layout.write_version` takes
+Callers: publisher.py (its GC retires collected versions here, `version_writer.write_version` takes
 their files back as the next version's shards), transport/store.py (a receiving pod does the
 same with the versions it released). Both use the one directory `<job dir>/.spare/`, so in a
 hybrid pod the trainer's and the rollout's released pages form one pool.
