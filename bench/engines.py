@@ -73,7 +73,7 @@ def adam_state_bytes(optimizer: Any) -> int:
 def case(model: str, name: str, steps: int) -> dict[str, Any]:
     import torch
 
-    from tandem.sidecars.algorithms.base import Sample, row_budget
+    from tandem.sidecars.algorithms.algorithm_interface import Sample, row_budget
     from tandem.sidecars.algorithms.grpo import GRPO
     from tandem.sidecars.trainer.engines.heads import shift_to_labels
 

@@ -58,7 +58,7 @@ def case(model: str, length: int, path: str, recompute: bool) -> dict[str, Any]:
     """One train step in this process; peak RSS growth in MiB and seconds."""
     import torch
 
-    from tandem.sidecars.algorithms.base import Sample
+    from tandem.sidecars.algorithms.algorithm_interface import Sample
     from tandem.sidecars.algorithms.grpo import GRPO
     from tandem.sidecars.trainer.engines.heads import shift_to_labels
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine

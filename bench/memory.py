@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOTS = ("spec", "operator", "sidecars", "checkpoint_engine")
 DEMO = ROOT / "examples" / "smollm2-grpo.yaml"
 MIB = float(1 << 20)
-ROLES = (("trainer", "tandem.sidecars.trainer"), ("sandbox", "tandem.sidecars.sandbox.server"),
+ROLES = (("trainer", "tandem.sidecars.trainer"), ("sandbox", "tandem.sidecars.sandbox.sandbox_server"),
          ("rollout", "tandem.sidecars.rollout"), ("rollout", "VLLM"), ("rollout", "EngineCore"), ("etcd", "etcd"),
          ("cli", "tandem.cli.main"), ("trl", "run_trl"))
 

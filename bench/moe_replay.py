@@ -65,7 +65,7 @@ def mismatch(engine: Any, samples: list[Any], replay: bool) -> tuple[float, floa
     replay, checked)."""
     import torch
 
-    from tandem.sidecars.algorithms.base import Sample, pack_samples
+    from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples
 
     routed = pack_samples(samples, 128).routed_experts
     if not replay:
@@ -140,8 +140,8 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from tandem.checkpoint_engine.versions import version_writer
-    from tandem.sidecars.algorithms.base import Sample
-    from tandem.sidecars.algorithms.registry import make_algorithm
+    from tandem.sidecars.algorithms.algorithm_choice import make_algorithm
+    from tandem.sidecars.algorithms.algorithm_interface import Sample
     from tandem.sidecars.algorithms.routed import bytes_per_sample
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
     from tandem.sidecars.rollout_engine.sampling import SamplingOptions

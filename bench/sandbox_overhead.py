@@ -37,7 +37,7 @@ TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) ==
 
 
 def start_server(sock: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.sandbox.server", "--socket", str(sock)],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.sandbox.sandbox_server", "--socket", str(sock)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not sock.is_socket():

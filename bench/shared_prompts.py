@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT / r) for r in ("operator", "sidecars", "spec", "checkpo
 def samples(tokenizer: Any, group: int, completion: int) -> list[Any]:
     import torch
 
-    from tandem.sidecars.algorithms.base import Sample
+    from tandem.sidecars.algorithms.algorithm_interface import Sample
 
     rows = [json.loads(x) for x in (ROOT / "examples" / "arith" / "train.jsonl").read_text().splitlines()[:8]]
     gen = torch.Generator().manual_seed(0)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from tandem.cli import pretrained
-    from tandem.sidecars.algorithms.base import row_budget
+    from tandem.sidecars.algorithms.algorithm_interface import row_budget
     from tandem.sidecars.algorithms.grpo import GRPO
     from tandem.sidecars.trainer.engines import cpu_compat
     from tandem.sidecars.trainer.engines.heads import shift_to_labels

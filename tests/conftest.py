@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcd, free_port
-from tandem.cli.procs import pod_cpus
+from tandem.cli.local_procs import pod_cpus
 
 __all__ = ["EtcdServer", "free_port"]
 

@@ -26,7 +26,7 @@ def sandbox_server_process() -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
     sock_dir.chmod(0o755)
     path = sock_dir / "sandbox.sock"
     log = open(sock_dir / "server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.sandbox.server", "--socket", str(path),
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.sidecars.sandbox.sandbox_server", "--socket", str(path),
                              "--user", str(SANDBOX_UID)], stdout=log, stderr=subprocess.STDOUT,
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                                  "PYTHONPATH": os.pathsep.join(sys.path)})

@@ -152,8 +152,9 @@ def test_image_provides_every_module_its_entry_point_imports(dockerfile: str) ->
 
 def test_the_scan_sees_imports_in_function_bodies_and_skips_optional_ones() -> None:
     """The scan is what makes the test above worth anything: check it on two known modules."""
-    select = tandem_file("tandem.checkpoint_engine.transport.select")  # pyverbs: in a try/except ImportError
-    assert select is not None and "pyverbs.device" not in imported("tandem.checkpoint_engine.transport.select", select)
+    choice = "tandem.checkpoint_engine.transport.transport_choice"
+    select = tandem_file(choice)  # pyverbs: in a try/except ImportError
+    assert select is not None and "pyverbs.device" not in imported(choice, select)
     # vLLM's SamplingParams, imported in a function body
     generation = tandem_file("tandem.sidecars.rollout_engine.generation")
     assert generation is not None and "vllm" in imported("tandem.sidecars.rollout_engine.generation", generation)

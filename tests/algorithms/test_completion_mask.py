@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.packing import PackingError
 

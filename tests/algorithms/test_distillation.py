@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from tandem.sidecars.algorithms import GRPO, Sample, make_algorithm
 from tandem.sidecars.algorithms import functional as F
-from tandem.sidecars.algorithms.base import AlgorithmError
+from tandem.sidecars.algorithms.algorithm_interface import AlgorithmError
 from tandem.spec import model_dir
 from tandem.spec.algorithm import Algorithm
 

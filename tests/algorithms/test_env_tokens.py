@@ -12,7 +12,7 @@ import math
 import pytest
 
 from tandem.sidecars.algorithms import GRPO, PPO, Sample
-from tandem.sidecars.algorithms.base import last_model_token
+from tandem.sidecars.algorithms.algorithm_interface import last_model_token
 
 # sample 0: the model's 2 tokens, a tool result of 3, the model's 2 again; sample 1: a plain reply of 3
 MASK0 = [1, 1, 0, 0, 0, 1, 1]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tandem.checkpoint_engine import errors
-from tandem.sidecars.algorithms.base import Sample, pack_samples
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples
 from tandem.sidecars.algorithms.routed import RoutingError, bytes_per_sample
 from tandem.sidecars.rollout_engine import routing
 from tandem.sidecars.rollout_engine.sampling import Completion

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples, prompt_groups, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples, prompt_groups, row_budget
 from tandem.sidecars.algorithms.dpo import DPO
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.packing import PackingError, pack, token_logprobs

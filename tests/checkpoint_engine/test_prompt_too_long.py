@@ -1,5 +1,5 @@
 """A prompt with no room for a generated token, sent to the rollout's HTTP API (`/v1/generate` of
-`tandem.sidecars.rollout.server` over the session's one real vLLM engine, max_model_len 256): a typed
+`tandem.sidecars.rollout.http_app` over the session's one real vLLM engine, max_model_len 256): a typed
 400 naming the prompt and the limit, nothing generated, and the engine serves the next request as before.
 A request vLLM itself refuses (an empty prompt) is a 400 too, never a FAILED engine."""
 
@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tandem.checkpoint_engine.service.engine_status import Phase
-from tandem.sidecars.rollout.server import build_app
+from tandem.sidecars.rollout.http_app import build_app
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 
 TOKEN = "t0k"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.cli.procs import LocalContainer, pod_cpus, session_members, stop_all
+from tandem.cli.local_procs import LocalContainer, pod_cpus, session_members, stop_all
 
 # the leader starts a grandchild that ignores SIGTERM, prints both pids, and exits on SIGTERM
 LEADER = textwrap.dedent("""

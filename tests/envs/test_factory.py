@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tandem.sidecars.envs.base import ToolEnvironment
+from tandem.sidecars.envs.environments import ToolEnvironment
 from tandem.sidecars.envs.factory import EnvironmentLoadError, agent_function, load_environment, make_environments
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
 from tandem.spec.environment import Environment

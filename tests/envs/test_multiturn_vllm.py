@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.sidecars.envs.base import Message, Step, TurnStats
-from tandem.sidecars.envs.driver import TRUNCATED, Limits, MultiTurnDriver
+from tandem.sidecars.envs.environments import Message, Step, TurnStats
+from tandem.sidecars.envs.multi_turn import TRUNCATED, Limits, MultiTurnDriver
 from tandem.sidecars.envs.tools import Tool, calculator
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 

@@ -40,7 +40,7 @@ TOOLS = [Tool.of(calculator).schema]
 @pytest.fixture(scope="module")
 def served(engine: Any, tokenizer: Any) -> Iterator[tuple[str, Recorder]]:
     """The rollout app (control API, OpenAI endpoint) on a real port; agents reach it over HTTP."""
-    from tandem.sidecars.rollout.server import build_app
+    from tandem.sidecars.rollout.http_app import build_app
     from tandem.sidecars.serve import start_server
 
     recorder = Recorder(max_calls=3, max_turn_tokens=96, max_total_tokens=512)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tandem.sidecars.envs.base import ToolEnvironment
-from tandem.sidecars.envs.driver import Limits, MultiTurnDriver, Result, _State
+from tandem.sidecars.envs.environments import ToolEnvironment
+from tandem.sidecars.envs.multi_turn import Limits, MultiTurnDriver, Result, _State
 from tandem.sidecars.envs.tools import ToolBox, calculator
 from tandem.sidecars.envs.trajectory import Trajectory
 from tandem.sidecars.rollout_engine.sampling import Completion

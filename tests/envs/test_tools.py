@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tandem.sidecars.envs.base import SingleTurn, ToolEnvironment
+from tandem.sidecars.envs.environments import SingleTurn, ToolEnvironment
 from tandem.sidecars.envs.toolcalls import ToolCall
 from tandem.sidecars.envs.tools import Tool, ToolBox, ToolError, calculator
 

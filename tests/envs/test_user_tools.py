@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import pytest
 
-from tandem.sidecars.envs.base import ToolEnvironment
+from tandem.sidecars.envs.environments import ToolEnvironment
 from tandem.sidecars.envs.toolcalls import ToolCall
 from tandem.sidecars.envs.tools import Tool, ToolBox, ToolError
 

@@ -8,7 +8,7 @@ import pytest
 from rule_checks import Accepted, Rejected, rule_tests
 from wrappers import JobWrapper
 
-from tandem.sidecars.envs.base import SingleTurn, ToolEnvironment
+from tandem.sidecars.envs.environments import SingleTurn, ToolEnvironment
 from tandem.sidecars.envs.factory import limits, make_environments
 from tandem.spec.load import SpecError, parse_job
 

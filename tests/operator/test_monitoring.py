@@ -1,12 +1,12 @@
 """The chart's monitors and Grafana dashboard against what the code really serves.
 
 Every PromQL expression of the dashboard (panels and template variables) is read into its selectors and
-grouping labels (`promql_refs`) and checked against the exposition of the real Prometheus registries the
-code builds: the driver's (the loop's `LoopMetrics` fed an iteration's row and an evaluation, with its
-engine's collector, as `checkpoint_engine.service.api.create_app` serves them on port ce-trainer), a rollout's (its
-engine's collector, on ce-rollout) and the operator's (`tandem.operator.runtime.metrics` after a reconcile pass and a
-failed one), plus the labels the monitors add (Prometheus's target labels and the monitors' relabelings).
-The monitors' selectors, ports and relabelings are checked against the pods the operator's builders
+grouping labels (`promql_refs`) and checked against the exposition of the real Prometheus registries the code
+builds: the driver's (the loop's `LoopMetrics` fed an iteration's row and an evaluation, with its engine's
+collector, as `checkpoint_engine.service.api.create_app` serves them on port ce-trainer), a rollout's (its engine's
+collector, on ce-rollout) and the operator's (`tandem.operator.runtime.job_metrics` after a reconcile pass and a
+failed one), plus the labels the monitors add (Prometheus's target labels and the monitors' relabelings). The
+monitors' selectors, ports and relabelings are checked against the pods the operator's builders
 really make and the chart's operator Deployment. Then the monitors pass the real API server's validation
 with the Prometheus Operator's CRDs installed (fetched by scripts/fetch-monitoring-crds.sh).
 """
@@ -33,7 +33,7 @@ from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase
 from tandem.checkpoint_engine.service.metrics import engine_registry
 from tandem.operator.manifests import builders
 from tandem.operator.policies.plan import Plan
-from tandem.operator.runtime import metrics as operator_metrics
+from tandem.operator.runtime import job_metrics as operator_metrics
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.spec.models import JobStatus
 

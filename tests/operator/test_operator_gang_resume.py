@@ -33,7 +33,7 @@ from wrappers import JobWrapper
 from tandem.checkpoint_engine.versions import layout
 from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.cli.local import processes_for
-from tandem.cli.procs import LocalContainer
+from tandem.cli.local_procs import LocalContainer
 from tandem.cli.volumes import localize
 from tandem.spec.load import parse_job
 

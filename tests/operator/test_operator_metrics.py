@@ -6,14 +6,14 @@ from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper
 
 from tandem.operator.policies.observe import PodState
 from tandem.operator.policies.plan import Observation, Plan, decide
-from tandem.operator.runtime import metrics
+from tandem.operator.runtime import job_metrics
 from tandem.spec.load import parse_job
 from tandem.spec.models import JobStatus
 from tandem.spec.progress import EvalSummary, Progress
 
 
 def value(name: str, **labels: str) -> float | None:
-    return metrics.REGISTRY.get_sample_value(name, labels)
+    return job_metrics.REGISTRY.get_sample_value(name, labels)
 
 
 def plan_for(name: str, st: JobStatus, pods: list[PodState], progress: Progress | None = None) -> Plan:
@@ -25,10 +25,10 @@ def plan_for(name: str, st: JobStatus, pods: list[PodState], progress: Progress 
 def test_a_new_job_creates_pods_and_reports_pending() -> None:
     created = value("tandem_pods_created_total") or 0.0
     plan = plan_for("m-new", JobStatus(), [])
-    metrics.record("ns", "m-new", plan)
+    job_metrics.record("ns", "m-new", plan)
     job = {"namespace": "ns", "rlhfjob": "m-new"}
     assert value("tandem_rlhfjob_phase", phase="Pending", **job) == 1.0
-    assert sum(value("tandem_rlhfjob_phase", phase=p, **job) or 0.0 for p in metrics.PHASES) == 1.0
+    assert sum(value("tandem_rlhfjob_phase", phase=p, **job) or 0.0 for p in job_metrics.PHASES) == 1.0
     assert value("tandem_pods_created_total") == created + 2
     assert value("tandem_rlhfjob_reward_mean", **job) is None  # nothing measured: no sample, not 0
 
@@ -38,7 +38,7 @@ def test_progress_and_restarts_show_then_forget_drops_them() -> None:
     progress = Progress(phase="train", iteration=7, iterations=10, weight_version=8, last_sync_seconds=1.5,
                         reward_mean=0.25)
     plan = plan_for("m-run", StatusWrapper().phase("Running").get(), running, progress)
-    metrics.record("ns", "m-run", plan)
+    job_metrics.record("ns", "m-run", plan)
     job = {"namespace": "ns", "rlhfjob": "m-run"}
     assert value("tandem_rlhfjob_phase", phase="Running", **job) == 1.0
     assert value("tandem_rlhfjob_iteration", **job) == 7 and value("tandem_rlhfjob_weight_version", **job) == 8
@@ -48,24 +48,24 @@ def test_progress_and_restarts_show_then_forget_drops_them() -> None:
 
     failed = [PodWrapper("m-run", 0).failed().state(), running[1]]
     plan = plan_for("m-run", plan.status, failed, progress)
-    metrics.record("ns", "m-run", plan)
+    job_metrics.record("ns", "m-run", plan)
     assert value("tandem_rlhfjob_phase", phase="Restarting", **job) == 1.0
     assert value("tandem_rlhfjob_phase", phase="Running", **job) == 0.0
     assert value("tandem_rlhfjob_restarts", **job) == 1
 
-    metrics.forget("ns", "m-run")
+    job_metrics.forget("ns", "m-run")
     assert value("tandem_rlhfjob_iteration", **job) is None and value("tandem_rlhfjob_preemptions", **job) is None
-    assert all(value("tandem_rlhfjob_phase", phase=p, **job) is None for p in metrics.PHASES)
-    metrics.forget("ns", "m-run")  # twice is harmless (the delete handler may retry)
+    assert all(value("tandem_rlhfjob_phase", phase=p, **job) is None for p in job_metrics.PHASES)
+    job_metrics.forget("ns", "m-run")  # twice is harmless (the delete handler may retry)
 
 
 def test_pass_timing_counts_failures_by_type() -> None:
     before = value("tandem_reconcile_seconds_count") or 0.0
     errors = value("tandem_reconcile_errors_total", error="RuntimeError") or 0.0
-    with metrics.observe_pass():
+    with job_metrics.observe_pass():
         pass
     try:
-        with metrics.observe_pass():
+        with job_metrics.observe_pass():
             raise RuntimeError("API server gone")
     except RuntimeError:
         pass
@@ -78,15 +78,15 @@ def test_eval_pass_at_1_shows_once_evaluated_and_is_forgotten() -> None:
     job = {"namespace": "ns", "rlhfjob": "m-eval"}
     plan = plan_for("m-eval", StatusWrapper().phase("Running").get(), running,
                     Progress(phase="train", iteration=1, iterations=10))
-    metrics.record("ns", "m-eval", plan)
+    job_metrics.record("ns", "m-eval", plan)
     assert value("tandem_rlhfjob_eval_pass_at_1", **job) is None  # not evaluated yet: no sample, not 0
     summary = EvalSummary(iteration=0, weight_version=1, pass_at_1=0.0, pass_at_k=0.25, k=4, prompts=8)
     plan = plan_for("m-eval", plan.status, running, Progress(phase="train", iteration=2, eval=summary))
-    metrics.record("ns", "m-eval", plan)
+    job_metrics.record("ns", "m-eval", plan)
     assert value("tandem_rlhfjob_eval_pass_at_1", **job) == 0.0  # a measured 0 is a sample
     better = summary.model_copy(update={"iteration": 5, "pass_at_1": 0.625})
     plan = plan_for("m-eval", plan.status, running, Progress(phase="train", iteration=6, eval=better))
-    metrics.record("ns", "m-eval", plan)
+    job_metrics.record("ns", "m-eval", plan)
     assert value("tandem_rlhfjob_eval_pass_at_1", **job) == 0.625
-    metrics.forget("ns", "m-eval")
+    job_metrics.forget("ns", "m-eval")
     assert value("tandem_rlhfjob_eval_pass_at_1", **job) is None

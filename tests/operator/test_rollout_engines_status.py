@@ -12,7 +12,7 @@ from wrappers import JobWrapper, StatusWrapper, pods
 
 from tandem.operator.policies import job_status
 from tandem.operator.policies.plan import decide
-from tandem.operator.runtime import metrics
+from tandem.operator.runtime import job_metrics
 from tandem.spec.models import JobStatus
 from tandem.spec.progress import Progress, RolloutEngines
 
@@ -42,15 +42,15 @@ def test_a_record_without_counts_keeps_the_last_ones() -> None:
 
 def test_the_gauges_follow_the_status() -> None:
     def value(name: str) -> float | None:
-        return metrics.REGISTRY.get_sample_value(name, {"namespace": "ns", "rlhfjob": "engines"})
+        return job_metrics.REGISTRY.get_sample_value(name, {"namespace": "ns", "rlhfjob": "engines"})
 
     plan = decide(observe(JobWrapper(), StatusWrapper().phase("Running").get(), pods("demo", 1),
                           Progress(phase="train", iteration=1)))
-    metrics.record("ns", "engines", plan)
+    job_metrics.record("ns", "engines", plan)
     assert value("tandem_rlhfjob_rollout_engine_restarts") is None  # nothing measured: no sample, not a 0
     plan.status.rollout_engines = ENGINES
-    metrics.record("ns", "engines", plan)
+    job_metrics.record("ns", "engines", plan)
     assert (value("tandem_rlhfjob_rollout_engine_restarts"), value("tandem_rlhfjob_rollout_rejoins"),
             value("tandem_rlhfjob_rollout_recovery_seconds")) == (2.0, 3.0, 46.6)
-    metrics.forget("ns", "engines")
+    job_metrics.forget("ns", "engines")
     assert value("tandem_rlhfjob_rollout_rejoins") is None

@@ -21,9 +21,9 @@ from wrappers import JobWrapper
 
 from tandem.cli import local_sandbox
 from tandem.cli.local import processes_for
-from tandem.cli.procs import stop_all
+from tandem.cli.local_procs import stop_all
 from tandem.operator.manifests import builders, sandbox_pod
-from tandem.sidecars.sandbox.plan import parse_tests
+from tandem.sidecars.sandbox.code_tests import parse_tests
 from tandem.sidecars.sandbox.runner import SandboxLimits, run_remote
 from tandem.spec.podenv import PodEnv
 
@@ -48,7 +48,7 @@ def test_hybrid_pods_of_code_jobs_get_the_sandbox_as_its_own_user() -> None:
     assert [c["name"] for c in spec["initContainers"]] == ["rollout", "sandbox"]
     box, trainer = _by_name(hybrid)["sandbox"], _by_name(hybrid)["trainer"]
     assert box["restartPolicy"] == "Always" and box["image"] == job.spec.trainer.image
-    assert box["command"] == ["python", "-m", "tandem.sidecars.sandbox.server"]
+    assert box["command"] == ["python", "-m", "tandem.sidecars.sandbox.sandbox_server"]
     ctx = box["securityContext"]
     assert ctx["runAsUser"] == ctx["runAsGroup"] == 10002 != spec["securityContext"]["runAsUser"]
     assert ctx["runAsNonRoot"] and ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
@@ -109,7 +109,7 @@ def test_tandem_run_gives_the_server_its_own_env_and_the_trainer_its_socket(
     by_name = {p.name: p for p in procs}
     assert set(by_name) == {"rollout", "trainer", "sandbox"}
     box, trainer = by_name["sandbox"], by_name["trainer"]
-    assert box.argv[1:] == ["-m", "tandem.sidecars.sandbox.server"]
+    assert box.argv[1:] == ["-m", "tandem.sidecars.sandbox.sandbox_server"]
     assert box.env[SOCKET_VAR] == trainer.env[SOCKET_VAR] == str(tmp_path / "sandbox" / "demo-0.sock")
     assert not [k for k in box.env if k.startswith("TANDEM_") and k != SOCKET_VAR]
     assert "t0k" not in box.env.values() and "HF_TOKEN" not in box.env

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tandem.sidecars.rewards.code_exec import extract_code
-from tandem.sidecars.sandbox.plan import TestFormatError, parse_tests
+from tandem.sidecars.sandbox.code_tests import TestFormatError, parse_tests
 
 HUMANEVAL_TEST = '''
 METADATA = {"author": "jt", "dataset": "test"}

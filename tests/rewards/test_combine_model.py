@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tandem.sidecars.rewards import RewardInput, RewardSet, overlapped
-from tandem.sidecars.rewards.model import RewardModelScorer
-from tandem.sidecars.toy.dataset import FORMAT_PATTERN, corpus
+from tandem.sidecars.rewards.reward_model import RewardModelScorer
+from tandem.sidecars.toy.task import FORMAT_PATTERN, corpus
 from tandem.sidecars.toy.tokenizer import save_hf_tokenizer, train_tokenizer
 from tandem.spec.models import Reward
 

@@ -1,6 +1,6 @@
 """The one contract between trainer and rollout (`tandem.sidecars.rollout_engine.contract`): what the trainer's
 client sends is the JSON the rollout's server parses, field for field, and the answers the server builds are what
-the client reads; a bad request is refused naming the field. The real app (`rollout.server.build_app`) over a
+the client reads; a bad request is refused naming the field. The real app (`rollout.http_app.build_app`) over a
 stand-in engine (no vLLM), the real client (`RolloutClient`) over it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from tandem.checkpoint_engine.service.engine_status import EngineStatus, Phase, UpdateReport
-from tandem.sidecars.rollout.server import build_app
+from tandem.sidecars.rollout.http_app import build_app
 from tandem.sidecars.rollout_engine.contract import (
     Completion,
     GenerateRequest,

@@ -16,8 +16,8 @@ from tandem.sidecars.rewards.answer import answer_match
 from tandem.sidecars.rewards.format import format_match
 from tandem.sidecars.toy import FORMAT_PATTERN, ToyPaths, build_toy, make_problems, reward_specs
 from tandem.sidecars.toy.build import MANIFEST
-from tandem.sidecars.toy.dataset import read_jsonl, target_completion
 from tandem.sidecars.toy.model import accuracy, generate, random_model
+from tandem.sidecars.toy.task import read_jsonl, target_completion
 from tandem.sidecars.toy.tokenizer import SPLIT_REGEX
 from tandem.spec.models import Reward
 

@@ -72,7 +72,7 @@ def rows_batch(rows: int) -> dict[str, torch.Tensor]:
 
 def sharded_forward(engine: Any) -> dict[str, Any]:
     """Per-sample log-probs of a packed batch of 5 rows, computed on each dp rank's share and gathered."""
-    from tandem.sidecars.algorithms.base import Sample, pack_samples
+    from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples
     from tandem.sidecars.trainer.loop.forwards import sharded
 
     gen = torch.Generator().manual_seed(11)

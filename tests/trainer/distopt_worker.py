@@ -1,7 +1,7 @@
 """Ranks of test_distributed_optimizer.py: two gloo ranks whose engines the trainer's start builds from a job.
 
 Each rank (`run`, spawned by the test with torch.multiprocessing) joins a world of two CPU ranks, so
-data parallelism is 2, and builds every engine with `tandem.sidecars.trainer.engines.select.build_engine`
+data parallelism is 2, and builds every engine with `tandem.sidecars.trainer.engines.engine_choice.build_engine`
 from examples/tiny-grpo.yaml's spec with `replicas: 2`:
 
 1. with `trainer.distributedOptimizer` false and true (float32), and true in bfloat16 (fp32 master
@@ -44,7 +44,7 @@ def job_spec(model_dir: str, **trainer: Any) -> Any:
 def engines(spec: Any, store_dir: Path) -> Any:
     """A context as `train_state` sees it: policy, critic and a durable store, built from `spec`."""
     from tandem.checkpoint_engine.versions.durable import DurableStore
-    from tandem.sidecars.trainer.engines.select import build_engine
+    from tandem.sidecars.trainer.engines.engine_choice import build_engine
 
     return SimpleNamespace(engine=build_engine(spec), critic=build_engine(spec, seed=1, value_head=True),
                            durable=DurableStore(store_dir, "ns", "job", "uid-1"))
@@ -97,7 +97,7 @@ def optimizer_script(spec: Any, store_dir: Path) -> dict[str, Any]:
 
 
 def expert_script(spec: Any) -> dict[str, Any]:
-    from tandem.sidecars.trainer.engines.select import build_engine
+    from tandem.sidecars.trainer.engines.engine_choice import build_engine
     from tandem.sidecars.trainer.loop.recovery import train_state
 
     engine = build_engine(spec)

@@ -12,7 +12,7 @@ import torch
 from tiny_models import make_family_dirs
 
 from tandem.sidecars.algorithms import rollout_correction as RC
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 

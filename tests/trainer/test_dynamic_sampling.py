@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
 from tandem.sidecars.trainer.loop.data.dataset import Prompt
 from tandem.sidecars.trainer.loop.rollout.dynamic_sampling import fill, informative

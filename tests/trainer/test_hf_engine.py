@@ -16,7 +16,7 @@ import torch
 from dist_worker import assert_same_after_adam
 from tiny_models import grouped_samples, make_family_dirs, make_tiny_hf_model
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines.common import EngineError
 from tandem.sidecars.trainer.engines.heads import shift_to_labels

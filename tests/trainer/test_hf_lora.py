@@ -18,7 +18,7 @@ import torch
 from test_hf_engine import _grpo_step, _transformers_logprobs
 from tiny_models import grouped_samples, make_tiny_hf_model
 
-from tandem.sidecars.algorithms.base import pack_samples, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import pack_samples, row_budget
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 

@@ -19,8 +19,8 @@ import test_loop_reference as ref
 import torch
 from tiny_models import make_tiny_hf_model
 
-from tandem.sidecars.algorithms.base import Sample
-from tandem.sidecars.algorithms.registry import make_algorithm
+from tandem.sidecars.algorithms.algorithm_choice import make_algorithm
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.phases.inference import inference
 from tandem.sidecars.trainer.loop.phases.train import train

@@ -27,8 +27,8 @@ import torch
 import transformers
 from tiny_models import make_tiny_hf_model
 
-from tandem.sidecars.algorithms.base import Sample
-from tandem.sidecars.algorithms.registry import make_algorithm
+from tandem.sidecars.algorithms.algorithm_choice import make_algorithm
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights
@@ -349,7 +349,7 @@ def _rank(rank: int, world: int, port: int, out: str, name: str, policy: str, re
 
 def _premise(cell: Cell, policy: Path, samples: list[Sample]) -> None:
     """The packed rows are the groups in order (the split of optimizer steps the reference assumes)."""
-    from tandem.sidecars.algorithms.base import pack_samples, row_budget
+    from tandem.sidecars.algorithms.algorithm_interface import pack_samples, row_budget
 
     batch = pack_samples(samples, row_budget(samples, share_prompts=cell.share, hidden=64), share_prompts=cell.share)
     assert [sorted(p.sample for p in batch.placements if p.row == r) for r in range(batch.num_rows)] == \

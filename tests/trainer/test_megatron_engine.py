@@ -17,7 +17,7 @@ from dist_worker import fixed_batch, nll_loss
 from safetensors.torch import load_file
 from tiny_models import make_family_dirs
 
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.packing import pack
 from tandem.sidecars.trainer.engines.megatron_engine import EngineError, MegatronEngine

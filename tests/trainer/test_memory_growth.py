@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tiny_models import make_tiny_hf_model
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tandem.sidecars.algorithms.base import Sample, pack_samples
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples
 from tandem.sidecars.trainer.loop.phases.mismatch_guard import Guard, MismatchGuardTripped, Verdict, enforce
 from tandem.sidecars.trainer.loop.phases.train import train
 from tandem.sidecars.trainer.observe.prom import LoopMetrics

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from tandem.checkpoint_engine.versions import version_writer
-from tandem.sidecars.algorithms.base import Sample, pack_samples
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.toy import build_toy, load_problems

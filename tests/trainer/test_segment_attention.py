@@ -13,7 +13,7 @@ import pytest
 import torch
 from tiny_models import make_family_dirs
 
-from tandem.sidecars.algorithms.base import Sample, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import Sample, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines import micro_batches
 from tandem.sidecars.trainer.engines.heads import shift_to_labels

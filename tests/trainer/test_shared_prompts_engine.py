@@ -13,7 +13,7 @@ import pytest
 import torch
 from tiny_models import grouped_samples, make_family_dirs
 
-from tandem.sidecars.algorithms.base import pack_samples, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import pack_samples, row_budget
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine

@@ -16,7 +16,7 @@ import torch
 import transformers
 from tiny_models import grouped_samples, make_tiny_hf_model
 
-from tandem.sidecars.algorithms.base import pack_samples, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import pack_samples, row_budget
 from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 

@@ -82,7 +82,7 @@ def make_family_dirs(root: Path, families: list[str]) -> dict[str, Path]:
 def grouped_samples(seed: int) -> list[Any]:
     """Three groups of 2-4 completions (1-6 tokens, ids < 128) sharing prompts of 6-12 tokens, as the RL
     loop packs them (a group of one-token prompts is not worth testing: it is never shared)."""
-    from tandem.sidecars.algorithms.base import Sample
+    from tandem.sidecars.algorithms.algorithm_interface import Sample
 
     gen = torch.Generator().manual_seed(seed)
     out: list[Any] = []

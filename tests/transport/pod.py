@@ -20,9 +20,9 @@ import torch
 
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.publisher import Publisher
-from tandem.checkpoint_engine.transport.base import Transport
 from tandem.checkpoint_engine.transport.node import BroadcastNode
 from tandem.checkpoint_engine.transport.rdma import RdmaTransport
+from tandem.checkpoint_engine.transport.transport_interface import Transport
 
 
 def emit(**kw: object) -> None:

@@ -20,8 +20,8 @@ from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import RdmaUnavailable, make_transport, plan
 from tandem.checkpoint_engine.transport.receiver import fanout
-from tandem.checkpoint_engine.transport.select import rdma_devices
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
+from tandem.checkpoint_engine.transport.transport_choice import rdma_devices
 
 HAS_RDMA = bool(rdma_devices())
 

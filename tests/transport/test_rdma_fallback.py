@@ -13,8 +13,8 @@ import pytest
 
 from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd
 from tandem.checkpoint_engine.transport import RdmaUnavailable, make_transport
-from tandem.checkpoint_engine.transport.select import mounted
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
+from tandem.checkpoint_engine.transport.transport_choice import mounted
 
 
 def node(tmp_path: Path, *, devices: tuple[str, ...] = ("mlx5_0",), mount: bool = False) -> tuple[Path, Path]:
@@ -31,7 +31,7 @@ def node(tmp_path: Path, *, devices: tuple[str, ...] = ("mlx5_0",), mount: bool 
 def test_listed_but_not_mounted_falls_back_to_tcp_saying_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sysfs, dev = node(tmp_path, devices=("mlx5_0", "mlx5_1"))
     assert mounted(["mlx5_0", "mlx5_1"], sysfs, dev) == []
-    with caplog.at_level(logging.INFO, logger="tandem.checkpoint_engine.transport.select"):
+    with caplog.at_level(logging.INFO, logger="tandem.checkpoint_engine.transport.transport_choice"):
         transport = make_transport("auto", host="127.0.0.1", metadata="127.0.0.1:2379", sysfs=sysfs, dev=dev)
     assert isinstance(transport, TcpTransport)
     [record] = [r for r in caplog.records if "using TCP" in r.getMessage()]
@@ -43,7 +43,7 @@ def test_listed_but_not_mounted_falls_back_to_tcp_saying_why(tmp_path: Path, cap
 
 def test_no_device_is_tcp_with_an_info_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sysfs, dev = node(tmp_path, devices=())
-    with caplog.at_level(logging.INFO, logger="tandem.checkpoint_engine.transport.select"):
+    with caplog.at_level(logging.INFO, logger="tandem.checkpoint_engine.transport.transport_choice"):
         assert make_transport("auto", host="127.0.0.1", metadata="127.0.0.1:2379", sysfs=sysfs, dev=dev).name == "tcp"
     assert any(r.levelno == logging.INFO and "has no RDMA device" in r.getMessage() for r in caplog.records)
     with pytest.raises(RdmaUnavailable, match="no RDMA device"):
@@ -60,7 +60,7 @@ def test_mounted_device_whose_engine_cannot_start_falls_back(tmp_path: Path, etc
         pytest.skip("the Mooncake transfer engine is not importable here (pip mooncake-transfer-engine-non-cuda)")
     sysfs, dev = node(tmp_path, devices=("mlx5_9",), mount=True)
     assert mounted(["mlx5_9"], sysfs, dev) == ["mlx5_9"]
-    with caplog.at_level(logging.INFO, logger="tandem.checkpoint_engine.transport.select"):
+    with caplog.at_level(logging.INFO, logger="tandem.checkpoint_engine.transport.transport_choice"):
         transport = make_transport("auto", host="127.0.0.1", metadata=etcd_server.endpoint, sysfs=sysfs, dev=dev)
     assert isinstance(transport, TcpTransport)
     assert any("RDMA engine did not start on mlx5_9" in r.getMessage() for r in caplog.records), caplog.text

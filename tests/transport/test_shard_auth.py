@@ -18,7 +18,7 @@ from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.transport import BroadcastNode, Peer, PeerFailed, TransportError
 from tandem.checkpoint_engine.transport.auth import shard_key
-from tandem.checkpoint_engine.transport.server import HolderServer
+from tandem.checkpoint_engine.transport.holder_server import HolderServer
 from tandem.checkpoint_engine.transport.store import LocalStore
 from tandem.checkpoint_engine.transport.wire import Connection, recv_exact, recv_msg, send_msg
 from tandem.checkpoint_engine.versions import layout, version_writer

@@ -1,7 +1,7 @@
 """`tandem run`: one RLHFJob on one machine, from the same pod builders the operator uses.
 
 Role: start a private etcd, build the job's pods with `tandem.operator.manifests.builders.build_pods`, run
-each container as a local process (`tandem.cli.procs`), follow the driver's progress record in
+each container as a local process (`tandem.cli.local_procs`), follow the driver's progress record in
 etcd with a live display (on a terminal; else one plain line per iteration, `progress_lines`), write
 metrics/plots under the run directory, and stop everything cleanly
 on completion, failure or Ctrl-C; a rollout process that dies is started again (`supervise`), as the kubelet
@@ -47,7 +47,7 @@ from rich.text import Text
 from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd, free_port
 from tandem.cli import local_sandbox, plot, progress_lines, say
-from tandem.cli.procs import LocalContainer, containers_of, pod_cpus, stop_all
+from tandem.cli.local_procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis
 from tandem.operator.manifests import builders
 from tandem.sidecars.rollout_engine.engine import CPU_RESERVED_ENV
@@ -259,7 +259,7 @@ def run_job(job: RLHFJob, *, workdir: Path, resume: bool = False, keep_etcd: boo
             pin_pods: bool = False) -> int:
     """Run to completion; returns the process exit code (0: the driver reported done).
 
-    `pin_pods` gives each pod its own share of this machine's cores (`procs.pod_cpus`), as pods on
+    `pin_pods` gives each pod its own share of this machine's cores (`local_procs.pod_cpus`), as pods on
     separate nodes have: what overlapping generation with training gains shows only then."""
     try:
         with exclusive(job):

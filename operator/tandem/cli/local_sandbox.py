@@ -6,11 +6,11 @@ socket under the run directory instead of the pod's emptyDir, and gives the serv
 of its own instead of the trainer's (no token, no TANDEM_* but the socket, none of the shell's
 secrets such as HF_TOKEN).
 
-Isolation here: run as root, the server drops to uid 10002 at start (`tandem.sidecars.sandbox.server.prepare`), so its
-programs cannot read the trainer's files or /proc entries, nor signal it, as in a pod; run as another
-user, the server and its programs share that user, and only the per-program confinement (rlimits,
-seccomp, Landlock where the kernel has it) stands between them and that user's files: the caller
-prints a warning.
+Isolation here: run as root, the server drops to uid 10002 at start
+(`tandem.sidecars.sandbox.sandbox_server.prepare`), so its programs cannot read the trainer's files or /proc
+entries, nor signal it, as in a pod; run as another user, the server and its programs share that user, and only the
+per-program confinement (rlimits, seccomp, Landlock where the kernel has it) stands between them and that user's
+files: the caller prints a warning.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tandem.cli.procs import LocalContainer
+from tandem.cli.local_procs import LocalContainer
 from tandem.operator.manifests import sandbox_pod
 from tandem.spec.podenv import PodEnv
 

@@ -18,7 +18,7 @@ import signal
 from rich.console import Console
 from rich.text import Text
 
-from tandem.cli.procs import LocalContainer, stop_all
+from tandem.cli.local_procs import LocalContainer, stop_all
 from tandem.spec.progress import Progress
 
 MAX_RESTARTS = 5

@@ -2,6 +2,9 @@
 
 Callers: `tandem.operator` (reconcile), `tandem.cli` (`tandem validate`, `tandem run`), the sidecars
 (hyper-parameters). The CRD's openAPIV3Schema is generated from these models by `tandem.spec.crd`.
+Each module is named for the part of the spec it mirrors (`tracking`, `rollout_correction`, `rollout`,
+`environment`, ...); a sidecar module of the same name is the behaviour that field configures. `strict_model`
+holds the base class every model derives from (camelCase wire names, unknown fields refused, cross-field rules).
 """
 
 from tandem.spec import crd, load, models

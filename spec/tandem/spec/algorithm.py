@@ -4,7 +4,7 @@ Role: the typed `Algorithm` block (`tandem.spec.models.JobSpec.algorithm`) and i
 `preset` (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) fills every field of `PRESETS[preset]` the
 user left out, then the name's own defaults fill the estimator choices (`NAME_DEFAULTS`: grpo takes
 k3 KL in the loss, ppo k1 KL in the rewards and GAE). The expanded values are what the trainer runs
-(`tandem.sidecars.algorithms.registry`), what `tandem validate` prints and what the operator shows in
+(`tandem.sidecars.algorithms.algorithm_choice`), what `tandem validate` prints and what the operator shows in
 `status.algorithm`. The fields a preset sets carry no default in the CRD (`PRESETABLE`), so that a
 field the API server would otherwise default is still the preset's to fill. The API server stores the
 job unexpanded, so the CEL of each rule reads the expanded values through `tandem.spec.presets`
@@ -22,12 +22,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from tandem.spec import presets
-from tandem.spec.base import Base, Rule
 from tandem.spec.presets import NAME_DEFAULTS as NAME_DEFAULTS  # re-exported: the tables live in spec.presets
 from tandem.spec.presets import PRESET_MARK, Preset
 from tandem.spec.presets import PRESETABLE as PRESETABLE
 from tandem.spec.presets import PRESETS as PRESETS
 from tandem.spec.rollout_correction import MismatchGuard, RolloutCorrection
+from tandem.spec.strict_model import Base, Rule
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 _FILLED: ContextVar[tuple[str, ...]] = ContextVar("preset_filled", default=())  # while an Algorithm validates

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tandem.spec.base import ABS_PATH, DNS_SUBDOMAIN, ENDPOINT, Base, Quantity, Rule
+from tandem.spec.strict_model import ABS_PATH, DNS_SUBDOMAIN, ENDPOINT, Base, Quantity, Rule
 
 
 class Etcd(Base):

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tandem.spec import base, ckpt_engine, data, models, podtemplate, presets, rollout
+from tandem.spec import ckpt_engine, data, models, podtemplate, presets, rollout, strict_model
 from tandem.spec.models import GROUP, IMMUTABLE_FIELDS, KIND, PLURAL, VERSION
 
 _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
@@ -25,7 +25,7 @@ def _rules_by_title() -> dict[str, list[dict[str, str]]]:
     out: dict[str, list[dict[str, str]]] = {}
     for module in (models, podtemplate, rollout, data, ckpt_engine):  # where the job's models are declared
         for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, base.Base) and obj.rules:
+            if isinstance(obj, type) and issubclass(obj, strict_model.Base) and obj.rules:
                 out[obj.__name__] = [_validation(r) for r in obj.rules]
     return out
 
@@ -34,7 +34,7 @@ def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _validation(r: base.Rule) -> dict[str, str]:
+def _validation(r: strict_model.Rule) -> dict[str, str]:
     """A Rule as an x-kubernetes-validations entry; one a preset may cause names the preset, as offline."""
     message = f"{r.field.lstrip('.')}: {r.message}"
     out = {"rule": r.cel, "message": message, "fieldPath": r.field}

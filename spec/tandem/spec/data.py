@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tandem.spec.base import Base, Rule
+from tandem.spec.strict_model import Base, Rule
 
 
 class Dataset(Base):

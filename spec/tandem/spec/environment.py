@@ -7,7 +7,7 @@ Role: the spec of what a completion's turns are made of (tandem.sidecars.envs):
   chat-template family's format (`toolCallFormat`), each call answered with a tool message, until it
   answers without a call or reaches `maxTurns`;
 - `custom`: the user's environment class (`entryPoint: package.module:Class`, built with `kwargs`; reset and
-  step, see tandem.sidecars.envs.base.Environment), which may also give its own reward;
+  step, see tandem.sidecars.envs.environments.Environment), which may also give its own reward;
 - `agent`: the user's agent (`entryPoint: package.module:function`), any code that speaks the OpenAI chat
   API, called with the rollout's OpenAI-compatible endpoint for one trajectory; every call it makes is
   served by the live vLLM and recorded, tokens and log-probs, for training.
@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from tandem.spec.base import Base, Rule
+from tandem.spec.strict_model import Base, Rule
 
 BUILT_IN_TOOLS = ("calculator", "python")
 ENTRY_POINT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"

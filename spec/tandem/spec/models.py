@@ -21,7 +21,6 @@ from pydantic.config import JsonDict
 
 from tandem.spec import presets
 from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
-from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, Base, Rule
 from tandem.spec.ckpt_engine import CheckpointEngine
 from tandem.spec.data import Dataset, Eval
 from tandem.spec.parallel import PARALLEL_RULES
@@ -33,6 +32,7 @@ from tandem.spec.progress import RolloutEngines
 from tandem.spec.rollout import Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
+from tandem.spec.strict_model import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, Base, Rule
 from tandem.spec.tracking import MLflow as MLflow  # re-exported: crd.py finds its rules
 from tandem.spec.tracking import Tracking as Tracking
 from tandem.spec.tracking import WandB as WandB

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tandem.spec.base import Rule
+from tandem.spec.strict_model import Rule
 
 MOE_FAMILIES = ("mixtral",)  # model.family values whose models have experts
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # config.json: Mixtral's, Qwen-MoE's

@@ -25,7 +25,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from tandem.spec.base import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, INT_OR_STRING, Base, Quantity, Rule, int_as_string
+from tandem.spec.strict_model import (
+    ABS_PATH,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    INT_OR_STRING,
+    Base,
+    Quantity,
+    Rule,
+    int_as_string,
+)
 
 RESERVED_ENV_PREFIXES = ("TANDEM_", "MASTER_")  # the pod env contract (tandem.spec.podenv.PodEnv)
 RESERVED_ENV = ("NVIDIA_VISIBLE_DEVICES",)  # set on the rollout of a hybrid pod to share the GPUs

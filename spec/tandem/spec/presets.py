@@ -10,7 +10,7 @@ not the job, set it: the rule's message then names the preset, `messageExpressio
 to grpo only (a preset on another name is refused by its own rule and fills nothing), and a field
 given as null counts as left out, in Python as in CEL (the API server's `has()` is false for null).
 Callers: `tandem.spec.algorithm` (expansion, Algorithm's rules), `tandem.spec.models` (JobSpec's rules
-over algorithm fields), `tandem.spec.base` and `tandem.spec.crd` (the preset note of a refusal).
+over algorithm fields), `tandem.spec.strict_model` and `tandem.spec.crd` (the preset note of a refusal).
 """
 
 from __future__ import annotations

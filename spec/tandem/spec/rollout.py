@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tandem.spec.base import IMAGE, Base, Rule
 from tandem.spec.environment import Environment
+from tandem.spec.strict_model import IMAGE, Base, Rule
 from tandem.spec.trainer import Resources
 
 

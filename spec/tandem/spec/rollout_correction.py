@@ -10,7 +10,8 @@ stay its token-level shorthand (`Algorithm.correction` folds them in). `Mismatch
 the gap per iteration and warns, pauses or fails the job after `iterations` consecutive iterations over a
 threshold. Callers: `tandem.spec.algorithm` (the fields, the rules across them), `tandem.spec.models`
 (re-exported there, where `tandem.spec.crd` finds the rules), the trainer (`algorithms.rollout_correction`,
-`trainer.loop.phases.mismatch_guard`).
+`trainer.loop.phases.mismatch_guard`). Named, like every spec module, for the part of the spec it mirrors;
+`tandem.sidecars.algorithms.rollout_correction` is the correction this field configures.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tandem.spec.base import Base, Rule
+from tandem.spec.strict_model import Base, Rule
 
 Level = Literal["token", "sequence"]
 Mode = Literal["truncate", "mask", "icepop"]

@@ -5,7 +5,7 @@ Role: pure functions, one per consumer. The prompt order (`PromptDataset`) and t
 each other, and the single-pod job with seed 0 keeps engine seed 0); every generate request of iteration or
 batch b takes `request_seed` (b itself with seed 0), from which the rollout client gives each rollout's slice
 and the rollout engine each prompt its own (`tandem.sidecars.rollout_engine.sampling.slice_seed`, `prompt_seeds`).
-Callers: trainer.loop.phases.rollout, trainer.loop.rollout.async_rollouts, rollout.__main__.
+Callers: trainer.loop.phases.generate, trainer.loop.rollout.async_rollouts, rollout.__main__.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Role: the shape of the three sinks of `tandem.sidecars.trainer.observe.tracking`
 credential out of the job: a tracking URI or W&B base URL may not carry `user:password@`, and the credentials
 come from a Secret named here, which `tandem.operator.manifests.tracking_access` hands to the trainer container by
 secretKeyRef. Callers: `tandem.spec.models` (`JobSpec.tracking`, re-exported there), the trainer's tracker,
-the operator's builders.
+the operator's builders. Named, like every spec module, for the part of the spec it mirrors; the sinks
+themselves are `tandem.sidecars.trainer.observe.tracking`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tandem.spec.base import DNS_SUBDOMAIN, Base, Rule
+from tandem.spec.strict_model import DNS_SUBDOMAIN, Base, Rule
 
 _USERINFO = "^[a-z]+://[^/?#]*@"  # user:password@ in a URL: CEL's and Python's regex alike
 WANDB_NAME = r"^[A-Za-z0-9_.\-]+$"  # a W&B project or entity: none of / \ # ? % : or spaces

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tandem.spec.base import IMAGE, Base, Quantity, Rule
+from tandem.spec.strict_model import IMAGE, Base, Quantity, Rule
 
 
 def model_type(path: str) -> str | None:

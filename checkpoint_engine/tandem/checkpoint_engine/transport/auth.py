@@ -1,6 +1,6 @@
 """Who may read a pod's shards: a challenge-response on each holder-server connection.
 
-Callers: server.py (challenges every accepted connection) and wire.py (`Connection` answers with
+Callers: holder_server.py (challenges every accepted connection) and wire.py (`Connection` answers with
 the key its `Peer` carries); this module holds only the key and the arithmetic. The key is derived from the job's token
 (TANDEM_TOKEN, the `<job>-token` Secret every pod of the job mounts) and the job's name, so only
 the job's own pods can compute it; the token itself never crosses the wire, and each connection's

@@ -1,7 +1,7 @@
 """Delta updates over the broadcast: a receiver that holds an older version b asks complete
 holders of v for each shard as a delta against b (delta.py), and pulls in full what they cannot.
 
-Callers: server.py answers {"op": "delta", "job", "v", "base", "shard"} with `DeltaSource.payload`
+Callers: holder_server.py answers {"op": "delta", "job", "v", "base", "shard"} with `DeltaSource.payload`
 (header {"ok", "length"} + the payload; a holder that lacks v or b complete refuses); receiver.py
 calls `pull_deltas` once the version's receive is announced and before its full pull, which then
 fetches only the shards still missing. A shard rebuilt from a delta is proved by v's checksums
@@ -26,8 +26,8 @@ import numpy as np
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
-from tandem.checkpoint_engine.transport.base import Peer, PeerFailed
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
+from tandem.checkpoint_engine.transport.transport_interface import Peer, PeerFailed
 from tandem.checkpoint_engine.transport.wire import Connection, recv_exact, recv_msg, send_msg
 from tandem.checkpoint_engine.versions import delta, layout
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport.auth import shard_key
-from tandem.checkpoint_engine.transport.base import Peer, Transport
+from tandem.checkpoint_engine.transport.holder_server import MAX_CONNECTIONS, HolderServer
 from tandem.checkpoint_engine.transport.receiver import Receiver, ReceiveReport
-from tandem.checkpoint_engine.transport.select import make_transport
-from tandem.checkpoint_engine.transport.server import MAX_CONNECTIONS, HolderServer
 from tandem.checkpoint_engine.transport.store import LocalStore
+from tandem.checkpoint_engine.transport.transport_choice import make_transport
+from tandem.checkpoint_engine.transport.transport_interface import Peer, Transport
 from tandem.checkpoint_engine.versions import layout
 
 

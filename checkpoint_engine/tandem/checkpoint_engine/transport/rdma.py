@@ -1,6 +1,6 @@
 """RDMA transport on Mooncake's Transfer Engine: one-sided reads of a peer's registered shard maps.
 
-Callers: select.py builds it when an RDMA device exists (protocol "rdma"); tests and the bench
+Callers: transport_choice.py builds it when an RDMA device exists (protocol "rdma"); tests and the bench
 build it with protocol "tcp" (Mooncake's own TCP protocol), which runs on machines without RDMA
 and goes through this very class. Control stays on the holder server's TCP protocol (wire.py
 `avail`: how many bytes of a shard the peer has, and where they live in its registered memory);
@@ -9,7 +9,7 @@ the bytes move by `transfer_sync_read` into our registered destination map, chun
 Mooncake traps handled here: every buffer is registered (RDMA needs it, TCP does not check);
 the segment name is fresh per process (host:<free port>), since a restarted engine under an old
 name would be served stale buffer addresses; asking for "rdma" without a device silently uses
-TCP, so select.py only asks for it when it found a device; its etcd keys carry no
+TCP, so transport_choice.py only asks for it when it found a device; its etcd keys carry no
 lease: `close()` unregisters them, and a crashed process leaves one stale `mooncake/*/<name>`
 entry that no plan refers to (names are never reused).
 """
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.checkpoint_engine.etcd.endpoints import parse_endpoint
 from tandem.checkpoint_engine.etcd.local_etcd import free_port
-from tandem.checkpoint_engine.transport.base import Peer, PeerFailed, Progress, RdmaUnavailable
+from tandem.checkpoint_engine.transport.transport_interface import Peer, PeerFailed, Progress, RdmaUnavailable
 from tandem.checkpoint_engine.transport.wire import Connection
 
 log = logging.getLogger(__name__)

@@ -29,10 +29,10 @@ from pathlib import Path
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
-from tandem.checkpoint_engine.transport.base import NoSource, Peer, PeerFailed, Transport
 from tandem.checkpoint_engine.transport.deltas import DeltaStats, pull_deltas
 from tandem.checkpoint_engine.transport.store import Incoming, LocalStore
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
+from tandem.checkpoint_engine.transport.transport_interface import NoSource, Peer, PeerFailed, Transport
 from tandem.checkpoint_engine.transport.verify import ShardVerifier
 from tandem.checkpoint_engine.transport.wire import Connection
 from tandem.checkpoint_engine.versions import layout

@@ -1,6 +1,6 @@
 """What a pod can serve: complete versions in its shm dir, and versions it is still receiving.
 
-Callers: server.py (reads), receiver.py (creates an `Incoming` per version it pulls and reports
+Callers: holder_server.py (reads), receiver.py (creates an `Incoming` per version it pulls and reports
 progress into it), node.py (`recycle`: a released version's shard files become spares, the
 pages the next version is received into; slots.py's pool, shared with the publisher). An
 `Incoming` is a layout.py temp dir (`.tmp-v…` with a flock'ed `.lock`, so

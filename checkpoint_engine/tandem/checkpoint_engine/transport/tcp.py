@@ -1,6 +1,6 @@
 """TCP transport: shard bytes stream from the holder server's sendfile into our shard file.
 
-Caller: receiver.py through the `Transport` interface (select.py builds it). On the receiving
+Caller: receiver.py through the `Transport` interface (transport_choice.py builds it). On the receiving
 side `recv_into` writes straight into the shard file's map (ShardDest.view: MAP_POPULATE, so no
 fault per 4 KiB page; one copy, kernel to shard, as a plain socket's receive), reporting progress
 per MiB so that our own holder server forwards chunk k while chunk k+1 arrives. Measured on
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tandem.checkpoint_engine.transport import wire
-from tandem.checkpoint_engine.transport.base import Peer, PeerFailed, Progress
+from tandem.checkpoint_engine.transport.transport_interface import Peer, PeerFailed, Progress
 from tandem.checkpoint_engine.transport.wire import Connection
 
 if TYPE_CHECKING:

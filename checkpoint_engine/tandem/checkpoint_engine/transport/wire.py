@@ -1,6 +1,6 @@
 """Framing of the holder servers' control/data protocol over TCP, and a blocking client for it.
 
-Callers: server.py (answers), tcp.py (streams shard bytes), receiver.py (fetches a version's
+Callers: holder_server.py (answers), tcp.py (streams shard bytes), receiver.py (fetches a version's
 index), rdma.py (asks how many bytes of a shard a peer already has).
 
 Every request and every reply header is a 4-byte big-endian length followed by a JSON object.
@@ -22,7 +22,7 @@ import struct
 from typing import Any
 
 from tandem.checkpoint_engine.transport import auth
-from tandem.checkpoint_engine.transport.base import Peer, PeerFailed
+from tandem.checkpoint_engine.transport.transport_interface import Peer, PeerFailed
 
 _LEN = struct.Struct(">I")
 MAX_HEADER = 1 << 20

@@ -9,7 +9,7 @@ its own, stricter context) and before spec.podTemplate is merged (which names on
 `rollout`, so it never reaches this container).
 
 The trainer scores codeExec rewards by sending each program to a sandbox server
-(`tandem.sidecars.sandbox.server`) over a Unix socket in an emptyDir that only these two
+(`tandem.sidecars.sandbox.sandbox_server`) over a Unix socket in an emptyDir that only these two
 containers mount. The server's container is where the programs run, so it gets nothing worth
 stealing: the trainer image and the server's command; uid/gid 10002 (not the trainer's 10001, so
 the trainer's files, /proc entries and processes are out of its reach) and Pod Security
@@ -32,7 +32,7 @@ from tandem.spec.podenv import PodEnv
 
 Manifest = dict[str, Any]
 CONTAINER = "sandbox"
-COMMAND = ["python", "-m", "tandem.sidecars.sandbox.server"]
+COMMAND = ["python", "-m", "tandem.sidecars.sandbox.sandbox_server"]
 SOCKET_VOLUME, SCRATCH_VOLUME = "sandbox-socket", "sandbox-tmp"
 SOCKET_DIR = "/run/tandem-sandbox"
 SOCKET = f"{SOCKET_DIR}/sandbox.sock"

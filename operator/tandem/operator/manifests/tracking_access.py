@@ -19,8 +19,8 @@ Secret or key starts the trainer without that variable (MLflow's 401 is then a w
 log and training goes on, as for an unreachable server). Only the trainer container gets them: the
 driver rank is the one that logs to MLflow; the rollout and sandbox containers never see them.
 `tandem run` starts local processes with the invoking shell's environment, so its trainers take
-MLFLOW_TRACKING_* and WANDB_API_KEY from there (`tandem.cli.procs`: a secretKeyRef of a Secret other than the job's
-own leaves the shell's value).
+MLFLOW_TRACKING_* and WANDB_API_KEY from there (`tandem.cli.local_procs`: a secretKeyRef of a Secret other than
+the job's own leaves the shell's value).
 """
 
 from __future__ import annotations

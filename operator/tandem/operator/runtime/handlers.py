@@ -8,7 +8,7 @@ Callers: kopf, after `tandem.operator.__main__` imports this module (importing r
   starting as soon as the job is seen (creation, operator restart, resume all look the same).
 - `delete_job_keys`: on deletion, removes the job's etcd prefix (the finalizer); owned objects go
   with the garbage collector.
-- Prometheus metrics (`tandem.operator.runtime.metrics`): served from startup, set after each pass.
+- Prometheus metrics (`tandem.operator.runtime.job_metrics`): served from startup, set after each pass.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tandem.operator.cluster.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.cluster.kube import Kube, connect
 from tandem.operator.manifests.builders import LABEL_JOB
 from tandem.operator.policies.observe import pod_state
-from tandem.operator.runtime import metrics, reconcile
+from tandem.operator.runtime import job_metrics, reconcile
 from tandem.operator.runtime.env_settings import OperatorConfig
 from tandem.operator.runtime.kopf_storage import NoDiffBaseStorage
 from tandem.spec.load import SpecError, parse_spec
@@ -44,7 +44,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.background.instant_exit_timeout = 5.0  # let a running reconcile finish before cleanup
     memo.kube = Kube(await connect(CONFIG.max_connections))
     memo.etcd = EtcdStore(CONFIG.etcd_timeout, CONFIG.etcd_security)
-    metrics.serve(CONFIG.metrics_port)
+    job_metrics.serve(CONFIG.metrics_port)
 
 
 @kopf.on.cleanup()  # type: ignore[untyped-decorator]
@@ -88,7 +88,7 @@ async def reconcile_job(
         namespace, name, uid, int(meta.get("generation") or 0), str(meta.get("resourceVersion") or "0"),
         dict(meta.get("labels") or {}),
     )
-    with metrics.observe_pass():
+    with job_metrics.observe_pass():
         plan = await reconcile.run(
             kube=memo.kube,
             etcd=memo.etcd,
@@ -103,7 +103,7 @@ async def reconcile_job(
             scrape_from=CONFIG.network_policy_scrape_from,
         )
     if plan is not None:
-        metrics.record(namespace, name, plan)
+        job_metrics.record(namespace, name, plan)
     for event in plan.events if plan else ():  # kopf.event: posted whatever settings.posting.level says
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
@@ -130,7 +130,7 @@ async def delete_job_keys(
         if retry < CONFIG.finalizer_retries:
             raise kopf.TemporaryError(f"etcd unavailable, will retry: {e}", delay=5) from None
         kopf.event(body, type="Warning", reason="EtcdCleanupSkipped", message=f"gave up deleting etcd keys: {e}")
-        metrics.forget(namespace, name)
+        job_metrics.forget(namespace, name)
         return
-    metrics.forget(namespace, name)
+    job_metrics.forget(namespace, name)
     logger.info(f"deleted {deleted} etcd keys of {namespace}/{name}")

@@ -1,12 +1,14 @@
 """RL algorithms (GRPO default, PPO, DPO, KTO) and sequence packing, in pure torch (no engine imports).
 
 Callers: the driver (`make_algorithm(spec.algorithm)`, `Sample`, `pack_samples`) and the trainer
-engine (`Algorithm.loss(logprobs, micro_batch)`, `token_logprobs`, `PackedBatch`). See `base` for the
-per-iteration flow and `packing` for the token alignment convention.
+engine (`Algorithm.loss(logprobs, micro_batch)`, `token_logprobs`, `PackedBatch`). See `algorithm_interface` for
+the per-iteration flow, `algorithm_choice` for the one place choosing an algorithm and `packing` for the token
+alignment convention.
 """
 
-from tandem.sidecars.algorithms import base, dpo, functional, grpo, kto, packing, ppo, registry
-from tandem.sidecars.algorithms.base import (
+from tandem.sidecars.algorithms import algorithm_choice, algorithm_interface, dpo, functional, grpo, kto, packing, ppo
+from tandem.sidecars.algorithms.algorithm_choice import make_algorithm
+from tandem.sidecars.algorithms.algorithm_interface import (
     Algorithm,
     AlgorithmError,
     Metrics,
@@ -18,10 +20,9 @@ from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.kto import KTO
 from tandem.sidecars.algorithms.packing import PackedBatch, PackingError, Placement, pack, token_logprobs
 from tandem.sidecars.algorithms.ppo import PPO
-from tandem.sidecars.algorithms.registry import make_algorithm
 
 __all__ = [
     "DPO", "GRPO", "KTO", "PPO", "Algorithm", "AlgorithmError", "Metrics", "PackedBatch", "PackingError",
-    "Placement", "Sample", "base", "dpo", "functional", "grpo", "kto", "make_algorithm", "pack", "pack_samples",
-    "packing", "ppo", "preference_pairs", "registry", "token_logprobs",
+    "Placement", "Sample", "algorithm_choice", "algorithm_interface", "dpo", "functional", "grpo", "kto",
+    "make_algorithm", "pack", "pack_samples", "packing", "ppo", "preference_pairs", "token_logprobs",
 ]

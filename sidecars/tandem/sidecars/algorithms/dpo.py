@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem.sidecars.algorithms import functional as F
-from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample
+from tandem.sidecars.algorithms.algorithm_interface import AlgorithmError, Metrics, Sample
 from tandem.sidecars.algorithms.packing import PackedBatch, pack
 
 if TYPE_CHECKING:

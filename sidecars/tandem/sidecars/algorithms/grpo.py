@@ -13,7 +13,7 @@ carry the rollout engine's own log-probs, the loss reports the rollout/trainer m
 correction (`algorithm.rolloutCorrection`, or `tis_cap`/`tis_mode` at token level), weighs each token by
 its importance weight against p_rollout (`rollout_correction.weights`). With an environment, the KL
 in the rewards, REINFORCE++'s returns and whitening and the distillation term count only the model's
-tokens (`base.model_tokens`). The presets (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) are spec-level
+tokens (`algorithm_interface.model_tokens`). The presets (dapo, dr_grpo, gspo, rloo, reinforce_pp, cispo) are spec-level
 (`tandem.spec.algorithms`). Callers: the driver via `make_algorithm`, the trainer engine via `loss`.
 
 Aggregation default: token-mean — the loss is the mean over all completion tokens of the batch (each
@@ -32,7 +32,7 @@ import torch
 from tandem.sidecars.algorithms import estimators as est
 from tandem.sidecars.algorithms import functional as F
 from tandem.sidecars.algorithms import rollout_correction as RC
-from tandem.sidecars.algorithms.base import (
+from tandem.sidecars.algorithms.algorithm_interface import (
     AlgorithmError,
     Metrics,
     Sample,

@@ -16,7 +16,7 @@ globalBatchSize) it stays the batch's starting estimate, as the loss treats it a
 `prepare` also reports the pre-step rewards (beta r) of each class over the whole batch, which a
 micro-batch holding one class only could not.
 
-Callers: the driver via `registry.make_algorithm` (algorithm.name kto), the offline source
+Callers: the driver via `algorithm_choice.make_algorithm` (algorithm.name kto), the offline source
 (`trainer/offline.py`, `kl_probes`), the trainer engine (`loss` per micro-batch).
 """
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem.sidecars.algorithms import functional as F
-from tandem.sidecars.algorithms.base import AlgorithmError, Metrics, Sample, pack_samples
+from tandem.sidecars.algorithms.algorithm_interface import AlgorithmError, Metrics, Sample, pack_samples
 from tandem.sidecars.algorithms.packing import PackedBatch
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import torch
 
 from tandem.sidecars.algorithms import functional as F
 from tandem.sidecars.algorithms import rollout_correction as RC
-from tandem.sidecars.algorithms.base import Metrics
+from tandem.sidecars.algorithms.algorithm_interface import Metrics
 from tandem.sidecars.algorithms.packing import PackedBatch
 
 

@@ -5,10 +5,10 @@ minus `kl_coef` x the KL estimate of (old, ref) on every token when a reference 
 by default, `algorithm.klEstimator`), runs GAE (gamma, lambda)
 per sample over the completion tokens, whitens the advantages over the batch, and packs them;
 `PPO.loss` is the policy loss (`algorithm.policyLoss`: PPO's clip, with clipHigh and dual-clip
-clipC, or GSPO's or CISPO's), aggregated by `algorithm.lossAgg`; `PPO.critic_loss` the clipped value loss for the critic
-model. Without a critic (`critic: false`) the value of every step is the mean score of the
-sample's group (a group baseline). With an environment the KL penalty, the score's token, GAE and the
-whitening are the model's tokens' only (`base.model_tokens`); the importance weights against the rollout's
+clipC, or GSPO's or CISPO's), aggregated by `algorithm.lossAgg`; `PPO.critic_loss` the clipped value loss for the
+critic model. Without a critic (`critic: false`) the value of every step is the mean score of the sample's group (a
+group baseline). With an environment the KL penalty, the score's token, GAE and the whitening are the model's
+tokens' only (`algorithm_interface.model_tokens`); the importance weights against the rollout's
 log-probs are `rollout_correction.weights`. Callers: the driver via `make_algorithm`, the trainer engine.
 """
 
@@ -23,7 +23,7 @@ import torch
 from tandem.sidecars.algorithms import estimators as est
 from tandem.sidecars.algorithms import functional as F
 from tandem.sidecars.algorithms import rollout_correction as RC
-from tandem.sidecars.algorithms.base import (
+from tandem.sidecars.algorithms.algorithm_interface import (
     AlgorithmError,
     Metrics,
     Sample,

@@ -11,7 +11,7 @@ reply). When every agent has returned or the deadline (trajectoryTimeoutSeconds)
 trajectory becomes one training sample: its last chain of calls (envs.recorder), the model's tokens masked
 in, everything else out. An agent that raises keeps what it made, with no reward of its own; its error is
 logged. A thread still running after the deadline cannot be killed: its later calls are refused.
-Caller: the rollout sidecar (`/v1/trajectories`, like envs.driver.MultiTurnDriver), tests.
+Caller: the rollout sidecar (`/v1/trajectories`, like envs.multi_turn.MultiTurnDriver), tests.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from tandem.sidecars.envs.base import Message, TurnStats
 from tandem.sidecars.envs.chat import ChatRenderer
-from tandem.sidecars.envs.driver import Result
+from tandem.sidecars.envs.environments import Message, TurnStats
+from tandem.sidecars.envs.multi_turn import Result
 from tandem.sidecars.envs.recorder import Record, Recorder
 from tandem.sidecars.envs.trajectory import Trajectory
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions

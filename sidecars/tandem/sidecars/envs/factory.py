@@ -15,10 +15,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any, cast
 
-from tandem.sidecars.envs.base import Environment, SingleTurn, ToolEnvironment
-from tandem.sidecars.envs.driver import Limits
+from tandem.sidecars.envs.environments import Environment, SingleTurn, ToolEnvironment
 from tandem.sidecars.envs.loader import FIELD, load, tool_functions
 from tandem.sidecars.envs.loader import EnvironmentLoadError as EnvironmentLoadError
+from tandem.sidecars.envs.multi_turn import Limits
 from tandem.sidecars.envs.tools import ToolBox, ToolError
 from tandem.spec.environment import Environment as EnvironmentSpec
 
@@ -43,7 +43,7 @@ def make_environments(spec: EnvironmentSpec | None) -> Callable[[], Environment]
         cls: Any = load(spec.entry_point or "", f"{FIELD}.entryPoint", spec.python_path)
         if not inspect.isclass(cls) or not all(callable(getattr(cls, m, None)) for m in ("reset", "step", "tools")):
             raise EnvironmentLoadError(f"{FIELD}.entryPoint: {spec.entry_point} is not a class with reset, step "
-                                       "and tools (tandem.sidecars.envs.base.Environment)")
+                                       "and tools (tandem.sidecars.envs.environments.Environment)")
         kwargs, made = dict(spec.kwargs), cast(Callable[..., Environment], cls)
         try:
             made(**kwargs)  # a bad kwarg fails here, at start, not in the first rollout

@@ -7,7 +7,7 @@ Role: a reply may ask for tools; how it writes the call depends on how the model
 "parameters": {...}}`, or several joined by `;`. A call that cannot be read is not an exception for the
 caller to catch: `parse` returns it as an error message, which the environment hands back to the model as
 the tool's answer, so a malformed call costs the model a turn, never the rollout.
-Caller: `base.ToolEnvironment`.
+Caller: `environments.ToolEnvironment`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Plain functions run in a bounded thread pool; a timed-out call's thread cannot b
 worker until it returns, which the pool's bound contains (tools that may run away belong in a process: the
 sandbox). `async def` tools (and plain functions that return an awaitable, such as a decorator's wrapper)
 are awaited on the box's one event loop, in a thread of its own, so async clients a module keeps work across
-calls; a timed-out one is cancelled. Built in: `calculator`. Caller: `base.ToolEnvironment`, `factory`.
+calls; a timed-out one is cancelled. Built in: `calculator`. Caller: `environments.ToolEnvironment`, `factory`.
 """
 
 from __future__ import annotations

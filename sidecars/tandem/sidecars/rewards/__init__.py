@@ -3,7 +3,7 @@
 with model inference.
 
 Callers: the driver (`RewardSet(spec.rewards)`, `overlapped(...)`), tests and benchmarks.
-`RewardModelScorer` lives in `rewards.model` (imports transformers lazily).
+`RewardModelScorer` lives in `rewards.reward_model` (imports transformers lazily).
 """
 
 from tandem.sidecars.rewards import answer, code_exec, combine, format

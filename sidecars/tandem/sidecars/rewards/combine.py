@@ -62,7 +62,7 @@ def rule_function(spec: Reward) -> RuleFn | None:
 
 
 def _default_loader(path: str) -> Scorer:
-    from tandem.sidecars.rewards.model import RewardModelScorer
+    from tandem.sidecars.rewards.reward_model import RewardModelScorer
 
     return RewardModelScorer(path)
 

@@ -90,7 +90,7 @@ def chat_and_turns(engine: RolloutEngine, spec: JobSpec, env: PodEnv, loaded: An
         return chat, AgentDriver(loaded, environment.kwargs, recorder,
                                  ChatRenderer(tokenizer), f"http://127.0.0.1:{env.port}", env.token,
                                  seconds=environment.trajectory_timeout_seconds)
-    from tandem.sidecars.envs.driver import MultiTurnDriver
+    from tandem.sidecars.envs.multi_turn import MultiTurnDriver
 
     return chat, MultiTurnDriver(engine, tokenizer, loaded, lim)
 
@@ -114,7 +114,7 @@ def main() -> int:
         loaded = factory.load_environment(job.spec.rollout.environment)
     except factory.EnvironmentLoadError as e:
         return refuse(log, str(e))
-    from tandem.sidecars.rollout.server import build_app
+    from tandem.sidecars.rollout.http_app import build_app
 
     spec = job.spec
     etcd = split_endpoints(env.etcd_endpoints)  # every member: the registry fails over among them

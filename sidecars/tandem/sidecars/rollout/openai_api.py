@@ -10,7 +10,7 @@ finish_reason `tool_calls`. Every call is a request in vLLM's running batch (rol
 so many agents' calls decode together. Recorded calls sample with the trainer's options (temperature, top_p,
 top_k: what the log-probs are trained against); the agent's own sampling settings apply to unrecorded calls
 only. `max_tokens`/`max_completion_tokens` are capped by rollout.maxTokens. `n` must be 1. Same bearer token
-as the rest of the API (an OpenAI client's api_key). Caller: rollout/server.py.
+as the rest of the API (an OpenAI client's api_key). Caller: rollout/http_app.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Role: started by `tandem.sidecars.sandbox.runner` as `python -I -S -B harness.py` (or its
 source with `-c` where the sandbox uid cannot read the file), inside fresh net/mount/pid namespaces
-when the parent is root, or by the sandbox server (`sandbox.server`) under its own uid.
+when the parent is root, or by the sandbox server (`sandbox.sandbox_server`) under its own uid.
 Stdlib only: it may run under a different interpreter than the trainer's. Reads one JSON job from
 stdin, then, in this order:
 1. with `private_fs`: mounts small private tmpfs over every world-writable directory (/tmp,
@@ -16,7 +16,7 @@ stdin, then, in this order:
    I/O case's child for I/O cases, since the harness itself must still kill a case), the seccomp
    filter and, outside the namespaces mode, audit hooks refusing sockets, subprocesses and ctypes
    (and writes outside the work dir when Landlock is missing);
-5. runs the tests of the job's plan (`plan.TestPlan.job`), streaming one result line
+5. runs the tests of the job's plan (`code_tests.TestPlan.job`), streaming one result line
    per test to the parent on the original stdout: `<nonce> start|ok i|fail i|timeout i|error|done`:
    - "snippets": execs the program, then every top-level statement of each test source, one at a
      time, in the program's namespace; only the statements the plan counts report a result (setup

@@ -12,7 +12,7 @@ rollout's `python` tool).
 
 from __future__ import annotations
 
-from tandem.sidecars.sandbox.plan import TestPlan
+from tandem.sidecars.sandbox.code_tests import TestPlan
 from tandem.sidecars.sandbox.runner import ExecResult, Isolation, SandboxLimits, run_tests
 
 # The most bytes one character of output takes on its way back: 8 as the hex of its UTF-8 on the result

@@ -2,15 +2,15 @@
 
 Role: the runner behind the `codeExec` rule-based reward. Callers: `rewards.code_exec` (from
 `rewards.combine`'s thread pool, concurrently with model inference — hence no `preexec_fn`, which is
-unsafe in a threaded parent), and `sandbox.server`, which runs the programs its clients send here in
+unsafe in a threaded parent), and `sandbox.sandbox_server`, which runs the programs its clients send here in
 "basic" mode. The program is the completion's last fenced Python block (`rewards.code_exec.extract_code`);
-the tests are the dataset answer field in any format `sandbox.plan` reads (assert lists, HumanEval
+the tests are the dataset answer field in any format `sandbox.code_tests` reads (assert lists, HumanEval
 `check` + `entry_point`, stdin/stdout or call-based I/O cases), where only asserts, check calls and I/O cases count.
 
 Isolation, chosen once per process by `isolation_mode()`:
 - "server" (the pod env names a sandbox server: `TANDEM_SANDBOX_SOCKET`; what every pod of a job
   with a codeExec reward uses, and `tandem run`): `run_remote` sends the program, its tests and the
-  limits over a Unix socket to `sandbox.server`, which runs them as below ("basic") under its
+  limits over a Unix socket to `sandbox.sandbox_server`, which runs them as below ("basic") under its
   own uid, in its own container. The trainer image runs as uid 10001 under Pod Security
   "restricted": no capability to setuid, and the runtime's default seccomp profile refuses the
   user/net namespaces the next mode needs, so a program run by the trainer itself would share its
@@ -40,7 +40,7 @@ The score is passed tests / tests (results stream per test, so a timeout keeps t
 passed before it); a program that fails to load scores 0; with no tests, 1.0 when the program runs
 to completion. The time limit covers the program and all its test statements; with I/O cases it
 applies to each case (the harness kills a case at the limit and fails the cases after it). Tests
-in no format `plan.py` reads raise its `TestFormatError`, naming what is wrong, rather than
+in no format `code_tests.py` reads raise its `TestFormatError`, naming what is wrong, rather than
 scoring every program alike. The result protocol resists naive forgery (a per-run nonce; I/O
 cases run without the result channel; each test counts once) but a program that introspects the
 harness could forge lines: the sandbox protects the host, not the score's honesty against
@@ -71,7 +71,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from tandem.sidecars.sandbox.plan import TestPlan, parse_tests
+from tandem.sidecars.sandbox.code_tests import TestPlan, parse_tests
 from tandem.sidecars.sandbox.types import ExecResult as ExecResult
 from tandem.sidecars.sandbox.types import Isolation as Isolation
 from tandem.sidecars.sandbox.types import SandboxError as SandboxError
@@ -181,7 +181,7 @@ def run_tests(
     `command` replaces `harness_command()` (the server resolves it before it drops its privileges).
     `capture` > 0 (a plan with no tests; `program.run_program`): the result's `output` holds what the
     program printed, at most that many characters.
-    Raises `plan.TestFormatError` (a ValueError) when the tests are in no format it reads."""
+    Raises `code_tests.TestFormatError` (a ValueError) when the tests are in no format it reads."""
     lim = limits or SandboxLimits()
     mode = isolation or isolation_mode()
     if mode == "namespaces" and isolation_mode() != "namespaces":

@@ -1,7 +1,7 @@
 """The code sandbox's limits, results and errors.
 
 Role: the values `runner.py` (which re-exports them: import them from there) takes and returns,
-kept apart so that the modules beside it (`program.py`, `server.py`) share them without a cycle.
+kept apart so that the modules beside it (`program.py`, `sandbox_server.py`) share them without a cycle.
 """
 
 from __future__ import annotations

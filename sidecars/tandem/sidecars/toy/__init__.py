@@ -6,11 +6,11 @@ Callers: `tandem run` examples (`build_toy(out_dir)` then `model.path` = `paths.
 CLI: `python -m tandem.sidecars.toy OUT_DIR [--seed N] [--warmup-steps N]`.
 """
 
-from tandem.sidecars.toy import build, dataset, model, tokenizer
+from tandem.sidecars.toy import build, model, task, tokenizer
 from tandem.sidecars.toy.build import ToyParams, ToyPaths, build_toy, load_problems
-from tandem.sidecars.toy.dataset import FORMAT_PATTERN, make_problems, reward_specs, target_completion
+from tandem.sidecars.toy.task import FORMAT_PATTERN, make_problems, reward_specs, target_completion
 
 __all__ = [
-    "FORMAT_PATTERN", "ToyParams", "ToyPaths", "build", "build_toy", "dataset", "load_problems",
-    "make_problems", "model", "reward_specs", "target_completion", "tokenizer",
+    "FORMAT_PATTERN", "ToyParams", "ToyPaths", "build", "build_toy", "load_problems",
+    "make_problems", "model", "reward_specs", "target_completion", "task", "tokenizer",
 ]

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from tandem.sidecars.toy.dataset import corpus, make_problems, read_jsonl, write_jsonl
 from tandem.sidecars.toy.model import ModelShape, accuracy, random_model, warm_up
+from tandem.sidecars.toy.task import corpus, make_problems, read_jsonl, write_jsonl
 from tandem.sidecars.toy.tokenizer import save_hf_tokenizer, train_tokenizer
 
 BUILDER_VERSION = 4

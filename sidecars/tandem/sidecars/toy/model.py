@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tandem.sidecars.rewards.answer import answer_match
-from tandem.sidecars.toy.dataset import make_problems, target_completion
+from tandem.sidecars.toy.task import make_problems, target_completion
 
 
 @dataclass(frozen=True)

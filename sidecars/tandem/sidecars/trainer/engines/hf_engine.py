@@ -2,7 +2,7 @@
 
 Role: the `trainer.engine: hf` implementation of the trainer-engine interface (:mod:`.interface`), next to
 :class:`~.megatron_engine.MegatronEngine`, for the model families Megatron has no mapping for (Gemma,
-Phi, Mistral, OLMo, ...): whatever `AutoModelForCausalLM` loads. Built by `select.build_engine`; the
+Phi, Mistral, OLMo, ...): whatever `AutoModelForCausalLM` loads. Built by `engine_choice.build_engine`; the
 driver calls the same methods on either engine. Data parallel over every rank of the job with torch's
 FSDP2 (`fully_shard` on each decoder layer, then the whole model; gloo on CPU, NCCL on GPU): each rank
 holds 1/N of the fp32 weights, gradients and Adam's state; a `trainer.dtype` below float32 computes in

@@ -5,7 +5,7 @@ load (`from_hf`), log-probs (policy, reference, values), a train step, offload a
 rollout, export of HF-named weights (publish, durable copies, export dirs) and loading them back
 (reference weights, resume). Two implementations: `megatron_engine.MegatronEngine` (tensor, pipeline,
 expert and data parallel; the families of `checkpoint_engine.convert`) and `hf_engine.HFEngine`
-(transformers + FSDP2, data parallel; any causal LM transformers loads); `select.build_engine` picks one by
+(transformers + FSDP2, data parallel; any causal LM transformers loads); `engine_choice.build_engine` picks one by
 `trainer.engine`. `save_hf_dir` writes either engine's weights as a HF directory.
 Callers: the loop (`loop.start`, `loop.inference`, `loop.train`, `loop.publish`, `loop.reference`, `loop.resume`,
 `loop.train_state`) and both engines.

@@ -3,7 +3,7 @@
 At the root: `driver` (the loop, one screen), `start` (the context built once, the starting weights published),
 `context` (what the phases share), `held_out` (the evaluator the Eval phase runs), `host_wait` (ranks wait for the
 driver on the host) and `preflight` (the checks before the ranks start). In folders, by what they hold:
-- `phases/`: one module per step of `driver.run`, each taking the context: `rollout` (Rollout), `switch` (release,
+- `phases/`: one module per step of `driver.run`, each taking the context: `generate` (Rollout), `switch` (release,
   onload, offload), `inference`, `train`, `mismatch_guard` (the drift guard after Train), `publish` (publish,
   persist, export, sync), `evaluate` (Eval), `report` (progress and metrics rows);
 - `rollout/`: where an iteration's completions come from: the rollout modes (`sources`, `partial`,

@@ -5,7 +5,7 @@ trainer.engine says; for PPO with `critic: true`, a value-head critic engine), r
 weights, algorithm, rewards, dataset, and — on the driver rank — the etcd registry, the shared-memory
 publisher, the rollout client, the evaluator and the metrics sinks; with the loop's counters (the version
 the rollouts hold, the latest figures its reports carry). The phases' work lives in their own modules
-under `phases/` (`rollout`, `switch`, `inference`, `train`, `publish`, `evaluate`, `report`), each taking the
+under `phases/` (`generate`, `switch`, `inference`, `train`, `publish`, `evaluate`, `report`), each taking the
 context.
 Every rank runs the collective phases in the same order; the driver alone talks to rollouts and etcd.
 Callers: `driver.run` and the phase modules.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.versions.durable import DurableStore
-from tandem.sidecars.algorithms.base import Algorithm, Sample, row_budget
+from tandem.sidecars.algorithms.algorithm_interface import Algorithm, Sample, row_budget
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.trainer.engines.interface import TrainerEngine
 from tandem.sidecars.trainer.loop.data.dataset import PromptDataset

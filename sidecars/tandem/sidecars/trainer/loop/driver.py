@@ -6,7 +6,7 @@ for kto the labelled rows of the iteration and their KL probes, `LabelledSource`
 → Train → Publish (HF layout in shared memory, registered in etcd) → [Persist, Export] → Offload →
 Sync (every rollout loads the new version) → [Eval on the live rollouts: at the start, every
 `eval.every` iterations and at the end]. Phase, iteration and metrics go to etcd (`Progress`) and, when
-TANDEM_OUTPUT_DIR is set, to metrics.jsonl. Each phase's work lives in its own module under `phases/` (`rollout`,
+TANDEM_OUTPUT_DIR is set, to metrics.jsonl. Each phase's work lives in its own module under `phases/` (`generate`,
 `switch`, `inference`, `train`, `mismatch_guard`, `publish`, `evaluate`, `report`); `context.TrainerContext` holds
 what they share.
 Caller: `tandem.sidecars.trainer.rank.run_rank`.
@@ -21,10 +21,10 @@ from typing import Any
 from tandem.sidecars.startup import freeze_start_up
 from tandem.sidecars.trainer.loop.phases import mismatch_guard
 from tandem.sidecars.trainer.loop.phases.evaluate import evaluate
+from tandem.sidecars.trainer.loop.phases.generate import labelled, rollout, start_source
 from tandem.sidecars.trainer.loop.phases.inference import inference, summarize
 from tandem.sidecars.trainer.loop.phases.publish import export, persist, publish, sync
 from tandem.sidecars.trainer.loop.phases.report import record, report
-from tandem.sidecars.trainer.loop.phases.rollout import labelled, rollout, start_source
 from tandem.sidecars.trainer.loop.phases.switch import offload, onload, release_rollouts
 from tandem.sidecars.trainer.loop.phases.train import train
 from tandem.sidecars.trainer.loop.recovery import inflight

@@ -19,10 +19,10 @@ from tandem.checkpoint_engine.etcd.endpoints import split_endpoints
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.service.publisher import Publisher
 from tandem.checkpoint_engine.versions.durable import DurableStore
-from tandem.sidecars.algorithms.registry import make_algorithm
+from tandem.sidecars.algorithms.algorithm_choice import make_algorithm
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.startup import etcd_security
-from tandem.sidecars.trainer.engines.select import build_engine
+from tandem.sidecars.trainer.engines.engine_choice import build_engine
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
 from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights

@@ -1,6 +1,6 @@
 """The steps of the RL loop, one module per phase of `driver.run`, each taking the loop's `TrainerContext`.
 
-In the loop's order: `rollout` (the Rollout phase: the iteration's samples from the job's rollout source, or
+In the loop's order: `generate` (the Rollout phase: the iteration's samples from the job's rollout source, or
 KTO's labelled rows), `switch` (the rollouts release the accelerator, the trainer onloads and offloads),
 `inference` (reference, old-policy and teacher log-probs and critic values, overlapped with the rewards),
 `train` (the optimizer steps), `mismatch_guard` (the drift guard on the train step's rollout/trainer mismatch),

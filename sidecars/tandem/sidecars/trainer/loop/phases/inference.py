@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from tandem.sidecars.algorithms.base import AlgorithmError, Sample, pack_samples
+from tandem.sidecars.algorithms.algorithm_interface import AlgorithmError, Sample, pack_samples
 from tandem.sidecars.rewards.combine import RewardInput, overlapped
 from tandem.sidecars.trainer.loop.forwards import sharded
 from tandem.sidecars.trainer.loop.phases.train import optimizer_steps

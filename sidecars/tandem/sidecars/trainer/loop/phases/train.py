@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.algorithms.packing import PackedBatch
 from tandem.sidecars.algorithms.rollout_correction import summarize as summarize_correction
 from tandem.sidecars.trainer.engines.heads import shift_to_labels

@@ -4,6 +4,6 @@ The rollout modes behind one interface (`sources`: synchronous, partial, multi-t
 labelled rows), with what they stand on: partial rollouts carried over (`partial`), the asynchronous producer
 (`async_rollouts`), DAPO's dynamic sampling (`dynamic_sampling`); and the driver's HTTP client of the rollout
 sidecars (`rollout_client`) with what makes a rollout unhealthy (`rollout_health`). Callers: the Rollout phase
-(`..phases.rollout`), `..start` and `..context` (the client), `..driver` (the sources' types) and the trainer's
+(`..phases.generate`), `..start` and `..context` (the client), `..driver` (the sources' types) and the trainer's
 `__main__` (`RolloutError`). Driver rank only.
 """

@@ -6,7 +6,7 @@ Role: `fill` scores each generation round's groups with the job's rewards, keeps
 rounds remain (`algorithm.dynamicSampling.maxRounds`, the first round included). When the rounds run
 out short, the iteration trains on what it kept; when nothing was informative, on the first round
 as it came (its advantages are 0: the KL term alone moves the policy). The rewards computed here are
-the iteration's (`inference.inference` does not score again). Caller: the Rollout phase (`phases.rollout.rollout`)
+the iteration's (`inference.inference` does not score again). Caller: the Rollout phase (`phases.generate.rollout`)
 (`tandem.sidecars.trainer.loop.driver`), with the synchronous source's `more` for the extra rounds.
 Reported per iteration: dynamic_rounds, dynamic_kept_groups, dynamic_dropped_groups, dynamic_full and
 dynamic_dropped_frac (the share of the groups it judged that it dropped).
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.trainer.loop.rollout.partial import Group
 

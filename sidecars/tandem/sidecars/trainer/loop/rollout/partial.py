@@ -14,7 +14,7 @@ round, the iteration generates another round under the same weights, so every it
 
 The per-token behaviour log-probs (`Sample.rollout_logprobs`, from whichever version sampled each
 token) feed the algorithm's importance weights (`algorithm.tisCap`/`tisMode`). Caller:
-`tandem.sidecars.trainer.loop.phases.rollout.rollout`. The carried groups live in the driver's memory; what a
+`tandem.sidecars.trainer.loop.phases.generate.rollout`. The carried groups live in the driver's memory; what a
 restart does with them is `inflight()`'s (see `tandem.sidecars.trainer.loop.recovery.inflight`).
 """
 

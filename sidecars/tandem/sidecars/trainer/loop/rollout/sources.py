@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions

@@ -3,7 +3,7 @@
 Role: thin routes over `RolloutEngine` (`tandem.sidecars.rollout_engine`): its `routes.create_app` supplies
 health, status, start, update, terminate, sleep, wake_up; this module adds generation for the driver, with the
 same bearer token: `/v1/generate` (one reply per prompt); where the job's rollout.environment has turns,
-`/v1/trajectories` (multi-turn: `envs.driver.MultiTurnDriver`, or `envs.agent.AgentDriver` for agents); and
+`/v1/trajectories` (multi-turn: `envs.multi_turn.MultiTurnDriver`, or `envs.agent.AgentDriver` for agents); and
 the OpenAI-compatible chat endpoint (`openai_api`). Each generation answer also carries the engine's restarts
 and its latest recovery (`contract.Served`). Requests and answers are the contract's
 (`tandem.sidecars.rollout_engine.contract`), which the trainer's client uses too.
@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 
 from tandem.checkpoint_engine import errors
-from tandem.sidecars.envs.driver import Result
+from tandem.sidecars.envs.multi_turn import Result
 from tandem.sidecars.rollout.openai_api import Chat, routes
 from tandem.sidecars.rollout_engine.contract import (
     GenerateRequest,

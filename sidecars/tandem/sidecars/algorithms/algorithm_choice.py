@@ -1,6 +1,6 @@
 """The one place choosing an algorithm: the job's `algorithm.name` -> its class, configured from the spec.
 
-Role: sits above the algorithm modules (they import `base`, never this), so no import cycle joins
+Role: sits above the algorithm modules (they import `algorithm_interface`, never this), so no import cycle joins
 them. Caller: the trainer's start (`loop.start.create`:
 `make_algorithm(spec.algorithm, pad_id=..., share_prompts=...)`), tests.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tandem.sidecars.algorithms.base import Algorithm, AlgorithmError
+from tandem.sidecars.algorithms.algorithm_interface import Algorithm, AlgorithmError
 from tandem.sidecars.algorithms.dpo import DPO
 from tandem.sidecars.algorithms.grpo import GRPO
 from tandem.sidecars.algorithms.kto import KTO

@@ -1,6 +1,6 @@
 """Sandbox server: runs `codeExec` programs under its own uid for a trainer that connects over a Unix socket.
 
-Role: `python -m tandem.sidecars.sandbox.server` is the command of the `sandbox` container that
+Role: `python -m tandem.sidecars.sandbox.sandbox_server` is the command of the `sandbox` container that
 `tandem.operator.manifests.builders` adds to the hybrid pods of jobs with a codeExec reward, and the process
 `tandem run` starts beside each trainer. Clients: `runner.run_remote` (the trainer's
 `code_exec_reward`, from its reward thread pool), with the socket path from the pod env contract
@@ -53,7 +53,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from tandem.sidecars.sandbox.plan import TestPlan
+from tandem.sidecars.sandbox.code_tests import TestPlan
 from tandem.sidecars.sandbox.runner import (
     HARNESSES,
     SOCKET_ENV,
@@ -262,7 +262,7 @@ def prepare(path: Path, user: int | None, workers: int = 8) -> SandboxServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tandem.sidecars.sandbox.server",
+    parser = argparse.ArgumentParser(prog="python -m tandem.sidecars.sandbox.sandbox_server",
                                      description="Run codeExec programs for a trainer, under this uid.")
     parser.add_argument("--socket", default=os.environ.get(SOCKET_ENV),
                         help=f"Unix socket path (default ${SOCKET_ENV})")

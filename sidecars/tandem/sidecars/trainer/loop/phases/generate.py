@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from tandem.sidecars.algorithms.base import Sample
+from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.trainer.loop.recovery import inflight, resume

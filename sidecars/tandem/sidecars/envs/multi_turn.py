@@ -1,6 +1,6 @@
 """The multi-turn driver: trajectories of model turns and environment turns on the live vLLM, token in, token out.
 
-Role: for each (row, sample) an environment (`base.Environment`) gives the first messages, the chat template
+Role: for each (row, sample) an environment (`environments.Environment`) gives the first messages, the chat template
 renders them with the environment's tools (`chat.ChatRenderer`), and the trajectory alternates: a model turn
 sampled by vLLM (its ids and log-probs kept as sampled, `trajectory.Trajectory.add_model`), then, unless the
 environment says the trajectory is done, its messages (tool results, observations) as tokens
@@ -12,7 +12,7 @@ environment tokens together, within vLLM's context), and tokens of each tool mes
 says so). A trajectory ends with a final answer (the environment's done), at max turns, when a model turn is
 cut at its token limit (the template's end of turn is missing, so nothing can follow it), or when the next
 turn would not fit the budget. The tool answers that reached the model (appended before its next turn, not
-errors) are counted in the trajectory's stats (`tool_results`). Caller: the rollout sidecar (rollout/server.py),
+errors) are counted in the trajectory's stats (`tool_results`). Caller: the rollout sidecar (rollout/http_app.py),
 tests.
 """
 
@@ -23,8 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.sidecars.envs.base import Environment, Message, TurnStats
 from tandem.sidecars.envs.chat import ChatRenderer, Renderers
+from tandem.sidecars.envs.environments import Environment, Message, TurnStats
 from tandem.sidecars.envs.trajectory import Trajectory
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.rollout_engine.turns import Turn, run_turns

@@ -1,7 +1,7 @@
 """The transport interface of the cross-pod weight broadcast, its typed errors and peer records.
 
-Callers: receiver.py pulls byte ranges of shard files through a `Transport`; server.py serves them;
-select.py builds the one transport a node uses (`checkpointEngine.transport`: auto|rdma|tcp).
+Callers: receiver.py pulls byte ranges of shard files through a `Transport`; holder_server.py serves them;
+transport_choice.py builds the one transport a node uses (`checkpointEngine.transport`: auto|rdma|tcp).
 A transport moves bytes only: planning, verification and etcd bookkeeping are shared by all of
 them, so the TCP path exercised on machines without RDMA is the same code path as production.
 """

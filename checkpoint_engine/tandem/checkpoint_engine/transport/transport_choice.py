@@ -17,8 +17,8 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from tandem.checkpoint_engine.transport.base import RdmaUnavailable, Transport
 from tandem.checkpoint_engine.transport.tcp import TcpTransport
+from tandem.checkpoint_engine.transport.transport_interface import RdmaUnavailable, Transport
 
 Kind = Literal["auto", "rdma", "tcp"]
 log = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from typing import Any
 
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.transport import auth, wire
-from tandem.checkpoint_engine.transport.base import Transport
 from tandem.checkpoint_engine.transport.deltas import DeltaSource
 from tandem.checkpoint_engine.transport.store import LocalStore
+from tandem.checkpoint_engine.transport.transport_interface import Transport
 from tandem.checkpoint_engine.versions import layout
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The common interface of the RL algorithms, the sample record, and the one place choosing them.
 
 Role: `Algorithm` is the Protocol the driver and the trainer engine program against (the
-algorithms import this module; `registry.make_algorithm` above them picks one). Callers: the driver
+algorithms import this module; `algorithm_choice.make_algorithm` above them picks one). Callers: the driver
 (prepare after rollouts and rewards), the Megatron engine (calls `loss` per micro-batch).
 
 Flow per iteration:
