@@ -290,7 +290,7 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
     from tandem.sidecars.rewards import RewardInput, RewardSet
-    from tandem.spec.models import Reward
+    from tandem.spec.rewards import Reward
 
     reward_set = RewardSet([Reward.model_validate(r) for r in REWARDS[s.task]])
     per_call: list[tuple[int, float, int]] = []  # completions, mean reward, completion tokens (EOS included)

@@ -14,7 +14,7 @@ from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.data.dataset import Prompt
 from tandem.sidecars.trainer.loop.held_out import Evaluator
 from tandem.spec.data import Dataset, Eval
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 pytestmark = [pytest.mark.vllm, pytest.mark.etcd]
 

@@ -14,7 +14,7 @@ from tandem.sidecars.envs.environments import ToolEnvironment
 from tandem.sidecars.envs.factory import EnvironmentLoadError, agent_function, load_environment, make_environments
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
 from tandem.spec.environment import Environment
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 MODULE = '''
 from typing import Any

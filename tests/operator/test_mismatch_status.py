@@ -8,8 +8,8 @@ from test_operator_plan import observe
 from wrappers import JobWrapper, StatusWrapper, pods
 
 from tandem.operator.policies.plan import decide
-from tandem.spec.models import Condition
 from tandem.spec.progress import Progress
+from tandem.spec.status import Condition
 
 WARN = "algorithm.mismatchGuard: mismatch_kl 0.04 > 0.01 in 3 consecutive iterations (iterations 2-4); action warn"
 

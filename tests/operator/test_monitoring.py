@@ -35,7 +35,7 @@ from tandem.operator.manifests import builders
 from tandem.operator.policies.plan import Plan
 from tandem.operator.runtime import job_metrics as operator_metrics
 from tandem.sidecars.trainer.observe.prom import LoopMetrics
-from tandem.spec.models import JobStatus
+from tandem.spec.status import JobStatus
 
 MONITORING = ("monitoring.enabled=true", "monitoring.dashboard.enabled=true")
 # what Prometheus (through the Prometheus Operator's generated config) puts on every scraped series

@@ -8,8 +8,8 @@ from tandem.operator.policies.observe import PodState
 from tandem.operator.policies.plan import Observation, Plan, decide
 from tandem.operator.runtime import job_metrics
 from tandem.spec.load import parse_job
-from tandem.spec.models import JobStatus
 from tandem.spec.progress import EvalSummary, Progress
+from tandem.spec.status import JobStatus
 
 
 def value(name: str, **labels: str) -> float | None:

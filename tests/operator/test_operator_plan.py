@@ -11,8 +11,8 @@ from tandem.operator.policies import job_status, restart_policy
 from tandem.operator.policies.observe import PodState, pod_state
 from tandem.operator.policies.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_job
-from tandem.spec.models import JobStatus
 from tandem.spec.progress import EvalSummary, Progress
+from tandem.spec.status import JobStatus
 
 
 def observe(

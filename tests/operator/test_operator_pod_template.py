@@ -18,8 +18,9 @@ from wrappers import JobWrapper
 
 from tandem.operator.manifests import builders, pod_template
 from tandem.spec.load import SpecError, load_job, parse_job
+from tandem.spec.pod_fields import reserved_env
 from tandem.spec.podenv import PodEnv
-from tandem.spec.podtemplate import PodTemplate, reserved_env
+from tandem.spec.podtemplate import PodTemplate
 
 W = JobWrapper
 HF = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}

@@ -29,7 +29,7 @@ from tandem.operator.policies import job_status, pool_policy
 from tandem.operator.policies.observe import PodState
 from tandem.operator.policies.plan import Plan, decide
 from tandem.operator.runtime import reconcile
-from tandem.spec.models import JobStatus
+from tandem.spec.status import JobStatus
 
 
 def pool_job(max_restarts: int = 3, action: str = "RestartJob") -> JobWrapper:
@@ -369,7 +369,7 @@ def test_a_cleared_pool_record_is_removed_from_the_stored_status() -> None:
     null, which is how a merge patch removes it; without it the stored record stayed, never matched the new
     status, and every pass patched the job again."""
     from tandem.operator.runtime import reconcile
-    from tandem.spec.models import JobStatus
+    from tandem.spec.status import JobStatus
 
     kube = RecordingKube()
     ref = reconcile.JobRef(namespace="ns", name="job", uid="u", generation=1, resource_version="7")

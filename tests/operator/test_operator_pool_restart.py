@@ -23,7 +23,7 @@ from tandem.operator.policies import job_status, pool_policy
 from tandem.operator.policies.observe import PodState
 from tandem.operator.runtime import reconcile
 from tandem.spec import crd
-from tandem.spec.models import ReplacingPod, RolloutPoolStatus
+from tandem.spec.status import ReplacingPod, RolloutPoolStatus
 
 
 def status_schema() -> dict[str, Any]:

@@ -14,8 +14,8 @@ from tandem.operator.manifests import builders, kueue
 from tandem.operator.policies import eta
 from tandem.operator.policies.observe import PodState, pod_state
 from tandem.operator.policies.plan import Plan, decide
-from tandem.spec.models import JobStatus, ProgressStatus
 from tandem.spec.progress import Progress
+from tandem.spec.status import JobStatus, ProgressStatus
 
 QUEUED = JobWrapper("demo").replicas(2).rollout_only(1).queue("gpu-team")
 

@@ -12,8 +12,8 @@ from wrappers import T0, JobWrapper, PodWrapper, StatusWrapper, later, pods
 
 from tandem.operator.policies import plan as plan_module
 from tandem.operator.policies.plan import Plan, decide
-from tandem.spec.models import JobStatus
 from tandem.spec.progress import Progress
+from tandem.spec.status import JobStatus
 
 QUEUED = JobWrapper("demo").replicas(2).rollout_only(1).queue("gpu-team")
 

@@ -13,8 +13,8 @@ from wrappers import JobWrapper, StatusWrapper, pods
 from tandem.operator.policies import job_status
 from tandem.operator.policies.plan import decide
 from tandem.operator.runtime import job_metrics
-from tandem.spec.models import JobStatus
 from tandem.spec.progress import Progress, RolloutEngines
+from tandem.spec.status import JobStatus
 
 ENGINES = RolloutEngines(restarts=2, rejoins=3, last_recovery_seconds=46.6)
 

@@ -14,7 +14,8 @@ from typing import Any
 from tandem.operator.manifests.builders import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
 from tandem.operator.policies.observe import ContainerIssue, PodState
 from tandem.spec.load import parse_job
-from tandem.spec.models import Condition, JobStatus, RLHFJob
+from tandem.spec.models import RLHFJob
+from tandem.spec.status import Condition, JobStatus
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 

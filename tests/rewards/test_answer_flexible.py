@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tandem.sidecars.rewards import RewardInput, RewardSet
 from tandem.sidecars.rewards.answer import answer_match, contains_phrase, last_number
 from tandem.spec.load import SpecError, parse_job
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "tiny-grpo.yaml"
 

@@ -11,7 +11,7 @@ import pytest
 from tandem.sidecars.rewards.answer import answer_match, boxed, extract_answer, parse_number
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.rewards.format import PatternError, format_match
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from tandem.sidecars.rewards import RewardInput, RewardSet
 from tandem.sidecars.rewards.code_exec import code_exec_reward
 from tandem.sidecars.sandbox.runner import Isolation, SandboxLimits, isolation_mode, run_tests
 from tandem.sidecars.sandbox.types import ExecResult
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 MODES = ["basic"] + (["namespaces"] if isolation_mode() == "namespaces" else [])
 FAST = SandboxLimits(timeout_seconds=3.0)

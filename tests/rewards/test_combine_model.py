@@ -16,7 +16,7 @@ from tandem.sidecars.rewards import RewardInput, RewardSet, overlapped
 from tandem.sidecars.rewards.reward_model import RewardModelScorer
 from tandem.sidecars.toy.task import FORMAT_PATTERN, corpus
 from tandem.sidecars.toy.tokenizer import save_hf_tokenizer, train_tokenizer
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 
 def _rewards(*specs: dict[str, Any]) -> list[Reward]:

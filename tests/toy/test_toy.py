@@ -19,7 +19,7 @@ from tandem.sidecars.toy.build import MANIFEST
 from tandem.sidecars.toy.model import accuracy, generate, random_model
 from tandem.sidecars.toy.task import read_jsonl, target_completion
 from tandem.sidecars.toy.tokenizer import SPLIT_REGEX
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 ROOTS = ("operator", "sidecars", "spec", "checkpoint_engine")
 

@@ -14,7 +14,7 @@ from tandem.sidecars.trainer.loop.data.dataset import Prompt
 from tandem.sidecars.trainer.loop.rollout.dynamic_sampling import fill, informative
 from tandem.sidecars.trainer.loop.rollout.partial import Group, Pending, Segment
 from tandem.sidecars.trainer.loop.rollout.sources import to_samples
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 ANSWER = 7
 

@@ -19,7 +19,8 @@ from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.data.dataset import Prompt
 from tandem.sidecars.trainer.loop.held_out import Evaluator, pass_at_k
 from tandem.spec.data import Dataset, Eval
-from tandem.spec.models import JobSpec, Reward
+from tandem.spec.models import JobSpec
+from tandem.spec.rewards import Reward
 
 # ---- pass@k --------------------------------------------------------------------------------------
 

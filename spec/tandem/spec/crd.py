@@ -13,7 +13,19 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tandem.spec import ckpt_engine, data, models, podtemplate, presets, rollout, strict_model
+from tandem.spec import (
+    ckpt_engine,
+    data,
+    models,
+    pod_containers,
+    pod_scheduling,
+    podtemplate,
+    presets,
+    rewards,
+    rollout,
+    status,
+    strict_model,
+)
 from tandem.spec.models import GROUP, IMMUTABLE_FIELDS, KIND, PLURAL, VERSION
 
 _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
@@ -23,7 +35,8 @@ _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclus
 
 def _rules_by_title() -> dict[str, list[dict[str, str]]]:
     out: dict[str, list[dict[str, str]]] = {}
-    for module in (models, podtemplate, rollout, data, ckpt_engine):  # where the job's models are declared
+    # where the job's models are declared
+    for module in (models, rewards, podtemplate, pod_containers, pod_scheduling, rollout, data, ckpt_engine):
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, strict_model.Base) and obj.rules:
                 out[obj.__name__] = [_validation(r) for r in obj.rules]
@@ -121,7 +134,7 @@ def spec_schema() -> dict[str, Any]:
 
 
 def _status_schema() -> dict[str, Any]:
-    raw = models.JobStatus.model_json_schema(by_alias=True, mode="serialization")
+    raw = status.JobStatus.model_json_schema(by_alias=True, mode="serialization")
     return _convert(raw, raw.get("$defs", {}), {})
 
 

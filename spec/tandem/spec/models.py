@@ -4,10 +4,11 @@ Role: the single source of the job's shape. Field names are camelCase on the wir
 snake_case in Python. Cross-field rules are declared once per model as `Rule`s: each carries a CEL
 expression (emitted into the CRD as `x-kubernetes-validations`, enforced by the API server) and the
 equivalent Python predicate (enforced by `tandem validate`, `tandem run` and the operator).
-Here: the RLHFJob root (`JobSpec`, `JobStatus`, `RLHFJob`), the fields that tie the parts together and their
-cross-part rules, and the smaller parts (rewards, reference, volumes, export, failure policy). The larger
-parts have files of their own: `trainer` (model, trainer), `algorithm`, `rollout`, `environment`, `data`
-(dataset, eval), `ckpt_engine` (checkpointEngine), `podtemplate`, `rollout_correction`, `tracking`.
+Here: the RLHFJob root (`JobSpec`, `RLHFJob`), the fields that tie the parts together and their
+cross-part rules, and the smaller parts (reference, volumes, export, failure policy). The larger parts have
+files of their own: `trainer` (model, trainer), `algorithm`, `rollout`, `environment`, `rewards`, `data`
+(dataset, eval), `ckpt_engine` (checkpointEngine), `podtemplate`, `rollout_correction`, `tracking`, and the
+status the operator writes, `status`.
 Callers: everything that reads a job; `tandem.spec.crd` turns these models into the CRD schema.
 """
 
@@ -16,22 +17,18 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
-from pydantic.config import JsonDict
 
 from tandem.spec import presets
 from tandem.spec.algorithm import Algorithm as Algorithm  # re-exported: JobSpec.algorithm's type
 from tandem.spec.ckpt_engine import CheckpointEngine
 from tandem.spec.data import Dataset, Eval
 from tandem.spec.parallel import PARALLEL_RULES
-from tandem.spec.pattern import CEL_RULE as PATTERN_RULE
-from tandem.spec.pattern import MESSAGE as PATTERN_MESSAGE
-from tandem.spec.pattern import compile_re2
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
-from tandem.spec.progress import RolloutEngines
+from tandem.spec.rewards import Reward
 from tandem.spec.rollout import Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
+from tandem.spec.status import JobStatus
 from tandem.spec.strict_model import ABS_PATH, DNS_LABEL, DNS_SUBDOMAIN, Base, Rule
 from tandem.spec.tracking import MLflow as MLflow  # re-exported: crd.py finds its rules
 from tandem.spec.tracking import Tracking as Tracking
@@ -47,50 +44,6 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
-
-
-# The API server refuses a pattern that RE2 cannot compile, naming the field, as `tandem validate` does. The
-# bound on its length keeps the rule's estimated cost (the pattern's length) within the API server's budget:
-# unbounded, the CRD itself is refused (estimated rule cost exceeds budget).
-PATTERN_CEL: JsonDict = {"x-kubernetes-validations": [{"rule": PATTERN_RULE, "message": PATTERN_MESSAGE}]}
-PATTERN_MAX = 4096
-
-
-class Reward(Base):
-    type: Literal["answerMatch", "format", "codeExec", "model", "environment"] = Field(description=(
-        "answerMatch, format, codeExec: rules on the final answer; model: a reward model; environment: the "
-        "reward that rollout.environment (custom or agent) gave the trajectory, 0 where it gave none."))
-    weight: Annotated[float, Field(ge=-1000, le=1000)] = 1.0
-    pattern: Annotated[str | None, Field(
-        min_length=1, max_length=PATTERN_MAX, json_schema_extra=PATTERN_CEL, description=(
-            "Regular expression (RE2 syntax: no backreferences or look-around) the whole completion must match "
-            "(format); . also matches a newline."))] = None
-    timeout_seconds: Annotated[float, Field(gt=0, le=600, description="Time limit (codeExec) of a sample's "
-                                            "program and tests; with I/O cases, of each case.")] = 5.0
-    path: Annotated[str | None, Field(min_length=1, description="Reward-model directory (model).")] = None
-    match: Annotated[Literal["strict", "flexible"], Field(description=(
-        "answerMatch: strict compares the completion's final answer (<answer>, \\boxed{}, 'Answer:' line, "
-        "else the whole completion) with the reference; flexible also accepts the last number in that answer "
-        "(numeric reference) or the reference as a whole word or phrase in it (text reference), and looks in "
-        "the whole completion when it has no such marker."))] = "strict"
-    rules = (
-        Rule("self.type != 'format' || has(self.pattern)", "format reward needs a pattern", ".pattern",
-             lambda r: r.type != "format" or r.pattern is not None),
-        Rule("self.type != 'model' || has(self.path)", "model reward needs a path", ".path",
-             lambda r: r.type != "model" or r.path is not None),
-        Rule("!has(self.match) || self.match == 'strict' || self.type == 'answerMatch'",
-             "match applies only to answerMatch rewards", ".match",
-             lambda r: r.match == "strict" or r.type == "answerMatch"),
-    )
-
-    @model_validator(mode="after")
-    def _pattern_compiles(self) -> Reward:  # the CRD's check: PATTERN_CEL (tandem.spec.pattern)
-        if self.pattern is not None:
-            try:
-                compile_re2(self.pattern)
-            except ValueError as e:
-                raise ValueError(f"pattern: {PATTERN_MESSAGE}: {e}") from None
-        return self
 
 
 class Reference(Base):
@@ -397,91 +350,6 @@ IMMUTABLE_FIELDS: tuple[str, ...] = (
     "model", "algorithm", "replicas", "gpusPerPod", "trainer", "rollout", "rewards", "reference",
     "dataset", "checkpointEngine", "volumes", "podTemplate", "gangScheduling",
 )
-
-
-class Condition(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=False)
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str = ""
-    observed_generation: int = Field(default=0, description="metadata.generation the condition was set from.")
-
-
-class EvalStatus(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
-    iteration: int = Field(description="Iterations completed when evaluated (0: the initial model).")
-    pass_at_1: float | None = None
-    pass_at_k: float | None = None
-    k: int = 1
-
-
-class ProgressStatus(Base):
-    """Progress of the run, from the driver's progress record (`tandem.operator.policies.eta`)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
-    percent: float = Field(default=0.0, description="Iterations done of algorithm.iterations, in percent.")
-    iterations_per_second: float | None = None
-    eta_seconds: int | None = Field(default=None, description="Estimated seconds until the last iteration.")
-    eta: str = Field(default="", description="etaSeconds for people (the ETA column), e.g. 1h05m.")
-    rate_since_iteration: int = Field(default=0, description="The rate is measured from this iteration...")
-    rate_since_time: float = Field(default=0.0, description="...reached at this Unix time (driver's clock)...")
-    rate_since_generation: int = Field(default=0, description="...by this restart generation of the gang.")
-
-
-class ReplacingPod(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
-    pod: str
-    uid: str = Field(default="", description="The lost pod's metadata.uid (empty: it was gone when seen).")
-    generation: int = 0
-
-
-class RolloutPoolStatus(Base):
-    """The operator's record of replacing lost rollout-only pods (`tandem.operator.policies.pool_policy`)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
-    replacing: list[ReplacingPod] = Field(default_factory=list, description="Lost pods already counted whose "
-                                          "replacement does not exist yet.")
-    window_start: str = Field(default="", description="Start of the current hour of replacements (RFC 3339).")
-    window_replacements: int = Field(default=0, description="Replacements in that hour.")
-
-
-class JobStatus(Base):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=False)
-    phase: Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended",
-                   "InvalidSpec"] = "Pending"
-    iteration: int = 0
-    weight_version: int = 0
-    last_sync_seconds: float | None = None
-    reward_mean: float | None = None
-    mismatch_kl: float | None = Field(default=None, description="Rollout vs trainer in the latest iteration: the "
-                                      "mean k3 of p_trainer / p_rollout over the model's tokens (KL per token).")
-    ess: float | None = Field(default=None, description="The normalised effective sample size (sum w)^2 / (n sum "
-                              "w^2) of the latest iteration's token ratios p_trainer / p_rollout (1: they agree).")
-    staleness_mean: float | None = Field(default=None, description="Weight versions between a trained completion's "
-                                         "oldest segment and the update it trained, mean of the latest iteration.")
-    restarts: int = 0
-    preemptions: int = Field(default=0, description="Times Kueue stopped the job's pods (not counted as restarts; "
-                             "the restart generation of the pods is restarts + preemptions + suspensions).")
-    suspensions: int = Field(default=0, description="Times spec.suspend stopped the pods (the next gang is a new "
-                             "restart generation, which resumes from the newest durable copy).")
-    progress: ProgressStatus | None = None
-    rollout_only_replicas: int = Field(default=0, description="Rollout-only pods of the current gang (/scale).")
-    rollout_only_selector: str = Field(default="", description="Label selector of the rollout-only pods (/scale).")
-    rollout_replacements: int = Field(default=0, description="Rollout-only pods replaced alone (failed, evicted, "
-                                      "deleted or gone), without a gang restart.")
-    rollout_pool: RolloutPoolStatus | None = None
-    rollout_engines: RolloutEngines | None = None
-    eval: EvalStatus | None = None
-    message: str = ""
-    reason: str = Field(default="", description="Why the job is in its phase, one CamelCase word (the REASON "
-                        "column): PodsRunning, PodCreateRefused, ImagePullBackOff, CrashLoopBackOff, "
-                        "Unschedulable, ...")
-    algorithm: str = Field(default="", description="The algorithm as it runs, its preset expanded (e.g. "
-                           "'grpo (preset dapo): policyLoss clip, clip 0.2/0.28, ...').")
-    observed_generation: int = 0
-    conditions: list[Condition] = Field(default_factory=list)
 
 
 class ObjectMeta(BaseModel):

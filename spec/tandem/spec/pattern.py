@@ -16,7 +16,7 @@ newer than Go's tables (`\\p{Nag_Mundari}`) pass `tandem validate` and not the A
 No ratcheting: the API server does not excuse a rule's evaluation error on an unchanged value (and a rule
 under `rewards`, a plain list, has no `oldSelf`), so a job stored before this rule with a pattern RE2
 refuses takes no update, a finalizer's removal included, until its pattern is changed to one RE2 compiles.
-Callers: `tandem.spec.models.Reward` (validation, CRD), `tandem.sidecars.rewards.format` (matching).
+Callers: `tandem.spec.rewards.Reward` (validation, CRD), `tandem.sidecars.rewards.format` (matching).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Role: camelCase wire names, unknown fields refused, and each class's `rules` checked in Python
 (`tandem validate`, `tandem run`, the operator) while `tandem.spec.crd` emits the same rules as CEL
-(`x-kubernetes-validations`, enforced by the API server). Callers: `tandem.spec.models` and
-`tandem.spec.podtemplate` (the model classes), `tandem.spec.crd` (finds the rules by class name).
+(`x-kubernetes-validations`, enforced by the API server). Callers: every model module of `tandem.spec` (the
+model classes), `tandem.spec.crd` (finds the rules by class name in the modules it lists).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.spec.models import RLHFJob
-from tandem.spec.podtemplate import SPEC_VOLUME_PREFIX, PodTemplate
+from tandem.spec.pod_fields import SPEC_VOLUME_PREFIX
+from tandem.spec.podtemplate import PodTemplate
 
 Manifest = dict[str, Any]
 FIELD = "spec.podTemplate"

@@ -14,8 +14,8 @@ iteration there is no rate and no ETA.
 
 from __future__ import annotations
 
-from tandem.spec.models import ProgressStatus
 from tandem.spec.progress import Progress
+from tandem.spec.status import ProgressStatus
 
 
 def human(seconds: int) -> str:

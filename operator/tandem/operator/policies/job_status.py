@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from tandem.spec.models import Condition, EvalStatus, JobStatus
 from tandem.spec.progress import Progress
+from tandem.spec.status import Condition, EvalStatus, JobStatus
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec"]
 CONDITION_TYPES = ("SpecValid", "Queued", "Ready", "Restarting", "Suspended", "Complete", "Failed",

@@ -25,8 +25,9 @@ from tandem.operator.policies.job_status import Event
 from tandem.operator.policies.observe import PodState
 from tandem.operator.policies.restart_policy import Failure
 from tandem.spec.load import SpecError
-from tandem.spec.models import JobSpec, JobStatus, RLHFJob
+from tandem.spec.models import JobSpec, RLHFJob
 from tandem.spec.progress import Progress
+from tandem.spec.status import JobStatus
 
 
 @dataclass(frozen=True)

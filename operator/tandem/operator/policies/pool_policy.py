@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from tandem.operator.policies.observe import PodState
-from tandem.spec.models import ReplacingPod, RolloutPoolStatus
+from tandem.spec.status import ReplacingPod, RolloutPoolStatus
 
 WINDOW_SECONDS = 3600
 REPLACED = "RolloutReplaced"  # Event reason, one per lost pod

@@ -36,8 +36,9 @@ from tandem.operator.policies import job_status, refusal_policy
 from tandem.operator.policies.observe import PodState
 from tandem.operator.policies.plan import Observation, Plan, decide
 from tandem.spec.load import SpecError, parse_spec
-from tandem.spec.models import JobStatus, RLHFJob
+from tandem.spec.models import RLHFJob
 from tandem.spec.progress import Progress
+from tandem.spec.status import JobStatus
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from tandem.sidecars.rewards.answer import answer_match
 from tandem.sidecars.rewards.code_exec import code_exec_reward
 from tandem.sidecars.rewards.format import compile_pattern, format_match
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 T = TypeVar("T")
 

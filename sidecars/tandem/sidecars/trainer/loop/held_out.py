@@ -28,7 +28,7 @@ from tandem.sidecars.rewards.combine import RewardInput, RewardSet
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 from tandem.sidecars.trainer.loop.data.dataset import Prompt
 from tandem.spec.data import Eval as EvalSpec
-from tandem.spec.models import Reward
+from tandem.spec.rewards import Reward
 
 VERIFIABLE = ("answerMatch", "codeExec", "environment")
 
