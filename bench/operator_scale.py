@@ -67,7 +67,7 @@ from controlplane import ControlPlane, free_port, missing_binaries  # noqa: E402
 from harness import MANIFESTS, OperatorProcess, namespace_doc, service_account_kubeconfig  # noqa: E402
 from wrappers import JobWrapper  # noqa: E402
 
-from tandem.operator.manifests import builders  # noqa: E402
+from tandem.operator.manifests import builders, job_objects  # noqa: E402
 from tandem.spec.load import parse_job  # noqa: E402
 
 NS, FLOOR_NS = "bench", "floor"
@@ -172,9 +172,9 @@ def floor_posts(docs: list[dict[str, Any]], ns: str) -> list[Post]:
         job = parse_job({**doc, "metadata": {**doc["metadata"], "namespace": ns}})
         name = job.metadata.name
         objs = [
-            builders.build_service(job),
-            builders.build_spec_configmap(job),
-            builders.build_token_secret(job, "floor"),
+            job_objects.build_service(job),
+            job_objects.build_spec_configmap(job),
+            job_objects.build_token_secret(job, "floor"),
             *builders.build_pods(job),
         ]
         out += [(name, f"/api/v1/namespaces/{ns}/{paths[o['kind']]}", o) for o in objs]

@@ -13,7 +13,7 @@ import pytest
 from wrappers import JobWrapper
 
 from tandem.checkpoint_engine.ports import free_port
-from tandem.operator.manifests import builders, gpu_sharing
+from tandem.operator.manifests import builders, gpu_sharing, job_objects
 from tandem.sidecars import gpu_share
 from tandem.sidecars.gpu import NoUsableGpu
 from tandem.spec.podenv import PodEnv
@@ -70,7 +70,7 @@ def test_containers_get_the_gpus_as_the_mode_says(gpus: int, mode: str, index: i
 def test_the_claim_template_asks_the_device_class_for_each_pods_gpus() -> None:
     job = JobWrapper("demo").gpus(4).job()
     job.spec.gpu_allocation, job.spec.gpu_device_class_name = "dra", "gpu.example.com"
-    owner = builders.owner_reference("demo", "uid-1")
+    owner = job_objects.owner_reference("demo", "uid-1")
     t = gpu_sharing.claim_template(job, owner)
     assert (t["apiVersion"], t["kind"], t["metadata"]["name"]) == ("resource.k8s.io/v1", "ResourceClaimTemplate",
                                                                    "demo-gpus")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from wrappers import JobWrapper
 
-from tandem.operator.manifests import builders
+from tandem.operator.manifests import builders, job_objects
 from tandem.spec.load import parse_job
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -36,8 +36,8 @@ def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_pod_names_and_roles(replicas: int, rollout_only: int, names: list[str], roles: list[str]) -> None:
     pods = builders.build_pods(JobWrapper().replicas(replicas).rollout_only(rollout_only).job())
     assert [p["metadata"]["name"] for p in pods] == names
-    assert [p["metadata"]["labels"][builders.LABEL_ROLE] for p in pods] == roles
-    assert [p["metadata"]["labels"][builders.LABEL_INDEX] for p in pods] == [
+    assert [p["metadata"]["labels"][job_objects.LABEL_ROLE] for p in pods] == roles
+    assert [p["metadata"]["labels"][job_objects.LABEL_INDEX] for p in pods] == [
         str(i) for i in range(len(names))
     ]
 
@@ -129,7 +129,7 @@ def test_shm_is_memory_backed_with_size_limit(shm: str) -> None:
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
         assert mounts["/dev/shm"]["name"] == "shm"
         assert mounts["/etc/tandem"] == {"name": "job-spec", "mountPath": "/etc/tandem", "readOnly": True}
-    assert vols["job-spec"]["configMap"]["name"] == builders.build_spec_configmap(JobWrapper().set(
+    assert vols["job-spec"]["configMap"]["name"] == job_objects.build_spec_configmap(JobWrapper().set(
         "checkpointEngine.shmSize", shm).job())["metadata"]["name"]
 
 
@@ -148,7 +148,7 @@ def test_ports_and_resources_follow_the_spec() -> None:
         "rendezvous": 29500,
     }
     assert {p["name"]: p["containerPort"] for p in c["rollout"]["ports"]} == {"ce-rollout": 8801, "shards": 9000}
-    service = {p["name"]: p["port"] for p in builders.build_service(job)["spec"]["ports"]}
+    service = {p["name"]: p["port"] for p in job_objects.build_service(job)["spec"]["ports"]}
     assert service == {"rendezvous": 29500, "ce-trainer": 8800, "ce-rollout": 8801, "shards": 9000}
     env = {e["name"]: e.get("value") for e in c["rollout"]["env"]}
     assert env["TANDEM_SHARD_PORT"] == "9000"
@@ -161,13 +161,13 @@ def test_owner_references_and_labels(owner_uid: str | None) -> None:
     job = JobWrapper().job()
     objs = [
         *builders.build_pods(job, restart_generation=2, owner_uid=owner_uid),
-        builders.build_service(job, owner_uid=owner_uid),
-        builders.build_spec_configmap(job, owner_uid=owner_uid),
-        builders.build_token_secret(job, "t", owner_uid=owner_uid),
+        job_objects.build_service(job, owner_uid=owner_uid),
+        job_objects.build_spec_configmap(job, owner_uid=owner_uid),
+        job_objects.build_token_secret(job, "t", owner_uid=owner_uid),
     ]
     for obj in objs:
         meta = obj["metadata"]
-        assert meta["labels"][builders.LABEL_JOB] == "demo" and meta["namespace"] == "default"
+        assert meta["labels"][job_objects.LABEL_JOB] == "demo" and meta["namespace"] == "default"
         if owner_uid is None:
             assert "ownerReferences" not in meta
         else:
@@ -181,14 +181,14 @@ def test_owner_references_and_labels(owner_uid: str | None) -> None:
                     "blockOwnerDeletion": True,
                 }
             ]
-    assert objs[0]["metadata"]["labels"][builders.LABEL_GENERATION] == "2"
+    assert objs[0]["metadata"]["labels"][job_objects.LABEL_GENERATION] == "2"
 
 
 def test_service_is_headless_and_selects_every_pod_of_the_job() -> None:
-    svc = builders.build_service(JobWrapper().set("checkpointEngine.port", 9000).job())
+    svc = job_objects.build_service(JobWrapper().set("checkpointEngine.port", 9000).job())
     assert svc["metadata"]["name"] == "demo"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {builders.LABEL_JOB: "demo"}
+    assert svc["spec"]["selector"] == {job_objects.LABEL_JOB: "demo"}
     assert sorted(p["port"] for p in svc["spec"]["ports"]) == [8702, 9000, 9001, 29500]  # 8702: shardPort
     pod = builders.build_pods(JobWrapper().job())[0]
     assert pod["spec"]["subdomain"] == "demo" and pod["spec"]["hostname"] == "demo-0"
@@ -196,16 +196,16 @@ def test_service_is_headless_and_selects_every_pod_of_the_job() -> None:
 
 def test_configmap_holds_the_job_that_parses_back_to_the_same_spec() -> None:
     job = JobWrapper("round", "ns1").replicas(2).set("algorithm.name", "ppo").job()
-    cm = builders.build_spec_configmap(job)
+    cm = job_objects.build_spec_configmap(job)
     assert cm["metadata"]["name"].startswith("round-spec-") and cm["immutable"] is True
     back = parse_job(yaml.safe_load(cm["data"]["job.yaml"]))
     assert back.spec == job.spec and back.metadata.name == "round" and back.metadata.namespace == "ns1"
 
 
 def test_token_secret_and_fresh_tokens_differ() -> None:
-    secret = builders.build_token_secret(JobWrapper().job(), "abc")
+    secret = job_objects.build_token_secret(JobWrapper().job(), "abc")
     assert secret["metadata"]["name"] == "demo-token" and secret["stringData"] == {"token": "abc"}
-    tokens = {builders.new_token() for _ in range(20)}
+    tokens = {job_objects.new_token() for _ in range(20)}
     assert len(tokens) == 20 and all(len(t) >= 40 for t in tokens)
 
 
@@ -214,8 +214,8 @@ def test_longest_job_name_gives_valid_dns_labels() -> None:
     job = JobWrapper(name).replicas(64).rollout_only(64).job()
     for pod in builders.build_pods(job):
         assert DNS_LABEL.match(pod["metadata"]["name"]) and DNS_LABEL.match(pod["spec"]["hostname"])
-    assert DNS_LABEL.match(builders.build_service(job)["metadata"]["name"])
-    assert len(builders.token_secret_name(name)) <= 253
+    assert DNS_LABEL.match(job_objects.build_service(job)["metadata"]["name"])
+    assert len(job_objects.token_secret_name(name)) <= 253
 
 
 def test_builders_are_pure() -> None:
@@ -316,7 +316,7 @@ def test_the_job_document_is_named_by_its_content() -> None:
         job = w.job()
         pod = builders.build_pods(job)[-1]
         mounted = next(v for v in pod["spec"]["volumes"] if v["name"] == "job-spec")["configMap"]["name"]
-        return builders.build_spec_configmap(job)["metadata"]["name"], mounted
+        return job_objects.build_spec_configmap(job)["metadata"]["name"], mounted
 
     one, mounted = name_of(JobWrapper().rollout_only(1))
     assert one == mounted and one == name_of(JobWrapper().rollout_only(1))[0]

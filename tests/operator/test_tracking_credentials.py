@@ -17,7 +17,7 @@ from controlplane import ControlPlane
 from wrappers import JobWrapper
 
 from tandem.cli.local import processes_for
-from tandem.operator.manifests import builders, pod_template, tracking_access
+from tandem.operator.manifests import builders, job_objects, pod_template, tracking_access
 from tandem.spec import crd
 from tandem.spec.load import SpecError, parse_job
 
@@ -93,7 +93,7 @@ def test_only_the_trainer_gets_them_by_secret_key_ref() -> None:
                 "name": "mlflow-creds", "key": key, "optional": True}}}
                 for key, var in tracking_access.CREDENTIAL_KEYS.items()}
     assert trainers == 2
-    document = builders.build_spec_configmap(job)["data"]["job.yaml"]
+    document = job_objects.build_spec_configmap(job)["data"]["job.yaml"]
     assert "credentialsSecret: mlflow-creds" in document and "@" not in document
     assert "MLFLOW_TRACKING" not in document
 
@@ -141,7 +141,7 @@ def test_the_wandb_api_key_reaches_only_the_trainer_by_secret_key_ref(
             assert mine == [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
                 "name": "wandb-key", "key": "apiKey", "optional": True}}}]
     assert seen == 2
-    assert "WANDB_API_KEY" not in builders.build_spec_configmap(job)["data"]["job.yaml"]
+    assert "WANDB_API_KEY" not in job_objects.build_spec_configmap(job)["data"]["job.yaml"]
     monkeypatch.setenv("WANDB_API_KEY", "key-from-shell")
     local = JobWrapper("demo").set("tracking", {"wandb": {"credentialsSecret": "wandb-key"}}).gpus(0).job()
     procs = processes_for(builders.build_pods(local), local, tmp_path, "http://127.0.0.1:2379", token="t",

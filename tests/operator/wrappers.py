@@ -11,7 +11,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tandem.operator.manifests.builders import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
+from tandem.operator.manifests.job_objects import ROLE_HYBRID, ROLE_ROLLOUT, pod_object_name
 from tandem.operator.policies.observe import ContainerIssue, PodState
 from tandem.spec.load import parse_job
 from tandem.spec.models import RLHFJob

@@ -49,7 +49,7 @@ from tandem.checkpoint_engine.etcd.local_etcd import LocalEtcd, free_port
 from tandem.cli import local_sandbox, plot, progress_lines, say
 from tandem.cli.local_procs import LocalContainer, containers_of, pod_cpus, stop_all
 from tandem.cli.supervise import RolloutRestarts, diagnosis
-from tandem.operator.manifests import builders
+from tandem.operator.manifests import builders, job_objects
 from tandem.sidecars.rollout_engine.engine import CPU_RESERVED_ENV
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
@@ -149,7 +149,7 @@ def processes_for(pods: list[dict[str, Any]], job: RLHFJob, run_dir: Path, etcd_
 
     out: list[LocalContainer] = []
     for pod in pods:
-        own = {(builders.token_secret_name(job.metadata.name), builders.TOKEN_KEY): token}
+        own = {(job_objects.token_secret_name(job.metadata.name), job_objects.TOKEN_KEY): token}
         out += containers_of(pod, overrides=overrides, secrets=own, logs=run_dir / "logs")
     out = local_sandbox.rewire(out, run_dir)  # codeExec sandbox servers: a local socket, an env of their own
     for c in out:  # one machine: every process sees the same GPUs, no file of the trainer's to wait for

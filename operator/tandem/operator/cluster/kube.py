@@ -20,7 +20,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tandem.operator.manifests import gang
-from tandem.operator.manifests.builders import LABEL_JOB, Manifest
+from tandem.operator.manifests.job_objects import LABEL_JOB, Manifest
 from tandem.operator.policies.observe import PodState, pod_state
 from tandem.spec.models import GROUP, PLURAL, VERSION
 

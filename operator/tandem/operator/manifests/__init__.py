@@ -3,7 +3,8 @@ reads the clock or the environment.
 
 Callers: `tandem.operator.runtime.reconcile` (creates what these return), `tandem run` (starts the pods of
 `builders.build_pods` as local processes) and `tandem.operator.policies` (the pods' labels and names).
-  builders         Service, ConfigMap, Secret, Pods: the container env contract, labels, names
+  builders         the Pods: their containers, the container env contract, volumes, probes
+  job_objects      the job's names and labels, its Service, spec ConfigMap and token Secret
   pod_security     Pod Security restricted on every pod
   sandbox_pod      the `sandbox` container of codeExec jobs and the python tool
   pod_template     spec.podTemplate merged over each pod

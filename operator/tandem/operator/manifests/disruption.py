@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.manifests import builders
+from tandem.operator.manifests import job_objects
 from tandem.spec.models import RLHFJob
 
 Manifest = dict[str, Any]
@@ -43,10 +43,10 @@ def build_pod_disruption_budget(job: RLHFJob, *, owner_uid: str | None = None) -
     return {
         "apiVersion": API_VERSION,
         "kind": "PodDisruptionBudget",
-        "metadata": builders.object_metadata(job, budget_name(name), owner_uid, builders.job_labels(name)),
+        "metadata": job_objects.object_metadata(job, budget_name(name), owner_uid, job_objects.job_labels(name)),
         "spec": {
             "minAvailable": job.spec.replicas,
-            "selector": {"matchLabels": {builders.LABEL_JOB: name, builders.LABEL_ROLE: builders.ROLE_HYBRID}},
+            "selector": {"matchLabels": {job_objects.LABEL_JOB: name, job_objects.LABEL_ROLE: job_objects.ROLE_HYBRID}},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -2,7 +2,7 @@
 
 Callers: `tandem.operator.runtime.reconcile.carry_out` (creates the Workload and the gang's PodGroup before the
 pods, and deletes the PodGroups of earlier gangs); `tandem.operator.manifests.builders.build_pod` puts each
-hybrid pod in its gang's PodGroup (`builders.pod_group_name`). Opt-in with `spec.gangScheduling: true`.
+hybrid pod in its gang's PodGroup (`job_objects.pod_group_name`). Opt-in with `spec.gangScheduling: true`.
 
 Kubernetes 1.36 schedules a group of pods all-or-nothing (`scheduling.k8s.io/v1alpha2`, feature
 gates GenericWorkload and GangScheduling on the API server, the scheduler and the controller
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.manifests.builders import LABEL_GENERATION, LABEL_JOB, owner_reference, pod_group_name
+from tandem.operator.manifests.job_objects import LABEL_GENERATION, LABEL_JOB, owner_reference, pod_group_name
 from tandem.spec.models import GROUP, KIND, RLHFJob
 
 Manifest = dict[str, Any]
@@ -38,7 +38,7 @@ Manifest = dict[str, Any]
 API_GROUP = "scheduling.k8s.io"
 API_VERSION_WORKLOAD = "v1alpha2"
 WORKLOADS, PODGROUPS = "workloads", "podgroups"
-TEMPLATE = "hybrid"  # the one pod group template (builders.pod_group_name carries it)
+TEMPLATE = "hybrid"  # the one pod group template (job_objects.pod_group_name carries it)
 UNAVAILABLE_REASON = "GangSchedulingUnavailable"
 UNAVAILABLE = (f"spec.gangScheduling: the API server does not serve {API_GROUP}/{API_VERSION_WORKLOAD} "
                "workloads and podgroups (Kubernetes >= 1.36 with the GenericWorkload and GangScheduling "

@@ -18,7 +18,7 @@ it waiting. The name stays the same across gang restarts and preemptions: Kueue'
 controller that created a group responsible for creating its replacement pods, which join the
 same Workload (and wait, gated, while it is not admitted). Kueue keeps its finalizer
 (`kueue.x-k8s.io/managed`) on a stopped group's pods until it sees those replacements, so a queued
-job's pods of restart generation g > 0 are named `<job>-<i>-g<g>` (`builders.pod_object_name`;
+job's pods of restart generation g > 0 are named `<job>-<i>-g<g>` (`job_objects.pod_object_name`;
 hostnames stay `<job>-<i>`) and the next gang does not wait for pods whose containers have ended.
 The total count is the pool size when a pod is made: resizing the rollout-only pool (/scale) of
 an admitted queued job gives its new pods a count that differs from the group's; Kueue's plain

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tandem.operator.manifests import builders
+from tandem.operator.manifests import job_objects
 from tandem.spec.models import RLHFJob
 
 Manifest = dict[str, Any]
@@ -37,7 +37,7 @@ def policy_name(job_name: str) -> str:
 def build_network_policy(job: RLHFJob, *, owner_uid: str | None = None,
                          extra_from: Sequence[Manifest] = (), scrape_from: Sequence[Manifest] = ()) -> Manifest:
     name = job.metadata.name
-    own = {"matchLabels": {builders.LABEL_JOB: name}}
+    own = {"matchLabels": {job_objects.LABEL_JOB: name}}
     ingress: list[Manifest] = [{"from": [{"podSelector": own}, *extra_from]}]
     if scrape_from:
         ingress.append({"from": list(scrape_from),
@@ -45,7 +45,7 @@ def build_network_policy(job: RLHFJob, *, owner_uid: str | None = None,
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": builders.object_metadata(job, policy_name(name), owner_uid, builders.job_labels(name)),
+        "metadata": job_objects.object_metadata(job, policy_name(name), owner_uid, job_objects.job_labels(name)),
         "spec": {
             "podSelector": own,
             "policyTypes": ["Ingress"],

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.operator.manifests import kueue
-from tandem.operator.manifests.builders import LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, LABEL_ROLE
+from tandem.operator.manifests.job_objects import LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, LABEL_ROLE
 
 # Waiting reasons of a container that is not getting anywhere by itself (the kubelet's words).
 STUCK_WAITING = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from tandem.operator.manifests import builders, kueue
+from tandem.operator.manifests import job_objects, kueue
 from tandem.operator.policies import eta, job_status, pool_policy, restart_policy, scale_policy, stuck_policy
 from tandem.operator.policies.job_status import Event
 from tandem.operator.policies.observe import REFUSED_EXIT, PodState
@@ -67,7 +67,7 @@ def _finish(obs: Observation, plan: Plan, before: str) -> Plan:
         gen, first = plan.restart_generation, obs.job.spec.replicas
         plan.status.rollout_only_replicas = len(
             [p for p in obs.pods if p.generation == gen and p.index >= first and not p.deleting])
-        plan.status.rollout_only_selector = builders.rollout_only_selector(obs.job.metadata.name)
+        plan.status.rollout_only_selector = job_objects.rollout_only_selector(obs.job.metadata.name)
     event = job_status.transition_event(before, plan.status)
     if event is not None:
         plan.events.append(event)
@@ -143,7 +143,7 @@ def _gang_failed(p: Pass, what: str, reason: str, decision: str) -> None:
     if decision == "restart":
         kept: list[str] = []
         if not kueue.queue_name(job.metadata.labels):
-            kept = pool_policy.kept(obs.pods, job.spec.replicas, builders.pod_count(job),
+            kept = pool_policy.kept(obs.pods, job.spec.replicas, job_objects.pod_count(job),
                                     job_status.gang_generation(new))
         plan.delete = [name for name in plan.delete if name not in kept]
         new.restarts += 1

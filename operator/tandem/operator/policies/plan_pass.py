@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 
-from tandem.operator.manifests import builders, kueue
+from tandem.operator.manifests import job_objects, kueue
 from tandem.operator.policies import (
     admission_policy,
     job_status,
@@ -91,7 +91,7 @@ class Pass:
 
     @cached_property
     def expected(self) -> list[str]:
-        return builders.pod_names(self.job, self.generation)
+        return job_objects.pod_names(self.job, self.generation)
 
     @cached_property
     def current(self) -> list[PodState]:

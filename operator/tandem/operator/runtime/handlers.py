@@ -20,7 +20,7 @@ import kopf
 
 from tandem.operator.cluster.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.cluster.kube import Kube, connect
-from tandem.operator.manifests.builders import LABEL_JOB
+from tandem.operator.manifests.job_objects import LABEL_JOB
 from tandem.operator.policies.observe import pod_state
 from tandem.operator.runtime import job_metrics, reconcile
 from tandem.operator.runtime.env_settings import OperatorConfig

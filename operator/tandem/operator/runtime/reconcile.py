@@ -31,7 +31,7 @@ from typing import Any
 
 from tandem.operator.cluster.etcd_store import EtcdStore, EtcdUnavailable
 from tandem.operator.cluster.kube import CONFLICT, Kube, KubeError
-from tandem.operator.manifests import builders, disruption, gang, gpu_sharing, netpol_builder
+from tandem.operator.manifests import builders, disruption, gang, gpu_sharing, job_objects, netpol_builder
 from tandem.operator.policies import job_status, refusal_policy
 from tandem.operator.policies.observe import PodState
 from tandem.operator.policies.plan import Observation, Plan, decide
@@ -109,7 +109,7 @@ async def observe_pods(
         return pods
     generation = job_status.gang_generation(current)
     names = {p.name for p in pods if p.generation == generation}
-    should = builders.pod_names(job, generation) if current.phase == "Running" else []
+    should = job_objects.pod_names(job, generation) if current.phase == "Running" else []
     should += [name for name, gen in (created or {}).items() if gen == generation]
     if any(n not in names for n in should):
         pods = await kube.list_job_pods(ref.namespace, ref.name)
@@ -148,7 +148,7 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
         for name in plan.delete:  # gone by our own hand: not a loss
             memory.created.pop(name, None)
     if plan.adopt:  # rollout-only pods kept through a gang restart join its generation (pool_policy.kept)
-        labels = {builders.LABEL_GENERATION: str(plan.restart_generation)}
+        labels = {job_objects.LABEL_GENERATION: str(plan.restart_generation)}
         labelled = await asyncio.gather(*(kube.label_pod(ref.namespace, n, labels) for n in plan.adopt),
                                         return_exceptions=True)
         for name, result in zip(plan.adopt, labelled, strict=True):
@@ -165,15 +165,15 @@ async def carry_out(kube: Kube, ref: JobRef, memory: JobMemory, plan: Plan, defa
                 raise
             return gang.UNAVAILABLE  # no pods: without the group they would not be gang-scheduled
     if job is not None and plan.create and gpu_sharing.uses_dra(job):  # the pods' ResourceClaims come from it
-        owner = builders.owner_reference(ref.name, ref.uid) if ref.uid else None
+        owner = job_objects.owner_reference(ref.name, ref.uid) if ref.uid else None
         await kube.ensure_scheduling(gpu_sharing.claim_template(job, owner))
     creates: list[Awaitable[object]] = []
     objects = job is not None and (plan.create or (plan.ensure_objects and not memory.objects_ensured))
     if job is not None and objects:
         creates += [
-            kube.create(builders.build_service(job, owner_uid=ref.uid)),
-            kube.create(builders.build_spec_configmap(job, owner_uid=ref.uid)),
-            kube.create(builders.build_token_secret(job, builders.new_token(), owner_uid=ref.uid)),
+            kube.create(job_objects.build_service(job, owner_uid=ref.uid)),
+            kube.create(job_objects.build_spec_configmap(job, owner_uid=ref.uid)),
+            kube.create(job_objects.build_token_secret(job, job_objects.new_token(), owner_uid=ref.uid)),
             kube.create(disruption.build_pod_disruption_budget(job, owner_uid=ref.uid))
             if job.spec.pod_disruption_budget  # opted out: the budget goes (a drain may take the pods now)
             else kube.delete_pod_disruption_budget(ref.namespace, disruption.budget_name(ref.name)),
