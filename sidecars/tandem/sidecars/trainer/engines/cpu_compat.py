@@ -1,8 +1,13 @@
 """CPU compatibility layer that lets megatron-core run on a machine without a GPU.
 
-Called by :mod:`tandem.sidecars.trainer.engines.megatron_engine` before it imports megatron, and only when
-``torch.cuda.is_available()`` is False. megatron-core assumes CUDA in a handful of places; this
-module redirects each of them to the CPU:
+Applied on every CPU trainer rank, whichever engine it builds (megatron or hf): by
+`tandem.sidecars.trainer.rank.run_rank` before the loop starts, and again (idempotent) by
+`common.start_process_group`, which both engines call when they start their process group (so an engine built
+outside a trainer rank, in tests and benchmarks, gets it too); a no-op when ``torch.cuda.is_available()``.
+The patches are what megatron-core needs; the hf engine (transformers + FSDP2) runs under them as well, which
+is why `apply` builds torch's cache of device-aware factories from the original functions first
+(transformers' `from_pretrained` relies on it). megatron-core assumes CUDA in a handful of places; this module
+redirects each of them to the CPU:
 
 * CUDA RNG state functions and ``torch.cuda.default_generators`` -> the CPU generator;
 * ``torch.cuda.current_device()`` -> 0, and every CUDA device given to a tensor factory,

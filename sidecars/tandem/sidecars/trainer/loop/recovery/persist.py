@@ -1,12 +1,16 @@
-"""Durable copies of the driver's published versions, made in the background while the loop goes on.
+"""Durable copies of the driver's published weights, made in the background while the loop goes on.
 
 Role: with `checkpointEngine.persist` set, every `every`-th iteration's version (and the last
-iteration's) is copied from shared memory to the durable store (`checkpoint_engine.versions.durable`),
-so a gang restart — new pods, empty /dev/shm — resumes from it instead of the initial model.
-The copy runs in one worker thread while the next rollout proceeds; the version is pinned in
-etcd for the copy's duration so the publisher's GC cannot delete it under the reader. A copy
-still running when the next one is due is waited for (backpressure, reported as `wait_s`).
-Callers: `publish.persist` (driver rank only: `after_publish` per due iteration), `TrainerContext.close` at the end.
+iteration's: `due`) is copied from shared memory to the durable store (`checkpoint_engine.versions.durable`),
+so a gang restart (new pods, empty /dev/shm) can resume from it (`resume.resume_point` takes the newest of
+shm, this store and the kept rollout-only pods). The weights only: each rank's optimizer and critic state
+beside the copy is `train_state`'s, written by the same due Publish phase. The copy runs in one worker thread
+while the next rollout proceeds; the version is pinned in etcd for the copy's duration so the publisher's GC
+cannot delete it under the reader. A copy still running when the next one is due is waited for
+(backpressure); the iteration's row gets `persist_wait_s`, and the last finished copy's `persisted_version`
+and `persist_s`. A failed copy is logged and counted (`failures`), never fatal to training.
+Callers: `..phases.publish.persist` (driver rank only: `after_publish` per due iteration), `..start.create`
+(builds it), `TrainerContext.close` (`close`: the last copy finished).
 """
 
 from __future__ import annotations

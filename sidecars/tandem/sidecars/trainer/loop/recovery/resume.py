@@ -1,15 +1,22 @@
-"""Start-up of the driver: find the rollout sidecars, and resume from the last published version.
+"""Start-up of the driver: find the rollout sidecars, and resume from the newest version any copy holds.
 
-Role: rollouts advertise themselves under `keys.endpoint(...)` (lease-bound); the driver waits
-until the expected number of its own gang generation is there. On resume (a restarted gang or
-`tandem run --resume`), the newest complete version in etcd is read back from shared memory into
-the Megatron model and the loop continues after the iteration that produced it. Caller: `TrainerContext`.
+Role: rollouts advertise themselves under `keys.endpoint(...)` (lease-bound, each with its gang generation);
+`rollout_addresses` / `rollout_pods` list those of the driver's own generation (all, rollout-only or hybrid)
+and `wait_for_rollouts` waits until the expected number is there. On resume (every pod the operator starts,
+and `tandem run --resume`; TANDEM_RESUME), `resume_point` picks the version to go on from, loads it into the
+trainer's engine on every rank (Megatron or transformers + FSDP2; an adapter-only version into the LoRA
+adapters) and restores the optimizer (and critic) state beside it (`train_state.restore`); the loop continues
+after the iteration that published it. Callers: `..start.create` (`resume_point`, `wait_for_rollouts`,
+`rollout_pods`), the rollout sources and the Rollout phase (which rollouts are up now).
 
-Where versions are found on resume: the pod's shared memory; the durable store when the job sets
-`checkpointEngine.persist`; and, after a gang restart in a cluster (which deletes the hybrid pods and their
-/dev/shm), the rollout-only pods the operator kept through it ("peers"): each holds the newest version it
-pulled and registers it again once the dead trainer's records are gone (`tandem.sidecars.rollout.kept`);
-the hybrid pods' own rollouts pull it from them over the transport, and the trainers load it from there.
+Where versions are found on resume, the newest iteration winning: the pod's shared memory (its newest version,
+the iteration from the lease-free progress record); the durable store when the job sets
+`checkpointEngine.persist` (its newest verified copy, which carries its iteration); and, after a gang restart
+in a cluster (which deletes the hybrid pods and their /dev/shm), the rollout-only pods the operator kept through
+it ("peers"): each holds the newest version it pulled and registers it again once the dead trainer's records are
+gone (`tandem.sidecars.rollout.kept`); the hybrid pods' own rollouts pull it from them over the transport, and
+the trainers load it from there. The driver decides and broadcasts the choice; every rank loads it, from the
+driver's path or else from its own pod's shm.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from tandem.spec.progress import Progress
 
 
 class Resumable(train_state.TrainerParts, Protocol):
-    """What resuming needs of its caller (`TrainerContext` passes itself in; no import back)."""
+    """What resuming needs of its caller (`TrainerContext` satisfies it and passes itself in; no import back)."""
 
     @property
     def env(self) -> PodEnv: ...
