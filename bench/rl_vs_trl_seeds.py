@@ -22,7 +22,7 @@ Looked for a cause, 2026-11-29, and found no defect; each side of one step measu
   softmax: chi-square 10.3 on 12 degrees of freedom (one request, n 4,000) and 6.0 (500 prompts x 4, the
   seeded path); over 1,217 sampled tokens of 32 real completions, the mean surprisal of vLLM's draws is
   2.040 nats against the model's mean entropy there of 2.081 (difference -0.042, se 0.054): no tail bias
-  (tests/checkpoint_engine/test_sampler_temperature.py now checks the draws at T 1 and 0.5);
+  (tests/rollout_engine/test_sampler_temperature.py now checks the draws at T 1 and 0.5);
 - the update on real data: those 32 completions (15 ended by EOS) through the real Inference and Train phases
   (Megatron, shared prompts, the bench's batch) against a plain transformers + AdamW reference: relative gap of
   the update 1.65e-3 (largest per parameter 0.56%), loss 0.06058 on both, grad norm 1.2913 against 1.2916;

@@ -1,8 +1,9 @@
 """Session-wide fixtures shared by every test folder (a real etcd server, free ports), how the suite is
 split between two workers, and its time per directory.
 
-Heavier shared fixtures live beside their users (tests/operator/conftest.py starts the Kubernetes
-control plane; tests/checkpoint_engine/conftest.py shares one vLLM engine per session).
+Also the fixtures of the checkpoint engine's, the rollout engine's and the rollout sidecar's tests against etcd
+(`shm_root`, `job`, `make_registry`). Heavier shared fixtures live beside their users (tests/operator/conftest.py
+starts the Kubernetes control plane; tests/rollout_engine/conftest.py shares one vLLM engine per session).
 
 `make test` runs pytest on two workers (pytest-xdist, scheduled by `group_of`, the longest groups handed
 out first: `LONGEST_FIRST`; `TANDEM_TEST_WORKERS=1` runs one process), each pinned to its own share of the
@@ -10,7 +11,7 @@ cores (`pytest_configure`): end-to-end runs wait on process start-up and I/O par
 side by side on separate cores never make their OpenMP teams wait on each other. `group_of` keeps
 together what must not run side by side: the tests of the Kubernetes control plane, in two groups
 (`CONTROL_PLANE_GROUPS`: a worker starts one control plane per session for whichever of them it runs); the
-checkpoint engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
+rollout engine's (one shared vLLM engine); and in one group, "heavy", what runs programs as the code
 sandbox's uid (whose process limit and process list are machine-wide: a fork bomb in one test would starve
 another's sandbox) together with the runs that take most memory (HEAVY: three vLLM engines, two trainer pods
 or the pretrained model, which the multi-turn tests also load; two of those side by side would not fit in
@@ -35,6 +36,7 @@ from typing import Any
 import pytest
 
 from tandem.checkpoint_engine.etcd.local_etcd import EtcdNotFound, LocalEtcd, free_port
+from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.cli.local_procs import pod_cpus
 
 __all__ = ["EtcdServer", "free_port"]
@@ -79,7 +81,44 @@ def shm_base() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-SANDBOX = ("tests/rewards/", "tests/envs/", "tests/e2e/test_multiturn_run.py")
+@pytest.fixture
+def shm_root() -> Iterator[Path]:
+    """A private root for versions in shared memory (/dev/shm, else the temp dir), removed after the test."""
+    import shutil
+
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    root = base / f"tandem-test-{uuid.uuid4().hex[:8]}"
+    root.mkdir()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def job() -> str:
+    """A fresh job name, so tests sharing the session's etcd never read each other's records."""
+    return f"job-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_registry(etcd_server: Any, job: str) -> Iterator[Any]:
+    """`make(pod, role, ttl, job_name)`: a connected `SyncRegistry` on the session's etcd (namespace "test", the
+    test's `job` by default), each closed after the test."""
+    made: list[SyncRegistry] = []
+
+    def make(pod: str = "pod0", role: str = "trainer", ttl: int = 5, job_name: str | None = None) -> SyncRegistry:
+        reg = SyncRegistry(etcd_server.endpoint, "test", job_name or job, pod, role, ttl=ttl, timeout=2.0).connect()
+        made.append(reg)
+        return reg
+
+    yield make
+    for reg in made:
+        try:
+            reg.close()
+        except Exception:  # noqa: S110 - etcd may be stopped by the test
+            pass
+
+
+SANDBOX = ("tests/sandbox/", "tests/rewards/", "tests/envs/", "tests/e2e/test_multiturn_run.py")
 HEAVY = ("tests/e2e/test_rollout_faults.py", "tests/e2e/test_pretrained.py", "tests/e2e/test_two_pods.py",
          "tests/e2e/test_hf_engine_run.py", "tests/e2e/test_multiturn_run.py")
 STARTED = time.monotonic()
@@ -104,11 +143,12 @@ def group_of(nodeid: str) -> str:
 
 # Groups in the order two workers take them, longest first (measured, sequential seconds on a fresh machine:
 # "heavy" ~1950, the toy runs of test_tandem_run ~1000, the control plane's ~640 in two groups of ~290 and ~350
-# seconds, test_rollout_modes ~550, the checkpoint engine's ~490, ...; the trainer's files come after): xdist
-# hands each worker two groups at the start, so the long poles begin at once and the many short groups fill in
-# behind them.
+# seconds, test_rollout_modes ~550, the rollout engine's and the checkpoint engine's ~490 together (the
+# checkpoint engine's etcd tests, a short group of their own, are the smaller part), ...; the trainer's files come
+# after): xdist hands each worker two groups at the start, so the long poles begin at once and the many short
+# groups fill in behind them.
 LONGEST_FIRST = ("heavy", "tests/e2e/test_tandem_run.py", "tests/operator", *CONTROL_PLANE_SPLIT,
-                 "tests/e2e/test_rollout_modes.py", "tests/checkpoint_engine",
+                 "tests/e2e/test_rollout_modes.py", "tests/rollout_engine",
                  "tests/e2e/test_distillation_run.py", "tests/e2e/test_kto_run.py")
 CONTROL_PLANE_GROUPS = ("tests/operator", *CONTROL_PLANE_SPLIT)
 

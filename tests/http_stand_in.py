@@ -1,7 +1,7 @@
 """A real HTTP server on loopback standing in for a rollout sidecar's API, for tests of the driver's side.
 
 Tests of the trainer's rollout client (tests/trainer/test_rollout_client.py) and of the driver's stall watch
-(tests/rollout/test_driver_stall_watch.py) talk to a real socket, as the driver does in a pod; their handlers
+(tests/trainer/test_driver_stall_watch.py) talk to a real socket, as the driver does in a pod; their handlers
 say what the stand-in answers, `JsonHandler.answer` writes it, and `serve` starts the server in a daemon thread.
 """
 

@@ -1,4 +1,4 @@
-"""Real processes and sockets for the sandbox tests (tests/rewards, tests/envs): a `sandbox_server` process,
+"""Real processes and sockets for the sandbox tests (tests/sandbox, tests/envs): a `sandbox_server` process,
 and a TCP listener that counts the connections a sandboxed program manages to make (it should make none)."""
 
 from __future__ import annotations

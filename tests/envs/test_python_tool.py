@@ -2,7 +2,7 @@
 a raising program's output, a loop times out and says so, sockets and writes outside the work dir are
 refused (the error shows in the output), long output keeps its end; its schema; the ToolBox running it.
 
-Each runs in every isolation mode available here, as tests/rewards/test_sandbox.py does: "basic",
+Each runs in every isolation mode available here, as tests/sandbox/test_sandbox.py does: "basic",
 "namespaces" (root with unshare) and "server", through a real sandbox server process (as root it drops
 to uid 10002 itself, as `tandem run` does).
 """

@@ -1,6 +1,6 @@
 """The rollout's supervisor cuts a hung engine at the deadline its calls set, not at the ceiling, without vLLM.
 
-As tests/checkpoint_engine/test_engine_procs.py does, a real `RolloutEngine` (never started) is given a real
+As tests/rollout_engine/test_engine_procs.py does, a real `RolloutEngine` (never started) is given a real
 process tree as its engine's processes (`EngineProcesses.record`), and a thread stands for vLLM's client: a step
 blocked until that process answers or dies, raising when it died (as vLLM's EngineDeadError does). The
 process is stopped (SIGSTOP, a hung GPU); the supervisor's checks run until it kills it. The floor is lowered

@@ -2,7 +2,7 @@
 version with the checkpoint engine's own writer: the sources the HF-export tests start from.
 
 Callers: tests/trainer/test_hf_export.py, tests/cli/test_export.py. No downloads: the model comes from
-tiny_models.make_tiny_hf_model, the tokenizer from tests/checkpoint_engine/tiny_model.build_tokenizer.
+tiny_models.make_tiny_hf_model, the tokenizer from tests/rollout_engine/tiny_model.build_tokenizer.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "checkpoint_engine"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
 import tiny_model  # noqa: E402
 from tiny_models import make_tiny_hf_model  # noqa: E402
 

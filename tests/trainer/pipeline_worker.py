@@ -1,4 +1,4 @@
-"""The trainer half of tests/checkpoint_engine/test_trainer_to_vllm.py, run in a process of its own.
+"""The trainer half of tests/rollout_engine/test_trainer_to_vllm.py, run in a process of its own.
 
 Megatron's parallel state and the CPU compatibility layer (which patches torch globally) are per
 process; vLLM forks its engine process from the test process, so the trainer runs here instead.

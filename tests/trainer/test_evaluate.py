@@ -1,7 +1,7 @@
 """Held-out evaluation: the pass@k estimator, scoring scripted completions, schedule, spec rules.
 
 The generator is a scripted stand-in for the rollouts (texts chosen per prompt); the live vLLM
-version of the same check is tests/checkpoint_engine/test_eval_live.py.
+version of the same check is tests/rollout_engine/test_eval_live.py.
 """
 
 from __future__ import annotations

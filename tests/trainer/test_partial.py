@@ -5,7 +5,7 @@ length; a request yields min(limit, what is left) tokens and says "stop" when th
 "length" when the limit cut it. Its tokens name the member, so a continuation (prompt + tokens so
 far) is recognised. The tests assert what the engine was asked (inputs, per-request limits) and
 what PartialRollouts keeps (segments, versions, log-probs, carried and dropped groups). The real
-engine continuing a completion across a version change is tests/checkpoint_engine/test_partial_continuation.py.
+engine continuing a completion across a version change is tests/rollout_engine/test_partial_continuation.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ set by the loop's start), every log-prob is log softmax(logits / T), on the chun
 logits alike, for the hf engine and Megatron; and the gradient is that of the tempered log-prob.
 
 transformers' own logits are the reference; vLLM reports the same tempered log-probs
-(tests/checkpoint_engine/test_sampler_temperature.py).
+(tests/rollout_engine/test_sampler_temperature.py).
 """
 
 from __future__ import annotations

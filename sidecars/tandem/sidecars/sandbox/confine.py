@@ -32,7 +32,7 @@ under whichever interpreter the sandbox uid can read, so a binding would need it
 every mode, and none is well kept: PyPI's pyseccomp (ctypes over libseccomp2) was last released in
 2021, and Debian's python3-seccomp (libseccomp 2.5.4) serves only Debian's own interpreter, not the
 images' python:3.11. The program here is ~80 instructions over two syscall tables: the kernel runs
-the x86_64 one in every sandbox test, and tests/rewards/test_sandbox_confine.py interprets both.
+the x86_64 one in every sandbox test, and tests/sandbox/test_sandbox_confine.py interprets both.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each escape runs in every isolation mode available here ("namespaces" needs root and unshare;
 "server" goes through a real sandbox server process running as uid 10002, see conftest.py) and
-must score 0 within a few seconds without touching the host. tests/rewards/test_sandbox_nonroot.py
+must score 0 within a few seconds without touching the host. tests/sandbox/test_sandbox_nonroot.py
 runs the trainer side as a non-root user too.
 """
 

@@ -1,7 +1,9 @@
-"""Fixtures of the checkpoint-engine tests: the tiny Qwen2 on disk, shm roots, registries, and ONE
-vLLM engine shared by the whole session (starting one costs 30–60 s on these machines).
+"""Fixtures of the rollout engine's tests: the tiny Qwen2 on disk and ONE vLLM engine shared by the whole session
+(starting one costs 30-60 s on these machines), with the publisher that feeds it.
 
-Callers: every test in tests/checkpoint_engine/. The etcd server comes from tests/conftest.py.
+Callers: the tests in tests/rollout_engine/ (their worker group, "tests/rollout_engine" in tests/conftest.py, keeps
+them on one worker, so the engine starts once). The etcd server, `shm_root`, `job` and `make_registry` come from
+tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -26,39 +28,6 @@ def tiny_dir() -> Path:
     """A saved tiny Qwen2 (seed 0 weights) with a locally trained tokenizer."""
     root = Path(tempfile.mkdtemp(prefix="tandem-ce-model-"))
     return tiny_model.save_model(root / "qwen2-tiny", seed=0)
-
-
-@pytest.fixture
-def shm_root() -> Iterator[Path]:
-    import shutil
-
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    root = base / f"tandem-test-{uuid.uuid4().hex[:8]}"
-    root.mkdir()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def job() -> str:
-    return f"job-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def make_registry(etcd_server: Any, job: str) -> Iterator[Any]:
-    made: list[SyncRegistry] = []
-
-    def make(pod: str = "pod0", role: str = "trainer", ttl: int = 5, job_name: str | None = None) -> SyncRegistry:
-        reg = SyncRegistry(etcd_server.endpoint, "test", job_name or job, pod, role, ttl=ttl, timeout=2.0).connect()
-        made.append(reg)
-        return reg
-
-    yield make
-    for reg in made:
-        try:
-            reg.close()
-        except Exception:  # noqa: S110 - etcd may be stopped by the test
-            pass
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ path: a tied model's version published to shared memory and registered in etcd b
 Publisher, pulled by `RolloutEngine.update()`, each worker taking its half of every tensor (the tied
 output head included); its greedy output must equal transformers' on the same weights.
 
-A second engine beside the session's shared one (tests/checkpoint_engine/conftest.py): this module
+A second engine beside the session's shared one (tests/rollout_engine/conftest.py): this module
 starts it once and ends it when done.
 """
 

@@ -1,4 +1,4 @@
-"""Fixtures of the reward tests: a real sandbox server process (`tandem.sidecars.sandbox.sandbox_server`).
+"""Fixtures of the code sandbox's tests: a real sandbox server process (`tandem.sidecars.sandbox.sandbox_server`).
 
 As root (these machines) the server starts as root and drops to uid 10002 itself, as `tandem run`
 does; otherwise it runs as the current user.

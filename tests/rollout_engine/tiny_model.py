@@ -1,6 +1,6 @@
-"""Builds the tiny Qwen2 model and tokenizer the checkpoint-engine tests share (no downloads).
+"""Builds the tiny Qwen2 model and tokenizer the rollout engine's tests share (no downloads).
 
-Callers: tests/checkpoint_engine/conftest.py (session fixtures) and the tests that need fresh
+Callers: tests/rollout_engine/conftest.py (session fixtures) and the tests that need fresh
 random weights of the same architecture (`random_state_dict`).
 """
 

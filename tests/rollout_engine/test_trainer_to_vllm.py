@@ -14,7 +14,7 @@ live engine):
 * version 1: the exported HF directory loads in transformers with Megatron's own logits, and vLLM
   loaded from the trained version decodes like transformers on that directory (and unlike version 0).
 
-The untied case runs on the session's live engine (tests/checkpoint_engine/conftest.py); the tied case
+The untied case runs on the session's live engine (tests/rollout_engine/conftest.py); the tied case
 needs an engine started from a tied config, one per module.
 """
 
