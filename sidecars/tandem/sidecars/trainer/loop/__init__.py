@@ -9,7 +9,7 @@ driver on the host) and `preflight` (the checks before the ranks start). In fold
 - `rollout/`: where an iteration's completions come from: the rollout modes (`sources`, `partial`,
   `async_rollouts`, `dynamic_sampling`) and the driver's HTTP client of the rollouts (`rollout_client`,
   `rollout_health`);
-- `data/`: the job's prompt dataset (`dataset`, with `labelled`, KTO's rows);
+- `data/`: the job's prompt dataset (`dataset`; `dataset_files`, the file read; `labelled`, KTO's rows);
 - `forwards/`: what the Inference phase's forwards stand on: the reference policy (`reference`) and forwards split
   over data-parallel ranks (`sharded`);
 - `recovery/`: restarts and durable state (`resume`, `persist`, `train_state`, `inflight`).
