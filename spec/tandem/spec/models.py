@@ -30,7 +30,7 @@ from tandem.spec.pattern import MESSAGE as PATTERN_MESSAGE
 from tandem.spec.pattern import compile_re2
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 from tandem.spec.progress import RolloutEngines
-from tandem.spec.rollout import Rollout
+from tandem.spec.rollout import SPARE_RULES, Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
 from tandem.spec.tracking import MLflow as MLflow  # re-exported: crd.py finds its rules
@@ -355,6 +355,7 @@ class JobSpec(Base):
              or s.rollout.environment.type == "single"),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
+        *SPARE_RULES,  # rollout.spareEngine: CPU rollouts only
     )
 
     @model_validator(mode="after")
