@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,14 +86,17 @@ class Chaos:
         raise LookupError(f"no rollout sidecar of pod {pod}")
 
     def engine(self, pod: str) -> tuple[psutil.Process | None, list[psutil.Process]]:
-        """(vLLM's engine core, it and its workers) under pod's rollout sidecar."""
+        """(vLLM's engine core, it and its workers) serving under pod's rollout sidecar: the processes its /health
+        names (a spare engine, rollout.spareEngine, runs beside them), else every vLLM process under it."""
+        sidecar = self.sidecar(pod)
+        named = set((self.health(pod) or {}).get("pids") or ())
         procs = []
-        for p in self.sidecar(pod).children(recursive=True):
+        for p in sidecar.children(recursive=True):
             try:
                 title = " ".join(p.cmdline()) + " " + p.name()
             except psutil.Error:
                 continue
-            if "VLLM" in title and p.status() != psutil.STATUS_ZOMBIE:
+            if "VLLM" in title and p.status() != psutil.STATUS_ZOMBIE and (not named or p.pid in named):
                 procs.append(p)
         core = next((p for p in procs if "EngineCore" in " ".join(p.cmdline()) + p.name()), None)
         return core, procs
@@ -223,7 +227,7 @@ def _alive(p: psutil.Process) -> bool:
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------
-def job_file(toy: Path, out: Path, name: str, iterations: int, stall: int) -> Path:
+def job_file(toy: Path, out: Path, name: str, iterations: int, stall: int, spare: bool = False) -> Path:
     job: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-grpo.yaml").read_text())
     job["metadata"]["name"] = name
     job["spec"]["model"]["path"] = str(toy / "model")
@@ -232,6 +236,7 @@ def job_file(toy: Path, out: Path, name: str, iterations: int, stall: int) -> Pa
     job["spec"]["rolloutOnlyReplicas"] = 2
     job["spec"]["seed"] = 1
     job["spec"]["failurePolicy"].update(rolloutStallSeconds=stall)
+    job["spec"]["rollout"]["spareEngine"] = spare
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -254,9 +259,12 @@ def run(job: Path, workdir: Path, name: str, disturb: Any = None) -> dict[str, A
         thread.join(30)
     rows = chaos.rows()
     logs = workdir / name / "logs"
-    restarts = sum(p.read_text().count("vLLM engine restarted") for p in logs.glob("*-rollout.log"))
+    texts = [p.read_text() for p in logs.glob("*-rollout.log")]
+    restart_s = sorted(float(x) for t in texts for x in re.findall(r"vLLM engine restarted in ([0-9.]+)s", t))
+    spares = sum(t.count("the spare taken") for t in texts)
     return {"rc": rc, "seconds": time.monotonic() - t, "iterations": len(rows),
-            "reward": [r["reward_mean"] for r in rows], "restarts": restarts,
+            "reward": [r["reward_mean"] for r in rows], "restarts": len(restart_s),
+            "restart_s": restart_s, "spares_taken": spares,
             "dropped": sum(r.get("rollouts_dropped", 0) for r in rows),
             "rejoined": sum(r.get("rollouts_rejoined", 0) for r in rows),
             "resent": sum(r.get("prompts_resent", 0) for r in rows), "faults": chaos.log,
@@ -286,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-every", type=int, default=5, help="iterations between two kills")
     ap.add_argument("--hang-seconds", type=float, default=60.0)
     ap.add_argument("--stall-seconds", type=int, default=20, help="failurePolicy.rolloutStallSeconds")
+    ap.add_argument("--modes", nargs="+", choices=("cold", "spare"), default=["cold", "spare"],
+                    help="cold: a killed engine restarts with a new vLLM; spare: rollout.spareEngine (each mode: a "
+                    "calm and a disturbed run)")
     ap.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench" / "chaos")
     args = ap.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -293,26 +304,33 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.sidecars.toy.build import build_toy
 
     toy = build_toy(args.dir / "toy", seed=0, warmup_steps=40, max_operand=10).root
-    results = {}
-    for name, disturb in (("chaos-calm", None),
-                          ("chaos-faults", disturber("chaos-faults", args.kill_every, args.hang_seconds))):
-        job = job_file(toy, args.dir, name, args.iterations, args.stall_seconds)
-        print(f"running {name} ...", flush=True)
-        results[name] = run(job, args.dir / "runs", name, disturb)
-        print(json.dumps({k: v for k, v in results[name].items() if k != "reward"}), flush=True)
-    calm, hit = results["chaos-calm"], results["chaos-faults"]
-    print(f"\niterations: calm {calm['iterations']}/{args.iterations} (rc {calm['rc']}), "
-          f"disturbed {hit['iterations']}/{args.iterations} (rc {hit['rc']})")
+    results: dict[str, dict[str, Any]] = {}
+    ok = True
+    for mode in args.modes:  # cold: a restart starts vLLM anew; spare: rollout.spareEngine
+        calm_name, hit_name = f"chaos-calm-{mode}", f"chaos-faults-{mode}"
+        for name, disturb in ((calm_name, None),
+                              (hit_name, disturber(hit_name, args.kill_every, args.hang_seconds))):
+            job = job_file(toy, args.dir, name, args.iterations, args.stall_seconds, spare=mode == "spare")
+            print(f"running {name} ...", flush=True)
+            results[name] = run(job, args.dir / "runs", name, disturb)
+            print(json.dumps({k: v for k, v in results[name].items() if k != "reward"}), flush=True)
+        ok = report(mode, results[calm_name], results[hit_name], args.iterations) and ok
+    (args.dir / "chaos.json").write_text(json.dumps(results, indent=1))
+    return 0 if ok else 1
+
+
+def report(mode: str, calm: dict[str, Any], hit: dict[str, Any], iterations: int) -> bool:
+    print(f"\n== {mode}: iterations: calm {calm['iterations']}/{iterations} (rc {calm['rc']}), "
+          f"disturbed {hit['iterations']}/{iterations} (rc {hit['rc']})")
     ratio = hit["seconds"] / calm["seconds"]
-    print(f"wall: calm {calm['seconds']:.0f}s, disturbed {hit['seconds']:.0f}s, ratio {ratio:.2f}x")
-    print(f"disturbed: engine restarts {hit['restarts']}, rollouts dropped {hit['dropped']}, re-admitted "
-          f"{hit['rejoined']}, prompts re-sent {hit['resent']}; hang cut after {hit['hang_cut_s']} s, longest "
-          f"recovery {hit['recovery_s']} s")
+    print(f"wall: calm {calm['seconds']:.0f}s, disturbed {hit['seconds']:.0f}s, ratio {ratio:.2f}x (target <= 1.25x)")
+    print(f"disturbed: engine restarts {hit['restarts']} (seconds each: {hit['restart_s']}; the spare taken "
+          f"{hit['spares_taken']}), rollouts dropped {hit['dropped']}, re-admitted {hit['rejoined']}, prompts "
+          f"re-sent {hit['resent']}; hang cut after {hit['hang_cut_s']} s, longest recovery {hit['recovery_s']} s")
     print("reward per iteration (calm | disturbed):")
     for i, (a, b) in enumerate(zip(calm["reward"], hit["reward"], strict=False)):
         print(f"  {i:3d}  {a:.3f} | {b:.3f}")
-    (args.dir / "chaos.json").write_text(json.dumps(results, indent=1))
-    return 0 if hit["iterations"] == args.iterations and hit["rc"] == 0 else 1
+    return bool(hit["iterations"] == iterations and hit["rc"] == 0)
 
 
 if __name__ == "__main__":

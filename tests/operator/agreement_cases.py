@@ -134,6 +134,10 @@ RULE_CASES: list[Case] = [
     ("lora-tensor-parallel", {"trainer.lora": {}, "trainer.tensorParallel": 2}),
     ("lora-on-auto", {"trainer.lora": {}}),
     # spec.rollout, rewards, dataset, checkpointEngine, volumes, tracking
+    ("spare-engine-terminate", {"gpusPerPod": 0, "rollout.spareEngine": True}),
+    ("spare-engine-sleep", {"gpusPerPod": 0, "rollout.spareEngine": True, "rollout.betweenRollouts": "sleep"}),
+    ("spare-engine-keep-cpu", {"gpusPerPod": 0, "rollout.spareEngine": True, "rollout.betweenRollouts": "keep"}),
+    ("spare-engine-on-gpus", {"rollout.spareEngine": True, "rollout.betweenRollouts": "keep"}),
     ("partial-budget-at-max-tokens", {"rollout.maxTokens": 64, "rollout.partial": {"tokenBudget": 64}, **TIS}),
     ("partial-budget-below-max-tokens", {"rollout.maxTokens": 64, "rollout.partial": {"tokenBudget": 63}, **TIS}),
     ("format-without-pattern", {"rewards": [{"type": "format"}]}),

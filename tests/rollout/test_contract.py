@@ -110,7 +110,7 @@ def test_the_client_refuses_a_bad_request_before_sending_it() -> None:
 def test_health_is_one_model_on_both_sides() -> None:
     body = TestClient(build_app(StandIn(), TOKEN)).get("/health").json()
     assert set(body) == {"ok", "phase", "version", "steps", "stalledS", "busy", "restarts", "error",
-                         "stallDeadlineS", "stallDeadline", "recoveries", "recoveryS"}
+                         "stallDeadlineS", "stallDeadline", "recoveries", "recoveryS", "pids", "spare", "sparesTaken"}
     assert body["stallDeadlineS"] == 6.123 and body["phase"] == "ready"
     health = Health.model_validate(body)
     assert health.body() == body

@@ -25,7 +25,7 @@ from tandem.spec.data import Dataset, Eval
 from tandem.spec.parallel import PARALLEL_RULES
 from tandem.spec.podtemplate import JOB_RULES, PodTemplate
 from tandem.spec.rewards import Reward
-from tandem.spec.rollout import Rollout
+from tandem.spec.rollout import SPARE_RULES, Rollout
 from tandem.spec.rollout_correction import MismatchGuard as MismatchGuard  # re-exported: crd.py finds its rules
 from tandem.spec.rollout_correction import RolloutCorrection as RolloutCorrection
 from tandem.spec.status import JobStatus
@@ -308,6 +308,7 @@ class JobSpec(Base):
              or s.rollout.environment.type == "single"),
         *JOB_RULES,  # podTemplate's volumeMounts against spec.volumes
         *PARALLEL_RULES,  # trainer.expertParallel against the data-parallel size and the model
+        *SPARE_RULES,  # rollout.spareEngine: CPU rollouts only
     )
 
     @model_validator(mode="after")

@@ -61,9 +61,26 @@ class Rollout(Base):
                              "completion tokens); every dataset prompt must leave room for a generated token (the "
                              "trainer refuses a longer row at start). Default: maxTokens + 1024, at most the "
                              "model's max_position_embeddings.")] = None
+    spare_engine: bool = Field(default=False, description="Keep a second vLLM engine started and idle beside the "
+                               "serving one: a dead or hung engine is replaced by it at once, without vLLM's cold "
+                               "start (two processes importing vLLM and torch: most of a restart's tens of "
+                               "seconds), and the next spare starts while it serves. Costs a second engine's "
+                               "memory (weights and KV cache). CPU rollouts with betweenRollouts keep.")
     resources: Resources = Field(default_factory=Resources)
     rules = (
+        Rule("!self.spareEngine || self.betweenRollouts == 'keep'",
+             "a spare engine stands by for an engine kept up: betweenRollouts keep (terminate and sleep free the "
+             "engine's memory between rollouts, which a spare would hold)", ".spareEngine",
+             lambda r: not r.spare_engine or r.between_rollouts == "keep"),
         Rule("!has(self.partial) || self.partial.tokenBudget < self.maxTokens",
              "must be below rollout.maxTokens (otherwise no completion is ever cut)", ".partial.tokenBudget",
              lambda r: r.partial is None or r.partial.token_budget < r.max_tokens),
     )
+
+
+SPARE_RULES = (  # JobSpec's: spare engines are CPU rollouts' (a GPU holds no second engine beside the trainer)
+    Rule("!self.rollout.spareEngine || self.gpusPerPod == 0",
+         "a spare engine would hold a second copy of the weights and KV cache in GPU memory beside the trainer's: "
+         "CPU rollouts only (gpusPerPod: 0)", ".rollout.spareEngine",
+         lambda s: not s.rollout.spare_engine or s.gpus_per_pod == 0),
+)

@@ -77,6 +77,9 @@ class EngineStatus(BaseModel):
     stall_deadline: str | None = None  # how that deadline was derived (rollout: its stall_deadline policy)
     recoveries: int = 0  # generations served again after a failure (rollout)
     recovery_s: float | None = None  # seconds from the latest failure found to the first generation after it
+    pids: list[int] = Field(default_factory=list)  # the serving engine's processes (rollout: vLLM's core, workers)
+    spare: str | None = None  # rollout.spareEngine: none | starting | ready | failed; None without one
+    spares_taken: int = 0  # restarts that adopted the spare instead of a cold start
 
 
 def _rounded(x: float | None) -> float | None:
@@ -85,7 +88,8 @@ def _rounded(x: float | None) -> float | None:
 
 class Health(BaseModel):
     """GET /health's body (camelCase on the wire), no token: whether the engine serves, its progress and
-    deadline (the driver's hung-call watch), its restarts and latest recovery. Every field has a default, so
+    deadline (the driver's hung-call watch), its restarts and latest recovery, the serving engine's processes and
+    its spare's state (rollout.spareEngine). Every field has a default, so
     a partial body (an older or a stand-in rollout) still reads."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -102,6 +106,9 @@ class Health(BaseModel):
     stall_deadline: str | None = Field(default=None, alias="stallDeadline")
     recoveries: int = 0
     recovery_s: float | None = Field(default=None, alias="recoveryS")
+    pids: list[int] = Field(default_factory=list)
+    spare: str | None = None
+    spares_taken: int = Field(default=0, alias="sparesTaken")
 
     @classmethod
     def of(cls, st: EngineStatus, serving: bool) -> Health:
@@ -109,7 +116,8 @@ class Health(BaseModel):
             "ok": serving, "phase": st.phase.value, "version": st.version, "steps": st.steps,
             "stalledS": round(st.stalled_s, 3), "busy": st.busy, "restarts": st.restarts, "error": st.error,
             "stallDeadlineS": _rounded(st.stall_deadline_s), "stallDeadline": st.stall_deadline,
-            "recoveries": st.recoveries, "recoveryS": _rounded(st.recovery_s)})
+            "recoveries": st.recoveries, "recoveryS": _rounded(st.recovery_s), "pids": st.pids, "spare": st.spare,
+            "sparesTaken": st.spares_taken})
 
     def body(self) -> dict[str, Any]:
         """The JSON body as served."""

@@ -8,7 +8,8 @@ versions it holds), loads the newest published version if there is one (a late j
 restarted pod), advertises its address and gang generation
 under `keys.endpoint(..., "rollout")` in etcd (lease-bound: it vanishes when the lease expires), and
 keeps its engine serving (`supervisor.EngineSupervisor`: a dead, hung or half-reloaded vLLM is started again at
-the newest version; the pod is not ready meanwhile), and
+the newest version; the pod is not ready meanwhile; with rollout.spareEngine it keeps a spare engine started
+ahead, which a restart adopts: `spare.SpareEngine`), and
 serves the control + generation API on TANDEM_CE_PORT, with the OpenAI-compatible chat endpoint and, for
 a job with turns (rollout.environment), its multi-turn driver or agent driver (the environment's modules are
 imported before vLLM starts: a bad entryPoint or tool is refused at once, naming the field). Caller: the pod built by
@@ -36,6 +37,7 @@ from tandem.sidecars.rollout.kept import GangFollower
 from tandem.sidecars.rollout.puller import TransportPuller
 from tandem.sidecars.rollout.supervisor import EngineSupervisor
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
+from tandem.sidecars.rollout_engine.spare import SpareEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, freeze_start_up, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
@@ -164,10 +166,15 @@ def main() -> int:
                                       ready=ready, has_version=lambda: registry.latest() is not None,
                                       cpu_progress=spec.gpus_per_pod == 0)
         supervisor.run(stopping, give_up)
+        if spec.rollout.spare_engine:  # started ahead, idle: a restart adopts it (spare.py)
+            engine.spare = SpareEngine(engine.cfg, spec.model.path)
+            engine.spare.prepare()
         wait_until_stopped(server, thread)
     finally:
         stopping.set()
         engine.terminate()
+        if engine.spare is not None:
+            engine.spare.close()
         node.close()
         registry.close()
     if gave_up:  # the kubelet (or tandem run) starts the container again; the operator replaces the pod

@@ -11,9 +11,11 @@ Role: a thread beside the rollout's HTTP server that looks at the engine every s
   call fails and frees the engine;
 - **FAILED** (any of those, or a reload that failed half-way): it says so (a warning naming the cause,
   /health 503 so the pod is not ready, `ready: false` in its etcd endpoint so the driver admits it no
-  more), starts a new engine, loads the newest version (from the pod's shared memory, else pulled from a
-  holder by the engine's version source: `RolloutEngine.update`, `puller.TransportPuller`) and serves again
-  (`ready: true`; the driver re-admits it at the version it trains, `RolloutClient.join`).
+  more), starts a new engine (with rollout.spareEngine it adopts the spare started ahead instead of a cold
+  start, and starts the next spare once it serves: spare.py), loads the newest version (from the pod's shared
+  memory, else pulled from a holder by the engine's version source: `RolloutEngine.update`,
+  `puller.TransportPuller`) and serves again (`ready: true`; the driver re-admits it at the version it
+  trains, `RolloutClient.join`).
 A restart that fails is tried again after a backoff; after MAX_FAILED_RESTARTS in a row the supervisor gives
 up and the sidecar exits with one line naming the cause: the kubelet (native sidecar, restartPolicy
 Always) or `tandem run` starts the container again, and the operator replaces a rollout-only pod. An engine
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 MAX_FAILED_RESTARTS = 5  # in a row; then the sidecar exits and its container or pod is replaced
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+SPARE_WAIT_S = 600.0  # a spare still starting when the engine fails: its start is further along than a new one
 
 
 class GaveUp(RuntimeError):
@@ -104,8 +107,12 @@ class EngineSupervisor:
         engine.recovering = True
         self.ready(False)
         t = time.monotonic()
+        spare = engine.spare.take(timeout_s=SPARE_WAIT_S) if engine.spare is not None else None
         try:
-            engine.start(self.model_dir, dummy=True)
+            if spare is not None:  # started ahead (rollout.spareEngine): no cold start
+                engine.adopt(spare)
+            else:
+                engine.start(self.model_dir, dummy=True)
             if self.has_version():
                 engine.update(None)
         except Exception as e:  # noqa: BLE001 - typed errors and whatever vLLM raises: the engine stays FAILED
@@ -117,8 +124,11 @@ class EngineSupervisor:
         self.failed_restarts = 0
         engine.recovering = False
         self.ready(True)
-        log.warning("vLLM engine restarted in %.1fs at version %s (restart %d; it had failed: %s)",
-                    time.monotonic() - t, engine.version, engine.restarts, cause)
+        log.warning("vLLM engine restarted in %.1fs at version %s (restart %d, %s; it had failed: %s)",
+                    time.monotonic() - t, engine.version, engine.restarts,
+                    "the spare taken" if spare is not None else "a cold start", cause)
+        if engine.spare is not None:
+            engine.spare.prepare()  # the next spare, started while this engine serves
 
     def _failed(self, cause: str, e: BaseException) -> None:
         self.failed_restarts += 1

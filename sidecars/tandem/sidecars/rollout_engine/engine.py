@@ -18,9 +18,10 @@ finding it dead, waits until they are gone and unlinks the /dev/shm segments the
 Every step of vLLM's engine loop and every reload is timed (`step_watch.StepWatch`): a call open for too
 long (its deadline follows the calls' recent durations: stall_deadline.py) is a hung engine, which `kill`
 ends (SIGKILL to its processes, without the lock the hung call holds); the call then fails and the engine is
-FAILED, naming the cause. Restarting a FAILED engine is the rollout sidecar's supervisor's
-(`tandem.sidecars.rollout.supervisor`); the first generation completed after it ends the recovery it times
-(recovery.py).
+FAILED, naming the cause (failures.py: `EngineFailures`, which the engine derives from). Restarting a FAILED
+engine is the rollout sidecar's supervisor's (`tandem.sidecars.rollout.supervisor`): `start` again, or `adopt` a
+spare engine started ahead (spare.py, rollout.spareEngine); the first generation completed after it ends the
+recovery it times (recovery.py).
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ from tandem.sidecars.rollout_engine.config import (
     expected_parameters,
     prepare_env,
 )
+from tandem.sidecars.rollout_engine.failures import EngineFailures
 from tandem.sidecars.rollout_engine.procs import EngineProcesses
 from tandem.sidecars.rollout_engine.recovery import Recovery
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
+from tandem.sidecars.rollout_engine.spare import SpareEngine
 from tandem.sidecars.rollout_engine.step_watch import StepWatch
 from tandem.sidecars.rollout_engine.version_source import SHM_ONLY, VersionSource
 from tandem.sidecars.rollout_engine.weights import EngineWeights
@@ -61,7 +64,7 @@ __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION",
            "cpu_threads_bind", "cpu_worker_binding", "expected_parameters", "prepare_env"]
 
 
-class RolloutEngine:
+class RolloutEngine(EngineFailures):
     def __init__(self, config: EngineConfig, registry: SyncRegistry | None = None, role: str = "rollout",
                  source: VersionSource = SHM_ONLY) -> None:
         self.cfg, self.registry, self.role = config, registry, role
@@ -83,6 +86,7 @@ class RolloutEngine:
         self.restarts = 0  # engines started again after a failure (the sidecar's supervisor counts)
         self.recovering = False  # the supervisor is starting it again: not ready (/health 503)
         self._routing = (0, 0)  # routing replay: (MoE layers, experts per token) recorded
+        self.spare: SpareEngine | None = None  # rollout.spareEngine: started ahead, adopted by a restart (spare.py)
 
     @property
     def lora(self) -> Any:
@@ -92,38 +96,48 @@ class RolloutEngine:
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, model_dir: str, dummy: bool = True) -> dict[str, float]:
         with self._lock, self._op("start", model_dir=model_dir, dummy=dummy):
-            if self.phase not in (Phase.STOPPED, Phase.FAILED):
-                raise errors.WrongPhase(f"start needs a stopped engine; it is {self.phase.value}")
-            if self.llm is not None:
-                self._destroy()
-            self.set_phase(Phase.STARTING)
+            self._starting()
             t0 = time.perf_counter()
             try:
-                prepare_env(self.cfg)
-                from vllm import LLM
-
-                t1 = time.perf_counter()
-                self.procs = EngineProcesses.before_start()
-                dummy = dummy and self.cfg.lora_rank is None  # adapters apply to the base's own weights
-                with cpu_worker_binding(self.cfg, self._on_gpu()):
-                    self.llm = llm.new_llm(LLM, self.cfg, model_dir, dummy)
-                t2 = time.perf_counter()
-                self.procs.record()
-                self.watch.wrap(self.llm.llm_engine)
-                self.killed_for = None
-                if self.cfg.routing_replay:
-                    bound = routing.start_capture(self.llm)
-                    self._routing = (int(bound["layers"]), int(bound["topk"]))
-                self.weights.expect(model_dir, str(self.llm.llm_engine.model_config.dtype).removeprefix("torch."))
+                launched = llm.launch(self.cfg, model_dir, dummy)
             except Exception as e:
-                self.procs.record()  # what a half-started vLLM left running
-                self._destroy()
                 self.set_phase(Phase.FAILED, error=f"start failed: {e}")
                 raise
-            self.model_dir, self.dummy, self.version, self.weights.lora = model_dir, dummy, None, None
-            self.timings.update({"import_s": t1 - t0, "start_s": t2 - t1, "start_total_s": time.perf_counter() - t0})
-            self.set_phase(Phase.READY)
-            return {k: self.timings[k] for k in ("import_s", "start_s", "start_total_s")}
+            return self._serve(launched, t0)
+
+    def adopt(self, spare: llm.Launched) -> dict[str, float]:
+        """Serve from an engine started ahead (spare.py) in place of a failed one: a restart without vLLM's cold
+        start. What start does once vLLM is up; a version is loaded next, as after start."""
+        with self._lock, self._op("start", model_dir=spare.model_dir, dummy=spare.dummy, spare=True):
+            self._starting()
+            return self._serve(spare, time.perf_counter())
+
+    def _starting(self) -> None:
+        if self.phase not in (Phase.STOPPED, Phase.FAILED):
+            raise errors.WrongPhase(f"start needs a stopped engine; it is {self.phase.value}")
+        if self.llm is not None:
+            self._destroy()
+        self.set_phase(Phase.STARTING)
+
+    def _serve(self, launched: llm.Launched, t0: float) -> dict[str, float]:
+        """Serve from a started vLLM: its step and reload calls timed, routing capture, the parameters expected."""
+        self.llm, self.procs = launched.llm, launched.procs
+        try:
+            self.watch.wrap(self.llm.llm_engine)
+            self.killed_for = None
+            if self.cfg.routing_replay:
+                bound = routing.start_capture(self.llm)
+                self._routing = (int(bound["layers"]), int(bound["topk"]))
+            self.weights.expect(launched.model_dir,
+                                str(self.llm.llm_engine.model_config.dtype).removeprefix("torch."))
+        except Exception as e:
+            self._destroy()
+            self.set_phase(Phase.FAILED, error=f"start failed: {e}")
+            raise
+        self.model_dir, self.dummy, self.version, self.weights.lora = launched.model_dir, launched.dummy, None, None
+        self.timings.update({"start_s": launched.start_s, "start_total_s": time.perf_counter() - t0})
+        self.set_phase(Phase.READY)
+        return {k: self.timings[k] for k in ("start_s", "start_total_s")}
 
     @staticmethod
     def _on_gpu() -> bool:
@@ -147,6 +161,8 @@ class RolloutEngine:
         vllm_llm, self.llm = self.llm, None
         self.weights.discard_adapter()  # the served adapter's PEFT directory in shm
         self.procs.refresh()  # workers and segments made since start, while they are still mapped
+        if self.procs.any_dead():  # a dead engine has nothing to shut down in order: the rest of it goes at once
+            self.procs.kill()
         if vllm_llm is not None:
             llm.shutdown(vllm_llm, self.cfg.shutdown_timeout_s)
             del vllm_llm
@@ -268,68 +284,10 @@ class RolloutEngine:
             steps=self.watch.steps, stalled_s=0.0 if open_call is None else open_call.stalled_s,
             busy=None if open_call is None else open_call.what, stall_deadline_s=limit.seconds,
             stall_deadline=limit.describe(self.watch.ceiling_s), recoveries=self.recovery.recoveries,
-            recovery_s=self.recovery.last_s,
+            recovery_s=self.recovery.last_s, pids=sorted(self.procs.procs),
+            spare=None if self.spare is None else self.spare.state,
+            spares_taken=0 if self.spare is None else self.spare.taken,
         )
-
-    # ---- failures ---------------------------------------------------------------------------------
-    def kill(self, cause: str) -> int:
-        """SIGKILL vLLM's processes (a hung engine: its call never returns), without the engine's lock,
-        which that call holds. The call then fails, and the engine goes FAILED naming `cause`. Returns
-        the processes signalled."""
-        self.killed_for = cause
-        killed = self.procs.kill()
-        log.warning("killed vLLM's processes %s: %s", killed, cause)
-        return len(killed)
-
-    def release_waiters(self) -> int:
-        """Fail the calls blocked on a dead engine core (llm.release_waiters), so the call fails, the engine goes
-        FAILED and its lock is freed. Called by the supervisor once a process of a busy engine is dead."""
-        return llm.release_waiters(self.llm)
-
-    def check_alive(self) -> bool:
-        """False (and the engine FAILED, what its processes left freed) when an idle engine's processes
-        died; True while it serves or is busy (a call in progress finds a death itself)."""
-        if not self._lock.acquire(blocking=False):
-            return True
-        try:
-            if self.phase != Phase.READY:
-                return self.phase != Phase.FAILED
-            self.ensure_alive()
-            return True
-        except errors.EngineNotRunning:
-            return False
-        finally:
-            self._lock.release()
-
-    def mark_failed(self, error: str) -> None:
-        with self._lock:
-            self.set_phase(Phase.FAILED, error=error)
-
-    def fail(self, error: str, free: bool = True) -> None:
-        """The engine FAILED naming `error`; with `free`, what its processes left is freed if one died."""
-        if free and self.procs.any_dead():
-            self._destroy()
-        self.set_phase(Phase.FAILED, error=error)
-
-    def cause(self, e: BaseException) -> str:
-        return f"{self.killed_for} ({e})" if self.killed_for else str(e)
-
-    def ensure_alive(self) -> None:
-        """Refuse to use an engine whose processes died (vLLM 0.32's blocking client would wait for
-        their output forever), after freeing what they left behind."""
-        if self.llm is not None and self.procs.any_dead():
-            self._destroy()
-            self.set_phase(Phase.FAILED, error=self.killed_for or "a vLLM engine process died")
-            raise errors.EngineNotRunning("a vLLM engine process died; start the engine again")
-
-    def _need(self, phase: Phase) -> None:
-        if self.phase == phase:
-            return
-        if self.phase in (Phase.STOPPED, Phase.FAILED) or self.llm is None:
-            raise errors.EngineNotRunning(
-                f"the vLLM engine is {self.phase.value}" + (f": {self.error}" if self.error else "")
-            )
-        raise errors.WrongPhase(f"needs phase {phase.value}; the engine is {self.phase.value}")
 
     def set_phase(self, phase: Phase, error: str | None = None) -> None:
         self.phase = phase

@@ -9,11 +9,14 @@ Caller: `engine.RolloutEngine` (start, terminate, the supervisor's `release_wait
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from tandem.checkpoint_engine.versions import adapters
 from tandem.sidecars.rollout_engine import routing
-from tandem.sidecars.rollout_engine.config import EXTENSION, EngineConfig
+from tandem.sidecars.rollout_engine.config import EXTENSION, EngineConfig, cpu_worker_binding, prepare_env
+from tandem.sidecars.rollout_engine.procs import EngineProcesses
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,45 @@ def new_llm(llm_class: Any, cfg: EngineConfig, model_dir: str, dummy: bool) -> A
         **routing.llm_kwargs(cfg.routing_replay),
         **cfg.llm_kwargs,
     )
+
+
+@dataclass
+class Launched:
+    """A started vLLM `LLM` and the processes it started (its engine core and workers)."""
+
+    llm: Any
+    procs: EngineProcesses
+    model_dir: str
+    dummy: bool
+    start_s: float
+
+
+def launch(cfg: EngineConfig, model_dir: str, dummy: bool) -> Launched:
+    """vLLM's `LLM` of `cfg` over `model_dir`, its processes recorded (procs.py: the children that appeared during
+    its start); what a half-started one left running is reaped before the error propagates. `dummy` is dropped
+    when the engine serves adapters (they apply to the base model's own weights)."""
+    t = time.perf_counter()
+    prepare_env(cfg)
+    from vllm import LLM
+
+    dummy = dummy and cfg.lora_rank is None
+    procs = EngineProcesses.before_start()
+    try:
+        with cpu_worker_binding(cfg, on_gpu()):
+            started = new_llm(LLM, cfg, model_dir, dummy)
+    except BaseException:
+        procs.record()
+        procs.reap(grace_s=cfg.shutdown_timeout_s)
+        raise
+    procs.record()
+    return Launched(started, procs, model_dir, dummy, time.perf_counter() - t)
+
+
+def discard(launched: Launched, timeout_s: float) -> list[str]:
+    """Shut a launched engine down and free what its processes left (shm segments); the segments removed."""
+    launched.procs.refresh()
+    shutdown(launched.llm, timeout_s)
+    return launched.procs.reap(grace_s=timeout_s)
 
 
 def shutdown(llm: Any, timeout_s: float) -> None:
