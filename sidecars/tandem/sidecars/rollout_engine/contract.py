@@ -2,8 +2,8 @@
 
 Role: pydantic models of the bodies of `/v1/generate`, `/v1/trajectories`, the control operations (`/start`,
 `/dummy_start`, `/update`, `/sleep`, `/wake_up`, `/terminate`), `/status` and `/health`. The rollout's server
-parses requests and builds answers with them (routes.py, `tandem.sidecars.rollout.server`); the trainer's
-rollout client builds requests and reads answers with them (`tandem.sidecars.trainer.loop.rollout_client`,
+parses requests and builds answers with them (routes.py, `tandem.sidecars.rollout.http_app`); the trainer's
+rollout client builds requests and reads answers with them (`tandem.sidecars.trainer.loop.rollout.rollout_client`,
 `rollout_health`). The field names are the JSON on the wire (snake_case; /health's camelCase, by alias).
 Imports nothing of vLLM: beside sampling.py, the one module of the rollout engine the trainer imports
 (.importlinter, "the trainer imports nothing of the rollout engine but its request shapes").

@@ -1,6 +1,6 @@
 """The rollout engine's operations on the checkpoint engine's control API: start, update, terminate, sleep.
 
-`create_app(engine, token)` is `tandem.checkpoint_engine.api.create_app` (health, status, metrics, auth, typed
+`create_app(engine, token)` is `tandem.checkpoint_engine.service.api.create_app` (health, status, metrics, auth, typed
 errors, one operation at a time) with these routes (all need the bearer token):
     POST /start        {model_dir, dummy}
     POST /dummy_start  {model_dir}
@@ -8,7 +8,7 @@ errors, one operation at a time) with these routes (all need the bearer token):
     POST /terminate
     POST /sleep {level}, POST /wake_up
 Their request and answer bodies are contract.py's (the trainer's client uses the same models).
-Caller: the rollout sidecar (`tandem.sidecars.rollout.server`, which adds /generate and the rest), tests.
+Caller: the rollout sidecar (`tandem.sidecars.rollout.http_app`, which adds /generate and the rest), tests.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ any) samples every turn. A `react` that raises aborts every running request and 
 `TurnLoop` is the same batch fed from any thread: the OpenAI-compatible endpoint's calls, which agents make
 one at a time per trajectory, each `submit` joining the running batch; its loop holds the engine only while
 there is work, so updates go in between.
-Caller: the rollout's multi-turn driver (tandem.sidecars.envs.driver), the OpenAI endpoint
+Caller: the rollout's multi-turn driver (tandem.sidecars.envs.multi_turn), the OpenAI endpoint
 (tandem.sidecars.rollout.openai_api), tests.
 """
 

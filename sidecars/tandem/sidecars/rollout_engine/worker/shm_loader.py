@@ -25,7 +25,7 @@ Tensor parallelism: vLLM's weight loaders (ColumnParallelLinear, RowParallelLine
 VocabParallelEmbedding, QKV/MergedColumn) take the FULL checkpoint tensor and `narrow` it to the
 worker's tp_rank before copying. Since the full tensor is only a view of the mapped file, each
 worker of a TP=N rollout reads and copies only its own slice; no pre-slicing is needed.
-Verified on CPU at TP=2 (tests/checkpoint_engine/test_rollout_engine.py): q/o/MLP split,
+Verified on CPU at TP=2 (tests/rollout_engine/test_rollout_engine.py): q/o/MLP split,
 the single KV head replicated, greedy output equal to transformers' own decode.
 
 AMX on CPU: vLLM's bf16 CPU attention picks AMX tile kernels where the CPU has them, but never asks
