@@ -1,0 +1,131 @@
+"""The pictures of a dataset row: found in its messages, read, checked against the job's limits, or refused.
+
+Role: a vision-language job's rows carry pictures as OpenAI-style content parts of their messages:
+`{"type": "image_url", "image_url": {"url": ...}}` with a `file://` URL, a `data:image/...;base64,` URL or a
+path, or `{"type": "image", "path": ...}` (`image` or `url` keys are read the same); a relative path is
+relative to the dataset file's folder. `pictures(messages, base, limits)` returns the row's pictures as RGB
+images in order and the messages with each image part reduced to `{"type": "image"}` (what a chat template
+renders as the model's image placeholder); a picture that is missing, unreadable, corrupt or truncated, of a
+format outside FORMATS, over `limits.max_pixels` (unless `limits.resize` is downscale: then made to fit,
+aspect kept), or one too many for `limits.max_per_prompt`, raises `Refused` with the reason; the caller
+counts the row and goes on. Pillow decodes the whole picture here (a truncated file fails now, not in vLLM),
+with its decompression-bomb guard at the job's own limit. Caller: the trainer's dataset (`data/dataset.py`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from PIL import Image, UnidentifiedImageError
+
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # decoded by Pillow and by vLLM's image loader alike
+
+
+class Refused(ValueError):
+    """A row's picture cannot be used; the message says which and why (the row is counted, the job goes on)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_per_prompt: int = 4
+    max_pixels: int = 4_194_304
+    resize: str = "refuse"  # or "downscale"
+
+
+def is_image_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in ("image", "image_url")
+
+
+def pictures(messages: list[dict[str, Any]], base: Path,
+             limits: Limits) -> tuple[list[Image.Image], list[dict[str, Any]]]:
+    """(the row's pictures in order, its messages with each image part as `{"type": "image"}`)."""
+    found: list[Image.Image] = []
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for part in content:
+            if not is_image_part(part):
+                parts.append(part)
+                continue
+            if len(found) == limits.max_per_prompt:
+                raise Refused(f"more than {limits.max_per_prompt} pictures (dataset.images.maxPerPrompt)")
+            found.append(load(source_of(part), base, limits))
+            parts.append({"type": "image"})
+        out.append({**message, "content": parts})
+    return found, out
+
+
+def source_of(part: dict[str, Any]) -> str:
+    """The URL or path an image part names."""
+    if part.get("type") == "image_url":
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+    else:
+        url = next((part[k] for k in ("path", "image", "url") if isinstance(part.get(k), str)), None)
+    if not isinstance(url, str) or not url:
+        raise Refused(f"an image part names no picture: {str(part)[:120]}")
+    return url
+
+
+def load(source: str, base: Path, limits: Limits) -> Image.Image:
+    """The picture at `source` (file://, data: or a path), decoded, checked and in RGB."""
+    data = _bytes(source, base)
+    name = source if not source.startswith("data:") else "a data: URL"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image: Image.Image = Image.open(io.BytesIO(data))
+            if image.format not in FORMATS:
+                raise Refused(f"{name}: format {image.format} is not one of {', '.join(FORMATS)}")
+            pixels = image.width * image.height
+            if pixels > limits.max_pixels and limits.resize != "downscale":
+                raise Refused(f"{name}: {image.width}x{image.height} is over {limits.max_pixels} pixels "
+                              "(dataset.images.maxPixels; resize: downscale makes it fit)")
+            image.load()  # decodes all of it: a truncated or corrupt file fails here
+    except Refused:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning) as e:
+        raise Refused(f"{name}: not a readable picture ({type(e).__name__}: {e})") from None
+    if pixels > limits.max_pixels:
+        scale = math.sqrt(limits.max_pixels / pixels)
+        size = (max(1, int(image.width * scale)), max(1, int(image.height * scale)))
+        image = image.resize(size, Image.Resampling.BICUBIC)
+    return image.convert("RGB")
+
+
+def _bytes(source: str, base: Path) -> bytes:
+    if source.startswith("data:"):
+        head, _, payload = source.partition(",")
+        if not head.startswith("data:image/") or not head.endswith(";base64"):
+            raise Refused(f"a data: URL must be data:image/<format>;base64,... (got {head[:40]!r})")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise Refused(f"a data: URL's base64 does not decode: {e}") from None
+    parsed = urlparse(source)
+    if parsed.scheme == "file":
+        path = Path(unquote(parsed.path))
+    elif parsed.scheme in ("", ):
+        path = Path(source)
+    else:
+        raise Refused(f"{source[:120]}: only file://, data: and paths are read (no network access)")
+    path = path if path.is_absolute() else base / path
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise Refused(f"{path}: no such file") from None
+    except OSError as e:
+        raise Refused(f"{path}: cannot be read ({e.strerror})") from None
