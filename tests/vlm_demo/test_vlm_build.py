@@ -115,10 +115,29 @@ def test_the_built_vlm_runs_alike_in_transformers_and_vllm(tiny_vlm: Path, tmp_p
             assert ids.count(image_id) == 1  # one placeholder, which vLLM expands
             requests.append(TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": p.image}))
         outs = llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6), use_tqdm=False)
+        sampled = llm.generate(requests, SamplingParams(temperature=1.0, max_tokens=8, logprobs=0, seed=5),
+                               use_tqdm=False)
     finally:
         llm.llm_engine.engine_core.shutdown()
     assert [list(o.prompt_token_ids) for o in outs] == expanded
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
+    # what the trainer will score: transformers' log-probs of vLLM's sampled tokens, given the same picture
+    worst = max(abs(a - b) for o, p in zip(sampled, pics, strict=True)
+                for a, b in zip(hf_logprobs(tiny_vlm, list(o.prompt_token_ids), list(o.outputs[0].token_ids), p),
+                                [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs], strict=True))
+    assert worst < 1e-3, worst  # fp32 on both sides, as for text (the text engines' mismatch: ~1e-5)
+
+
+def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int], pic: shapes.Picture) -> list[float]:
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+    pixels = processor.image_processor(images=[pic.image], return_tensors="pt")["pixel_values"]
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids, pixel_values=pixels).logits[0, len(prompt) - 1:-1]
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
 def test_the_warm_up_trains_the_tower_not_the_language_model(tiny_vlm: Path, tmp_path: Path) -> None:
