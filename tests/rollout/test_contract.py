@@ -42,8 +42,9 @@ class StandIn:
         return EngineStatus(role="rollout", phase=Phase.READY, version=self.version, stall_deadline_s=6.12345,
                             stall_deadline="20x the p99")
 
-    def generate(self, prompts: Any, options: SamplingOptions, n: int, max_tokens: Any) -> list[list[Completion]]:
-        self.calls.append(("generate", (prompts, options, n, max_tokens)))
+    def generate(self, prompts: Any, options: SamplingOptions, n: int, max_tokens: Any,
+                 images: Any = None) -> list[list[Completion]]:
+        self.calls.append(("generate", (prompts, options, n, max_tokens, images)))
         return [[Completion(prompt_index=i, sample_index=j, prompt_token_ids=[], token_ids=[i, j],
                             logprobs=[-0.5, -1.0], text=f"{i}.{j}") for j in range(n)] for i, _ in enumerate(prompts)]
 
@@ -74,10 +75,10 @@ def test_what_the_client_sends_is_what_the_server_parses() -> None:
     options = SamplingOptions(temperature=0.5, max_tokens=5, stop=["\n"])
     out, versions = client.generate([[1, 2], "two"], options, n=2, max_tokens=[3, 4])
     [(path, body)] = sent
-    assert path == "/v1/generate" and set(body) == {"prompts", "options", "n", "max_tokens"}
+    assert path == "/v1/generate" and set(body) == {"prompts", "options", "n", "max_tokens", "images"}
     parsed = GenerateRequest.model_validate(body)
     assert parsed.model_dump(mode="json") == body  # the server's model reads it and writes the same JSON
-    assert engine.calls == [("generate", (parsed.prompts, parsed.options, 2, [3, 4]))]
+    assert engine.calls == [("generate", (parsed.prompts, parsed.options, 2, [3, 4], None))]
     assert parsed.options == options
     assert versions == {3} and [[c.text for c in g] for g in out] == [["0.0", "0.1"], ["1.0", "1.1"]]
     assert client.faults.engines == {"rollout:8000": (1, 1)}  # the answer's restarts and recoveries, read
@@ -85,6 +86,23 @@ def test_what_the_client_sends_is_what_the_server_parses() -> None:
     client.update(4)
     assert sent[-1] == ("/update", {"version": 4}) == ("/update", UpdateRequest(version=4).model_dump(mode="json"))
     assert engine.calls[-1] == ("update", 4) and client.expected == 4
+
+
+def test_pictures_travel_as_base64_and_arrive_as_images() -> None:
+    from PIL import Image
+
+    from tandem.sidecars.rollout_engine.generation import encode_image
+
+    engine = StandIn()
+    http = TestClient(build_app(engine, TOKEN), headers={"Authorization": f"Bearer {TOKEN}"})
+    picture = Image.new("RGBA", (5, 3), (9, 8, 7, 255))
+    body = GenerateRequest(prompts=[[1, 2], [3]], images=[[encode_image(picture)], []]).model_dump(mode="json")
+    assert http.post("/v1/generate", json=body).status_code == 200
+    [(_, (_, _, _, _, images))] = engine.calls
+    assert [[(i.mode, i.size, i.getpixel((0, 0))) for i in row] for row in images] == [[("RGB", (5, 3), (9, 8, 7))], []]
+    body["images"] = [["aGVsbG8="], []]  # base64 of "hello": no picture
+    r = http.post("/v1/generate", json=body)
+    assert r.status_code == 400 and "prompt 0, picture 0: not a picture" in r.text
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [

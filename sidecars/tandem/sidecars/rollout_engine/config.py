@@ -99,17 +99,19 @@ def cpu_worker_binding(cfg: EngineConfig, on_gpu: bool) -> Iterator[None]:
 
 
 def expected_parameters(model_dir: str, dtype: str) -> tuple[dict[str, layout.Expected], set[str]]:
-    """HF parameter names/shapes/dtypes of the model in `model_dir`, built on the meta device."""
+    """HF parameter names/shapes/dtypes of the model in `model_dir`, built on the meta device (transformers'
+    names in memory: a version's; a VLM's tower and projector included)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(model_dir)
     stored = _checkpoint_shapes(model_dir) if _experts(config) else {}
     if stored:  # transformers 5 fuses a MoE's experts in memory; versions (and vLLM) take the checkpoint's names
         expected = {n: layout.Expected(shape, dtype) for n, shape in stored.items()}
     else:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+        with torch.device("meta"):  # a vision-language model (a vision_config) is an image-text-to-text one
+            auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+            model = auto.from_config(config)
         expected = {n: layout.Expected(tuple(t.shape), dtype) for n, t in model.state_dict().items()}
     tied = bool(getattr(config, "tie_word_embeddings", False))
     optional = {n for n in expected if tied and n.startswith("lm_head.")}

@@ -33,6 +33,9 @@ class GenerateRequest(BaseModel):
     n: int = Field(1, ge=1, le=1024)
     max_tokens: list[int] | None = Field(default=None, description="Per prompt, overriding options.maxTokens "
                                          "(the continuation of a partial rollout).")
+    images: list[list[str]] | None = Field(default=None, description="Per prompt, its pictures (base64 of an "
+                                           "image file: generation.encode_image), one per image placeholder, in "
+                                           "order (vision-language models).")
 
 
 class TrajectoriesRequest(BaseModel):

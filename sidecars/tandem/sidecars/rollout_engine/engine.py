@@ -215,18 +215,20 @@ class RolloutEngine(EngineFailures):
         options: SamplingOptions | None = None,
         n: int = 1,
         max_tokens: Sequence[int] | None = None,
+        images: Sequence[Sequence[Any]] | None = None,
     ) -> list[list[Completion]]:
         """n completions per prompt, with token ids and the log-prob of every sampled token.
 
         `max_tokens`, one per prompt, overrides `options.max_tokens` per request (partial rollouts
-        continue each cut completion with what is left of its budget)."""
+        continue each cut completion with what is left of its budget). `images`, one list per prompt, are its
+        pictures (vision-language models); each completion's prompt ids are then as vLLM expanded them."""
         generation.check_max_tokens(prompts, max_tokens)
         from vllm.exceptions import VLLMClientError
 
         opts = options or SamplingOptions()
         with self._lock:
             self._need(Phase.READY)
-            inputs, per_request = generation.requests(prompts, opts, n, max_tokens, self._on_gpu())
+            inputs, per_request = generation.requests(prompts, opts, n, max_tokens, self._on_gpu(), images)
             self.ensure_alive()
             generation.check_lengths(self.llm, prompts)
             try:

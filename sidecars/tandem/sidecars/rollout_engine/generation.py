@@ -3,8 +3,10 @@
 Role: the pure part of generation, apart from the engine's lifecycle: vLLM's SamplingParams of a
 `SamplingOptions` (the sampled token's log-prob returned), one request per prompt where prompts differ in budget
 or seed (`requests`: each prompt its own seed, `sampling.prompt_seeds`), the prompt-length check before vLLM
-sees a prompt (`check_lengths`: `PromptTooLong`, HTTP 400 naming the limit), and a vLLM output as a
-`Completion`. Callers: `engine.RolloutEngine.generate` and the multi-turn loop (turns.py).
+sees a prompt (`check_lengths`: `PromptTooLong`, HTTP 400 naming the limit), a prompt's pictures (vision-language
+models: vLLM's `multi_modal_data`; on the wire base64 PNG, `encode_image` / `decode_images`), and a vLLM output as
+a `Completion` (its prompt ids as vLLM expanded them: a picture's placeholder becomes its image tokens).
+Callers: `engine.RolloutEngine.generate` and the multi-turn loop (turns.py).
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ def check_max_tokens(prompts: Sequence[Prompt], max_tokens: Sequence[int] | None
 
 
 def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_tokens: Sequence[int] | None,
-             on_gpu: bool) -> tuple[list[Any], Any]:
-    """(vLLM's inputs, the SamplingParams: one for all, or one per prompt when budgets or seeds differ)."""
-    from vllm.inputs import TokensPrompt
+             on_gpu: bool, images: Sequence[Sequence[Any]] | None = None) -> tuple[list[Any], Any]:
+    """(vLLM's inputs, the SamplingParams: one for all, or one per prompt when budgets or seeds differ). `images`:
+    each prompt's pictures (PIL images, in the order of its image placeholders), which vLLM's processor for the
+    model turns into its image tokens."""
+    from vllm.inputs import TextPrompt, TokensPrompt
 
     if opts.seed is not None and not on_gpu:
         # vLLM 0.32 on CPU: a seeded request whose prefill gets chunked (a batch of prompts over
@@ -62,8 +66,48 @@ def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_token
     if opts.seed is not None:
         for sp, s in zip(per_request, prompt_seeds(opts.seed, len(prompts)), strict=True):
             sp.seed = s
-    inputs: list[Any] = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+    if images is not None and len(images) != len(prompts):
+        raise errors.BadRequest(f"images has {len(images)} entries for {len(prompts)} prompts")
+    inputs: list[Any] = []
+    for i, p in enumerate(prompts):
+        pics = list(images[i]) if images is not None else []
+        media = {"multi_modal_data": {"image": pics[0] if len(pics) == 1 else pics}} if pics else {}
+        inputs.append(TextPrompt(prompt=p, **media) if isinstance(p, str)  # type: ignore[typeddict-item]
+                      else TokensPrompt(prompt_token_ids=list(p), **media))  # type: ignore[typeddict-item]
     return inputs, per_request
+
+
+def decode_images(encoded: Sequence[Sequence[str]]) -> list[list[Any]]:
+    """Each prompt's pictures from the wire (base64 of an image file's bytes) as RGB images; BadRequest naming
+    the prompt and picture that does not decode."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    out = []
+    for i, pics in enumerate(encoded):
+        row = []
+        for j, data in enumerate(pics):
+            try:
+                image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+                image.load()
+            except (binascii.Error, ValueError, OSError, UnidentifiedImageError) as e:
+                raise errors.BadRequest(f"prompt {i}, picture {j}: not a picture ({e})") from None
+            row.append(image.convert("RGB"))
+        out.append(row)
+    return out
+
+
+def encode_image(image: Any) -> str:
+    """A picture as it travels to the rollout (PNG, base64): `GenerateRequest.images`."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def check_lengths(llm: Any, prompts: Sequence[Prompt]) -> None:

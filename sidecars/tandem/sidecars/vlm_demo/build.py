@@ -9,7 +9,7 @@ holds what transformers' `AutoProcessor` / `LlavaForConditionalGeneration` and v
 - transformers 5 keeps SigLIP's layers at the tower's root in memory and saves them so
   (`vision_tower.embeddings.*`); vLLM 0.32 looks for them under `vision_tower.vision_model.*`, the layout of
   every LLaVA checkpoint before transformers 5, which transformers 5 loads too: the weights are saved in that
-  layout (`vision_names`: the one place this renaming lives);
+  layout (`vision_names`, by the rule the rollout's loader renames versions with: `tower_names.vllm_name`);
 - SigLIP's attention-pooling head, which LLaVA never uses, is left out (`vision_use_head: false`).
 Then warmup.py aligns the tower and projector with the language model. Callers: warmup.py, `tandem models`.
 """
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tandem.sidecars.rollout_engine.worker.tower_names import vllm_name
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH = 64, 16
@@ -41,14 +43,9 @@ TEMPLATE = (
 
 
 def vision_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers 5's saved names of a LLaVA SigLIP tower (`vision_tower.X`) in the layout vLLM loads and
-    transformers loads too (`vision_tower.vision_model.X`); other names unchanged."""
-    out = {}
-    for name, tensor in state.items():
-        if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
-            name = "vision_tower.vision_model." + name.removeprefix("vision_tower.")
-        out[name] = tensor
-    return out
+    """transformers 5's saved names of the LLaVA's SigLIP tower (`vision_tower.X`) in the layout vLLM loads and
+    transformers loads too (`vision_tower.vision_model.X`: `tower_names.vllm_name`); other names unchanged."""
+    return {vllm_name(name, "siglip_vision_model"): tensor for name, tensor in state.items()}
 
 
 def build_llava(lm_dir: Path, out: Path, seed: int = 0) -> Path:

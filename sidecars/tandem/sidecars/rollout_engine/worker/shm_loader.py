@@ -11,6 +11,9 @@ and hands (HF name, view) pairs to `self.reload_weights(weights_iterator=...)`, 
 in-place reload that also re-runs the post-load processing (CPU linear weights are repacked,
 which is why `model.load_weights` alone fails on CPU).
 
+Vision-language models: a version carries transformers' names; a SigLIP or CLIP tower's are renamed to the
+layout vLLM loads (`tower_names.vllm_name`) on the way in.
+
 MoE on CPU: vLLM does not prepack a MoE layer's reloaded experts for its CPU kernel again; every reload is
 followed by `moe_repack.repack_cpu_experts`, which does.
 
@@ -44,6 +47,7 @@ from typing import Any
 from tandem.checkpoint_engine.versions.layout import MappedVersion, VersionIndex
 from tandem.sidecars.rollout_engine.worker.moe_repack import repack_cpu_experts
 from tandem.sidecars.rollout_engine.worker.routing_capture import RoutingCapture
+from tandem.sidecars.rollout_engine.worker.tower_names import tower_of, vllm_name
 
 
 def _request_amx() -> bool:
@@ -68,7 +72,9 @@ class ShmWeightLoader(RoutingCapture):
         index = VersionIndex.model_validate_json(index_json)
         mapped = MappedVersion(Path(path), index)
         t1 = time.perf_counter()
-        self.reload_weights(weights_iterator=mapped.tensors())  # type: ignore[attr-defined]
+        tower = tower_of(self.model_runner.model_config.hf_config)  # type: ignore[attr-defined]
+        named = ((vllm_name(name, tower), view) for name, view in mapped.tensors())
+        self.reload_weights(weights_iterator=named)  # type: ignore[attr-defined]
         repacked = repack_cpu_experts(self.model_runner.model)  # type: ignore[attr-defined]
         retied = self._tandem_retie()
         t2 = time.perf_counter()
