@@ -91,13 +91,16 @@ def test_what_the_client_sends_is_what_the_server_parses() -> None:
 def test_pictures_travel_as_base64_and_arrive_as_images() -> None:
     from PIL import Image
 
-    from tandem.sidecars.rollout_engine.generation import encode_image
+    from tandem.sidecars.rollout_engine.contract import encode_image
 
     engine = StandIn()
     http = TestClient(build_app(engine, TOKEN), headers={"Authorization": f"Bearer {TOKEN}"})
     picture = Image.new("RGBA", (5, 3), (9, 8, 7, 255))
     body = GenerateRequest(prompts=[[1, 2], [3]], images=[[encode_image(picture)], []]).model_dump(mode="json")
     assert http.post("/v1/generate", json=body).status_code == 200
+    engine2, client, sent = wired()  # and the trainer's client sends them so
+    client.generate([[1, 2], [3]], SamplingOptions(), n=1, images=[[picture], []])
+    assert sent[0][1]["images"] == body["images"] and engine2.calls[0][1][4] is not None
     [(_, (_, _, _, _, images))] = engine.calls
     assert [[(i.mode, i.size, i.getpixel((0, 0))) for i in row] for row in images] == [[("RGB", (5, 3), (9, 8, 7))], []]
     body["images"] = [["aGVsbG8="], []]  # base64 of "hello": no picture

@@ -21,7 +21,7 @@ import tiny_model
 import torch
 
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
-from tandem.sidecars.rollout_engine import generation
+from tandem.sidecars.rollout_engine.contract import decode_images, encode_image
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
 from tandem.sidecars.vlm_demo import build, shapes, warmup
@@ -78,7 +78,7 @@ def test_a_vlm_version_loads_and_pictures_reach_it(etcd_server: Any, shm_root: P
         assert engine.update(None).version == version
         tok = processor.tokenizer
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-        wire = generation.decode_images([[generation.encode_image(p.image)] for p in pics])
+        wire = decode_images([[encode_image(p.image)] for p in pics])
         got = engine.generate(ids, GREEDY, images=wire)
         assert [c[0].token_ids for c in got] == expected
         assert [c[0].prompt_token_ids for c in got] == expanded

@@ -21,13 +21,13 @@ from fastapi import APIRouter, Depends, FastAPI
 from tandem.checkpoint_engine import errors
 from tandem.sidecars.envs.multi_turn import Result
 from tandem.sidecars.rollout.openai_api import Chat, routes
-from tandem.sidecars.rollout_engine import generation
 from tandem.sidecars.rollout_engine.contract import (
     GenerateRequest,
     GenerateResponse,
     TrajectoriesRequest,
     TrajectoriesResponse,
     TrajectoryOut,
+    decode_images,
 )
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.routes import create_app
@@ -58,7 +58,7 @@ def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat |
     @router.post("/v1/generate")
     async def generate(req: GenerateRequest) -> GenerateResponse:
         t = time.perf_counter()
-        images = generation.decode_images(req.images) if req.images is not None else None
+        images = decode_images(req.images) if req.images is not None else None
         out: Any = await asyncio.to_thread(engine.generate, req.prompts, req.options, req.n, req.max_tokens, images)
         return GenerateResponse(completions=out, version=engine.version, seconds=time.perf_counter() - t,
                                 **_served(engine))

@@ -4,17 +4,21 @@ Role: pydantic models of the bodies of `/v1/generate`, `/v1/trajectories`, the c
 `/dummy_start`, `/update`, `/sleep`, `/wake_up`, `/terminate`), `/status` and `/health`. The rollout's server
 parses requests and builds answers with them (routes.py, `tandem.sidecars.rollout.http_app`); the trainer's
 rollout client builds requests and reads answers with them (`tandem.sidecars.trainer.loop.rollout.rollout_client`,
-`rollout_health`). The field names are the JSON on the wire (snake_case; /health's camelCase, by alias).
+`rollout_health`). The field names are the JSON on the wire (snake_case; /health's camelCase, by alias). A
+prompt's pictures travel as base64 of a PNG file (`encode_image` on the trainer's side, `decode_images` on the
+rollout's, which refuses one that does not decode, naming the prompt and picture).
 Imports nothing of vLLM: beside sampling.py, the one module of the rollout engine the trainer imports
 (.importlinter, "the trainer imports nothing of the rollout engine but its request shapes").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.service.engine_status import EngineStatus, Health, UpdateReport
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
 
@@ -124,3 +128,36 @@ class UpdateResponse(StatusAnswer):
     """The answer of /update: the status and the load's report."""
 
     report: UpdateReport
+
+
+def decode_images(encoded: Sequence[Sequence[str]]) -> list[list[Any]]:
+    """Each prompt's pictures from the wire (base64 of an image file's bytes) as RGB images; BadRequest naming
+    the prompt and picture that does not decode."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    out = []
+    for i, pics in enumerate(encoded):
+        row = []
+        for j, data in enumerate(pics):
+            try:
+                image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+                image.load()
+            except (binascii.Error, ValueError, OSError, UnidentifiedImageError) as e:
+                raise errors.BadRequest(f"prompt {i}, picture {j}: not a picture ({e})") from None
+            row.append(image.convert("RGB"))
+        out.append(row)
+    return out
+
+
+def encode_image(image: Any) -> str:
+    """A picture as it travels to the rollout (PNG, base64): `GenerateRequest.images`."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()

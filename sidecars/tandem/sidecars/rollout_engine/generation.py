@@ -4,8 +4,8 @@ Role: the pure part of generation, apart from the engine's lifecycle: vLLM's Sam
 `SamplingOptions` (the sampled token's log-prob returned), one request per prompt where prompts differ in budget
 or seed (`requests`: each prompt its own seed, `sampling.prompt_seeds`), the prompt-length check before vLLM
 sees a prompt (`check_lengths`: `PromptTooLong`, HTTP 400 naming the limit), a prompt's pictures (vision-language
-models: vLLM's `multi_modal_data`; on the wire base64 PNG, `encode_image` / `decode_images`), and a vLLM output as
-a `Completion` (its prompt ids as vLLM expanded them: a picture's placeholder becomes its image tokens).
+models: vLLM's `multi_modal_data`; on the wire base64 PNG: contract.py), and a vLLM output as a
+`Completion` (its prompt ids as vLLM expanded them: a picture's placeholder becomes its image tokens).
 Callers: `engine.RolloutEngine.generate` and the multi-turn loop (turns.py).
 """
 
@@ -75,39 +75,6 @@ def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_token
         inputs.append(TextPrompt(prompt=p, **media) if isinstance(p, str)  # type: ignore[typeddict-item]
                       else TokensPrompt(prompt_token_ids=list(p), **media))  # type: ignore[typeddict-item]
     return inputs, per_request
-
-
-def decode_images(encoded: Sequence[Sequence[str]]) -> list[list[Any]]:
-    """Each prompt's pictures from the wire (base64 of an image file's bytes) as RGB images; BadRequest naming
-    the prompt and picture that does not decode."""
-    import base64
-    import binascii
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    out = []
-    for i, pics in enumerate(encoded):
-        row = []
-        for j, data in enumerate(pics):
-            try:
-                image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
-                image.load()
-            except (binascii.Error, ValueError, OSError, UnidentifiedImageError) as e:
-                raise errors.BadRequest(f"prompt {i}, picture {j}: not a picture ({e})") from None
-            row.append(image.convert("RGB"))
-        out.append(row)
-    return out
-
-
-def encode_image(image: Any) -> str:
-    """A picture as it travels to the rollout (PNG, base64): `GenerateRequest.images`."""
-    import base64
-    import io
-
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def check_lengths(llm: Any, prompts: Sequence[Prompt]) -> None:

@@ -42,6 +42,7 @@ from tandem.sidecars.rollout_engine.contract import (
     TrajectoriesRequest,
     TrajectoriesResponse,
     UpdateRequest,
+    encode_image,
 )
 from tandem.sidecars.rollout_engine.sampling import slice_seed
 from tandem.sidecars.trainer.loop.rollout.rollout_health import (
@@ -246,21 +247,24 @@ class RolloutClient:
         return [r for r in answers if r is not None]
 
     def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions, n: int,
-                 max_tokens: Sequence[int] | None = None, *, expect: int | None = None
-                 ) -> tuple[list[list[Completion]], set[int | None]]:
+                 max_tokens: Sequence[int] | None = None, *, expect: int | None = None,
+                 images: Sequence[Sequence[Any]] | None = None) -> tuple[list[list[Completion]], set[int | None]]:
         """n completions per prompt, spread over the rollouts in contiguous slices of prompts.
 
         `max_tokens` (one per prompt) overrides `options.max_tokens` per prompt; `expect`: the version the
-        completions must come from (a rollout answering with another is stale: dropped, its slice re-sent).
+        completions must come from (a rollout answering with another is stale: dropped, its slice re-sent);
+        `images` (one list per prompt, PIL images): each prompt's pictures, sent with its slice.
         Also returns the weight versions the rollouts generated with (one, when all are in sync).
         """
+        wire = None if images is None else [[encode_image(i) for i in row] for row in images]
         def options_at(a: int) -> SamplingOptions:  # each slice its own seed: rollouts' first prompts draw apart
             seed = None if options.seed is None else slice_seed(options.seed, a)
             return options.model_copy(update={"seed": seed})
 
         return self._spread("/v1/generate", 0, len(prompts), lambda a, b: GenerateRequest(
             options=options_at(a), n=n, prompts=list(prompts[a:b]),
-            max_tokens=None if max_tokens is None else list(max_tokens[a:b])),
+            max_tokens=None if max_tokens is None else list(max_tokens[a:b]),
+            images=None if wire is None else wire[a:b]),
             lambda part: GenerateResponse.model_validate(part).completions, expect)
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
