@@ -36,6 +36,15 @@ Looked for a cause, 2026-11-29, and found no defect; each side of one step measu
   not run): mean 0.315 over 8, against TRL's 0.461 over its 3 seeds. Two of Tandem's eight sat in a mode of
   rising entropy and flat reward that none of TRL's three showed; more seeds on both sides (TRL's 3+) are
   what would tell a real gap from the spread.
+Seeds 3 and 4, 2026-11-29 (Tandem's halves alone; TRL's beside other work, so their ratios mean nothing either):
+Tandem 0.140 -> 0.396 (export 0.370) and 0.138 -> 0.365 (export 0.318), TRL 0.102 -> 0.417 and 0.122 -> 0.424.
+Over seeds 0-4, paired: Tandem 0.305 (0.143-0.453, se 0.063), its exports 0.288, TRL 0.445 (0.406-0.500, se
+0.018); difference -0.140 (-0.310 to -0.021, se 0.061): Tandem below TRL in all five, so the gap is real, not
+the spread. Its gradient norms (0.7-1.9) match TRL's (0.9-2.5) step for step, its loss is the same formula, and
+still its training reward rises later and its entropy falls later (seed 4: 2.19 -> 1.75 against TRL's 2.22 ->
+1.17). What is left to split: the sampler (vLLM-CPU against transformers' generate) or the trainer across
+iterations (Megatron against the hf engine): the next runs are Tandem with trainer.engine hf on these seeds,
+and TRL generating with vLLM (use_vllm, colocate).
 `--steps 4` (four optimizer steps an iteration on both sides, each against the sampling policy), seeds 0-1:
 seed 0 (the machine mostly to itself): pass@1 0.122 -> 0.693 (export 0.646) against TRL's 0.117 -> 0.508,
 training reward over the last two iterations 0.734 against 0.484, 1.52x TRL's completions/s in the loop (1.33x
