@@ -36,7 +36,7 @@ Looked for a cause, 2026-11-29, and found no defect; each side of one step measu
   not run): mean 0.315 over 8, against TRL's 0.461 over its 3 seeds. Two of Tandem's eight sat in a mode of
   rising entropy and flat reward that none of TRL's three showed; more seeds on both sides (TRL's 3+) are
   what would tell a real gap from the spread.
-Seeds 3 and 4, 2026-11-29 (Tandem's halves alone; TRL's beside other work, so their ratios mean nothing either):
+Seeds 3 and 4, 2026-11-29 (both beside other work on the machine, so their completions/s ratios mean nothing):
 Tandem 0.140 -> 0.396 (export 0.370) and 0.138 -> 0.365 (export 0.318), TRL 0.102 -> 0.417 and 0.122 -> 0.424.
 Over seeds 0-4, paired: Tandem 0.305 (0.143-0.453, se 0.063), its exports 0.288, TRL 0.445 (0.406-0.500, se
 0.018); difference -0.140 (-0.310 to -0.021, se 0.061): Tandem below TRL in all five, so the gap is real, not
