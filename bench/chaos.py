@@ -3,13 +3,17 @@
 The toy job (examples/tiny-grpo.yaml's task: the toy Qwen2 built by `python -m tandem.sidecars.toy`) on one
 hybrid pod and two rollout-only pods, run by `tandem run` twice with the same spec.seed: undisturbed, then
 disturbed by `Chaos`: every `--kill-every` iterations kill -9 of a rollout-only pod's vLLM engine core (its
-sidecar restarts the engine; the driver re-sends what it had not finished), and once a stop (SIGSTOP) of the
+sidecar restarts the engine; the driver re-sends what it had not finished), none in the last `--kill-every`
+iterations so that the last killed engine can come back within the run, and once a stop (SIGSTOP) of the
 other rollout-only pod's engine for `--hang-seconds` (a hung GPU: its sidecar kills it at the deadline its
-recent steps set, at most failurePolicy.rolloutStallSeconds). Reported: iterations completed, wall time of each
-run and their ratio, reward per iteration side by side, engine restarts, rollouts dropped and re-admitted, prompts
-re-sent, the seconds until the hung engine was cut and the longest recovery (failure to first generation).
-Target (issue): every iteration completes with no restart of the job, and the disturbed run takes at most
-1.25x the undisturbed one at one kill per five iterations. `python bench/chaos.py --help`.
+recent steps set, at most failurePolicy.rolloutStallSeconds). Each pair of runs once per `--modes`: cold (a
+restart starts vLLM anew) and spare (rollout.spareEngine: a restart adopts the spare started ahead). Reported
+per mode: iterations completed, wall time of each run and their ratio, reward per iteration side by side, the
+engines that failed, restarted (seconds each, spares taken) and served again, rollouts dropped and re-admitted,
+prompts re-sent, the seconds until the hung engine was cut and the longest recovery (failure to first
+generation). Target (issue): every iteration completes with no restart of the job, every failed engine serves
+again within the run, and the disturbed run takes at most 1.25x the undisturbed one. `python bench/chaos.py
+--help`.
 
 `Chaos` is also the injector of tests/e2e/test_rollout_faults.py: it finds a rollout sidecar by its pod's
 environment (TANDEM_POD) under a run directory, its vLLM engine core and workers as its children (their
@@ -262,20 +266,24 @@ def run(job: Path, workdir: Path, name: str, disturb: Any = None) -> dict[str, A
     texts = [p.read_text() for p in logs.glob("*-rollout.log")]
     restart_s = sorted(float(x) for t in texts for x in re.findall(r"vLLM engine restarted in ([0-9.]+)s", t))
     spares = sum(t.count("the spare taken") for t in texts)
+    served_again = sum(t.count("recovered: a generation completed") for t in texts)
+    failures = sum(t.count("vLLM engine failed (") for t in texts)
     return {"rc": rc, "seconds": time.monotonic() - t, "iterations": len(rows),
             "reward": [r["reward_mean"] for r in rows], "restarts": len(restart_s),
-            "restart_s": restart_s, "spares_taken": spares,
+            "restart_s": restart_s, "spares_taken": spares, "failures": failures, "served_again": served_again,
             "dropped": sum(r.get("rollouts_dropped", 0) for r in rows),
             "rejoined": sum(r.get("rollouts_rejoined", 0) for r in rows),
             "resent": sum(r.get("prompts_resent", 0) for r in rows), "faults": chaos.log,
             "hang_cut_s": chaos.cut_s, "recovery_s": max((r.get("rollout_recovery_s", 0) for r in rows), default=0)}
 
 
-def disturber(name: str, kill_every: int, hang_s: float) -> Any:
+def disturber(name: str, kill_every: int, hang_s: float, last: int) -> Any:
+    """Kill pod 1's engine every `kill_every` iterations up to iteration `last` (so that the last killed engine has
+    time to come back within the run), and hang pod 2's once, at the first kill."""
     def disturb(chaos: Chaos, done: threading.Event) -> None:
         try:
             n, hung = kill_every, False
-            while not done.is_set():
+            while not done.is_set() and n <= last:
                 chaos.wait_rows(n, done)
                 chaos.kill(f"{name}-1")
                 if not hung:
@@ -290,8 +298,9 @@ def disturber(name: str, kill_every: int, hang_s: float) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--kill-every", type=int, default=5, help="iterations between two kills")
+    ap.add_argument("--iterations", type=int, default=40)
+    ap.add_argument("--kill-every", type=int, default=10, help="iterations between two kills (none in the last "
+                    "kill-every iterations: the last killed engine comes back within the run)")
     ap.add_argument("--hang-seconds", type=float, default=60.0)
     ap.add_argument("--stall-seconds", type=int, default=20, help="failurePolicy.rolloutStallSeconds")
     ap.add_argument("--modes", nargs="+", choices=("cold", "spare"), default=["cold", "spare"],
@@ -309,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:  # cold: a restart starts vLLM anew; spare: rollout.spareEngine
         calm_name, hit_name = f"chaos-calm-{mode}", f"chaos-faults-{mode}"
         for name, disturb in ((calm_name, None),
-                              (hit_name, disturber(hit_name, args.kill_every, args.hang_seconds))):
+                              (hit_name, disturber(hit_name, args.kill_every, args.hang_seconds,
+                                                   args.iterations - args.kill_every))):
             job = job_file(toy, args.dir, name, args.iterations, args.stall_seconds, spare=mode == "spare")
             print(f"running {name} ...", flush=True)
             results[name] = run(job, args.dir / "runs", name, disturb)
@@ -324,13 +334,15 @@ def report(mode: str, calm: dict[str, Any], hit: dict[str, Any], iterations: int
           f"disturbed {hit['iterations']}/{iterations} (rc {hit['rc']})")
     ratio = hit["seconds"] / calm["seconds"]
     print(f"wall: calm {calm['seconds']:.0f}s, disturbed {hit['seconds']:.0f}s, ratio {ratio:.2f}x (target <= 1.25x)")
-    print(f"disturbed: engine restarts {hit['restarts']} (seconds each: {hit['restart_s']}; the spare taken "
-          f"{hit['spares_taken']}), rollouts dropped {hit['dropped']}, re-admitted {hit['rejoined']}, prompts "
+    print(f"disturbed: engines failed {hit['failures']}, restarted {hit['restarts']} (seconds each: "
+          f"{hit['restart_s']}; the spare taken {hit['spares_taken']}), served again {hit['served_again']} "
+          f"(every engine back: {'yes' if hit['served_again'] == hit['failures'] else 'no'}); "
+          f"rollouts dropped {hit['dropped']}, re-admitted {hit['rejoined']}, prompts "
           f"re-sent {hit['resent']}; hang cut after {hit['hang_cut_s']} s, longest recovery {hit['recovery_s']} s")
     print("reward per iteration (calm | disturbed):")
     for i, (a, b) in enumerate(zip(calm["reward"], hit["reward"], strict=False)):
         print(f"  {i:3d}  {a:.3f} | {b:.3f}")
-    return bool(hit["iterations"] == iterations and hit["rc"] == 0)
+    return bool(hit["iterations"] == iterations and hit["rc"] == 0 and hit["served_again"] == hit["failures"])
 
 
 if __name__ == "__main__":
