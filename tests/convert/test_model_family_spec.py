@@ -60,6 +60,14 @@ def test_a_model_type_without_a_mapping_trains_on_the_hf_engine(tmp_path: Path) 
         parse_job(_job({"path": path, "family": "llama"}))
 
 
+def test_a_vision_language_model_is_refused_naming_the_path(tmp_path: Path) -> None:
+    path = _model_dir(tmp_path, {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+                                 "vision_config": {"model_type": "siglip_vision_model"},
+                                 "text_config": {"model_type": "llama"}})
+    [(field, message)] = _problems_of(_job({"path": path}))
+    assert field == "spec.model.path" and "is a vision-language model (model_type 'llava')" in message
+
+
 def _problems_of(job: dict[str, Any]) -> list[tuple[str, str]]:
     with pytest.raises(SpecError) as err:
         parse_job(job)

@@ -38,6 +38,7 @@ from tandem.spec.trainer import ModelRef as ModelRef
 from tandem.spec.trainer import Resources as Resources
 from tandem.spec.trainer import Trainer as Trainer
 from tandem.spec.trainer import model_type as model_type
+from tandem.spec.trainer import vision_language
 
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
@@ -316,6 +317,9 @@ class JobSpec(Base):
         """trainer.engine megatron on a model whose config.json (where readable here) has no weight mapping, and
         PPO's critic where engine auto picks hf for such a model (Python only: CEL cannot read config.json)."""
         found = model_type(self.model.path)
+        if vision_language(self.model.path):
+            raise ValueError(f"model.path: {self.model.path} is a vision-language model (model_type {found!r}): its "
+                             "rollouts can serve it, but neither trainer engine trains one yet; use a text model")
         if self.trainer.engine == "megatron" and found is not None and found not in ModelRef.FAMILIES:
             raise ValueError(f"trainer.engine: megatron has no weight mapping for model_type {found!r} of "
                              f"{self.model.path}/config.json (mapped: {', '.join(ModelRef.FAMILIES)}); "

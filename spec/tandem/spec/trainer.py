@@ -30,6 +30,21 @@ def model_type(path: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def vision_language(path: str) -> bool:
+    """True when config.json at `path` describes a vision-language model (it has a vision_config); False also
+    where the file cannot be read here (see `model_type`)."""
+    import json
+    from pathlib import Path
+
+    if not path.startswith("/"):
+        return False
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
 def _family_problem(path: str, family: str) -> str | None:
     """Why `family` does not fit `path`/config.json ("field: message"), or None (also when the file cannot
     be read: see `model_type`; whether a Megatron mapping exists is JobSpec's rule, by trainer.engine)."""
