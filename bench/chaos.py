@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -248,6 +249,7 @@ def job_file(toy: Path, out: Path, name: str, iterations: int, stall: int, spare
 
 def run(job: Path, workdir: Path, name: str, disturb: Any = None) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
+    shutil.rmtree(workdir / name, ignore_errors=True)  # a new run: no rows, logs or state of an earlier one
     t = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -290,8 +292,8 @@ def disturber(name: str, kill_every: int, hang_s: float, last: int) -> Any:
                     hung = True
                     threading.Thread(target=chaos.hang, args=(f"{name}-2", hang_s, done), daemon=True).start()
                 n += kill_every
-        except (RuntimeError, LookupError):
-            return  # the run ended
+        except (RuntimeError, LookupError) as e:
+            print(f"[chaos] injector stopped: {e}", flush=True)  # the run ended (or a pod was not found)
 
     return disturb
 
