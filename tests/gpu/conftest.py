@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "checkpoint_engine"))  # tiny_model
+sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))  # tiny_model
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))  # pipeline_worker, dist_worker
 
 
