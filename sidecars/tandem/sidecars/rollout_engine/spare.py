@@ -66,10 +66,12 @@ class SpareEngine:
                 self.error = str(e)
             return
         with self._lock:
-            if self._closed:  # the sidecar ended meanwhile
-                discard(spare, self.cfg.shutdown_timeout_s)
-                return
-            self._ready, self.error = spare, None
+            closed = self._closed
+            if not closed:
+                self._ready, self.error = spare, None
+        if closed:  # the sidecar ended meanwhile
+            discard(spare, self.cfg.shutdown_timeout_s)
+            return
         log.info("spare vLLM engine ready in %.1fs (processes %s)", spare.start_s, sorted(spare.procs.procs))
 
     def take(self, timeout_s: float | None = None) -> Launched | None:
