@@ -192,7 +192,7 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 
 
 def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max_staleness: int = 0,
-             lora: int = 0, seed: int = 0, dtype: str = "float32") -> Path:
+             lora: int = 0, seed: int = 0, dtype: str = "float32", engine: str = "auto") -> Path:
     """The bench's job. arith adds the example's chat fields, spec.eval at the start and the end only (eval
     time is left out of the loop's seconds anyway), and spec.export of the last version for the cross-check.
     `max_staleness` > 0 runs it asynchronously on the hybrid pod (its vLLM generates batch i+1 while the
@@ -221,7 +221,8 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
             "spec": {"model": {"path": str(model)}, "dataset": dataset, **extra, "seed": seed,
                      "algorithm": algorithm,
                      "replicas": 1, "gpusPerPod": 0,
-                     "trainer": {"tensorParallel": 1, "pipelineParallel": 1, "globalBatchSize": s.global_batch,
+                     "trainer": {"engine": engine, "tensorParallel": 1, "pipelineParallel": 1,
+                                 "globalBatchSize": s.global_batch,
                                  # a CPU pod has nothing to free (the state would move RAM to RAM); TRL keeps it too
                                  "microBatchSize": s.micro_batch, "offload": False, "dtype": dtype,
                                  **({"lora": {"rank": lora, "alpha": 2 * lora}} if lora else {})},
@@ -482,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                     help="bfloat16: both sides compute in bf16 with fp32 master weights (Tandem: trainer.dtype, which "
                     "vLLM follows, and tisCap for the mismatch; TRL: bf16 autocast)")
+    ap.add_argument("--engine", choices=("auto", "megatron", "hf"), default="auto",
+                    help="Tandem's trainer.engine (auto: megatron for SmolLM2's llama family)")
     ap.add_argument("--steps", type=int, default=1, help="optimizer steps per iteration on both sides (Tandem's "
                     "trainer.globalBatchSize, TRL's gradient accumulation: the iteration's completions / steps)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl"))
@@ -505,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     src, train, params = prepare(args.size, out)
     shutil.rmtree(out / "tandem-export", ignore_errors=True)
     job = job_yaml(s, fresh_copy(src, out / f"model-{args.size}-tandem"), train, iterations, out / "job.yaml",
-                   args.max_staleness, args.lora, args.seed, args.dtype)
+                   args.max_staleness, args.lora, args.seed, args.dtype, args.engine)
     tandem = run_tandem(job, out / "tandem-runs")
     trl = run_trl(s, fresh_copy(src, out / f"model-{args.size}-trl"), train, iterations, out, args.trl_threads,
                   args.lora, args.seed, args.dtype)

@@ -69,13 +69,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seed(size: str, seed: int, steps: int, out: Path) -> dict[str, Any]:
+def run_seed(size: str, seed: int, steps: int, out: Path, engine: str = "auto") -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     result = out / f"rl_vs_trl-{size}.json"
     if not result.exists():
         with open(out / "bench.log", "w") as log:
             rc = subprocess.run([sys.executable, str(ROOT / "bench" / "rl_vs_trl.py"), "--size", size, "--seed",
-                                 str(seed), "--steps", str(steps), "--out", str(out)], cwd=ROOT, stdout=log,
+                                 str(seed), "--steps", str(steps), "--engine", engine, "--out", str(out)], cwd=ROOT,
+                                stdout=log,
                                 stderr=subprocess.STDOUT, check=False).returncode
         if rc != 0:
             raise SystemExit(f"seed {seed}: rl_vs_trl.py failed (rc={rc}); see {out / 'bench.log'}")
@@ -151,20 +152,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="smollm2")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=1, help="optimizer steps per iteration (rl_vs_trl.py --steps)")
+    ap.add_argument("--engine", choices=("auto", "megatron", "hf"), default="auto",
+                    help="Tandem's trainer.engine (rl_vs_trl.py --engine); other than auto, in the runs' folder names")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl_seeds"))
     ap.add_argument("--summarize-only", action="store_true", help="aggregate the seeds already run under --out")
     args = ap.parse_args(argv)
     runs = {}
     for seed in args.seeds:
-        where = args.out / f"{args.size}-steps{args.steps}-seed{seed}"
+        tag = "" if args.engine == "auto" else f"-{args.engine}"
+        where = args.out / f"{args.size}-steps{args.steps}{tag}-seed{seed}"
         if args.summarize_only and not (where / f"rl_vs_trl-{args.size}.json").exists():
             continue
         print(f"seed {seed}: {where}", flush=True)
-        runs[seed] = run_seed(args.size, seed, args.steps, where)
+        runs[seed] = run_seed(args.size, seed, args.steps, where, args.engine)
     if not runs:
         raise SystemExit(f"no finished seed under {args.out}")
     summary = summarize(runs)
-    name = f"rl_vs_trl_seeds-{args.size}-steps{args.steps}"
+    name = f"rl_vs_trl_seeds-{args.size}-steps{args.steps}" + ("" if args.engine == "auto" else f"-{args.engine}")
     (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2))
     plot(runs, summary, args.out / f"{name}.png")
     for seed, s in summary["seeds"].items():
