@@ -14,9 +14,9 @@ from pydantic import Field, model_validator
 from tandem.spec.strict_model import IMAGE, Base, Quantity, Rule
 
 
-def model_type(path: str) -> str | None:
-    """config.json's model_type of the model at `path`, or None where the file cannot be read here (in a
-    cluster the path often exists only in the pods; a relative path is resolved after parsing)."""
+def _config(path: str) -> dict[str, object] | None:
+    """config.json of the model at `path`, or None where it cannot be read here (in a cluster the path often
+    exists only in the pods; a relative path is resolved after parsing) or is not a JSON object."""
     import json
     from pathlib import Path
 
@@ -26,23 +26,19 @@ def model_type(path: str) -> str | None:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    value = config.get("model_type") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def model_type(path: str) -> str | None:
+    """config.json's model_type of the model at `path`, or None where the file cannot be read here (`_config`)."""
+    value = (_config(path) or {}).get("model_type")
     return value if isinstance(value, str) else None
 
 
 def vision_language(path: str) -> bool:
     """True when config.json at `path` describes a vision-language model (it has a vision_config); False also
-    where the file cannot be read here (see `model_type`)."""
-    import json
-    from pathlib import Path
-
-    if not path.startswith("/"):
-        return False
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+    where the file cannot be read here (`_config`)."""
+    return isinstance((_config(path) or {}).get("vision_config"), dict)
 
 
 def _family_problem(path: str, family: str) -> str | None:

@@ -118,7 +118,7 @@ def _bytes(source: str, base: Path) -> bytes:
     parsed = urlparse(source)
     if parsed.scheme == "file":
         path = Path(unquote(parsed.path))
-    elif parsed.scheme in ("", ):
+    elif parsed.scheme == "":
         path = Path(source)
     else:
         raise Refused(f"{source[:120]}: only file://, data: and paths are read (no network access)")
