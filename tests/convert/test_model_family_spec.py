@@ -60,12 +60,21 @@ def test_a_model_type_without_a_mapping_trains_on_the_hf_engine(tmp_path: Path) 
         parse_job(_job({"path": path, "family": "llama"}))
 
 
-def test_a_vision_language_model_is_refused_naming_the_path(tmp_path: Path) -> None:
+def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(tmp_path: Path) -> None:
     path = _model_dir(tmp_path, {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
                                  "vision_config": {"model_type": "siglip_vision_model"},
                                  "text_config": {"model_type": "llama"}})
-    [(field, message)] = _problems_of(_job({"path": path}))
-    assert field == "spec.model.path" and "is a vision-language model (model_type 'llava')" in message
+    assert parse_job(_job({"path": path})).spec.trainer.engine == "auto"  # which resolves to hf (spec.devices)
+    cases = [({"trainer": {"engine": "megatron"}}, "spec.trainer.engine", "megatron does not train vision-language"),
+             ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name", "dpo packs its own pairs"),
+             ({"rollout": {"partial": {"tokenBudget": 8}}, "algorithm": {"tisCap": 2.0}}, "spec.rollout.partial", "do not carry pictures")]
+    for change, want_field, want in cases:
+        job = _job({"path": path})
+        for key, value in change.items():
+            job["spec"].setdefault(key, {}).update(value)
+        [(field, message)] = _problems_of(job)
+        assert field == want_field and want in message and "is a vision-language model (model_type 'llava')" \
+            in message, (change, field, message)
 
 
 def _problems_of(job: dict[str, Any]) -> list[tuple[str, str]]:

@@ -15,6 +15,22 @@ from pydantic import Field
 from tandem.spec.strict_model import Base, Rule
 
 
+class Images(Base):
+    """What a row's pictures may be: how many per prompt, how large, and what happens to a larger one."""
+
+    field: Annotated[str | None, Field(min_length=1, description="A column holding each row's pictures (a path, "
+                                       "a list of paths relative to the dataset file, or a datasets Image "
+                                       "feature), put before the prompt's text in its last user message; absent: "
+                                       "pictures come only as image parts of the prompt's messages.")] = None
+    max_per_prompt: Annotated[int, Field(ge=1, le=64, description="A row with more pictures than this is "
+                                         "refused (counted; the job goes on).")] = 4
+    max_pixels: Annotated[int, Field(ge=64, le=67_108_864, description="Width x height above which a picture "
+                                     "is refused, or downscaled with resize: downscale.")] = 4_194_304
+    resize: Literal["refuse", "downscale"] = Field(
+        default="refuse", description="A picture over maxPixels: refuse its row, or downscale it (aspect "
+        "kept) to fit.")
+
+
 class Dataset(Base):
     """Prompts (a string or an OpenAI-style messages list per row), reference answers; kto: labelled completions."""
 
@@ -38,9 +54,17 @@ class Dataset(Base):
         "kto: the field holding each row's label, true (a desirable completion) or false (undesirable); 1 and 0 "
         "are read as true and false. A row without a valid label is refused naming the file and row. kto "
         "only."))] = None
+    images: Images | None = Field(default=None, description="Pictures in the prompts (vision-language models): "
+                                  "image parts of a row's messages (OpenAI's image_url with a file://, data: or "
+                                  "relative URL, or {type: image, path}), or a column of them; their limits. A "
+                                  "row whose picture is missing, unreadable, of an unsupported format or over the "
+                                  "limits is refused with its row number and reason, counted, and the job goes "
+                                  "on; a dataset with no usable row fails at start.")
     rules = (
         Rule("self.chatTemplate || !has(self.systemPrompt)", "needs chatTemplate: true", ".systemPrompt",
              lambda d: d.chat_template or d.system_prompt is None),
+        Rule("!has(self.images) || self.chatTemplate", "pictures go in a chat prompt: needs chatTemplate: true",
+             ".images", lambda d: d.images is None or d.chat_template),
     )
 
 

@@ -312,14 +312,28 @@ class JobSpec(Base):
         *SPARE_RULES,  # rollout.spareEngine: CPU rollouts only
     )
 
+    def _check_vision_language(self, found: str | None) -> None:
+        """What a vision-language model's job cannot do yet (Python only: CEL cannot read config.json)."""
+        where = f"{self.model.path} is a vision-language model (model_type {found!r})"
+        if self.trainer.engine == "megatron":
+            raise ValueError(f"trainer.engine: megatron does not train vision-language models ({where}); use hf, "
+                             "or auto, which picks hf for it")
+        if self.algorithm.name in ("dpo", "kto"):
+            raise ValueError(f"algorithm.name: {self.algorithm.name} packs its own pairs or labelled rows, which carry "
+                             f"no pictures ({where}); use grpo or ppo")
+        env = self.rollout.environment
+        if self.rollout.partial is not None or (env is not None and env.type != "single"):
+            field = "rollout.partial" if self.rollout.partial is not None else "rollout.environment"
+            raise ValueError(f"{field}: continued and multi-turn rollouts do not carry pictures yet ({where}); "
+                             "use single-turn rollouts")
+
     @model_validator(mode="after")
     def _check_engine_family(self) -> JobSpec:
         """trainer.engine megatron on a model whose config.json (where readable here) has no weight mapping, and
         PPO's critic where engine auto picks hf for such a model (Python only: CEL cannot read config.json)."""
         found = model_type(self.model.path)
         if vision_language(self.model.path):
-            raise ValueError(f"model.path: {self.model.path} is a vision-language model (model_type {found!r}): its "
-                             "rollouts can serve it, but neither trainer engine trains one yet; use a text model")
+            self._check_vision_language(found)
         if self.trainer.engine == "megatron" and found is not None and found not in ModelRef.FAMILIES:
             raise ValueError(f"trainer.engine: megatron has no weight mapping for model_type {found!r} of "
                              f"{self.model.path}/config.json (mapped: {', '.join(ModelRef.FAMILIES)}); "

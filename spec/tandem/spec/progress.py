@@ -58,6 +58,7 @@ class Progress(BaseModel):
     mismatch_kl: float | None = None  # rollout vs trainer, last iteration: mean k3 per model token
     ess: float | None = None  # the normalised effective sample size of its token ratios p_trainer / p_rollout
     staleness_mean: float | None = None  # weight versions between a trained completion's oldest segment and the update
+    rows_refused: int = 0  # dataset rows left out at start (a picture that cannot be used: dataset.images)
     rollout_engines: RolloutEngines | None = None  # engine restarts, rejoins, the latest recovery (None: none seen)
     guard: str = ""  # algorithm.mismatchGuard's latest warning or pause ("" while it is quiet)
     message: str = ""  # why it failed or paused; while no healthy rollout, the driver's wait (WAITING_FOR_ROLLOUTS ...)

@@ -80,6 +80,9 @@ class JobStatus(Base):
                               "w^2) of the latest iteration's token ratios p_trainer / p_rollout (1: they agree).")
     staleness_mean: float | None = Field(default=None, description="Weight versions between a trained completion's "
                                          "oldest segment and the update it trained, mean of the latest iteration.")
+    rows_refused: int = Field(default=0, description="Dataset rows the trainer left out at start because a picture "
+                              "could not be used (missing, unreadable, over dataset.images' limits); each is named "
+                              "with its reason in the trainer's log.")
     restarts: int = 0
     preemptions: int = Field(default=0, description="Times Kueue stopped the job's pods (not counted as restarts; "
                              "the restart generation of the pods is restarts + preemptions + suspensions).")

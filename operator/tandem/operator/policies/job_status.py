@@ -193,6 +193,7 @@ def apply_progress(status: JobStatus, progress: Progress | None) -> None:
     status.last_sync_seconds = progress.last_sync_seconds
     status.reward_mean = progress.reward_mean
     status.mismatch_kl, status.ess, status.staleness_mean = progress.mismatch_kl, progress.ess, progress.staleness_mean
+    status.rows_refused = progress.rows_refused
     if progress.rollout_engines is not None:  # a driver that has not seen one keeps what an earlier one reported
         status.rollout_engines = progress.rollout_engines.model_copy()
     if progress.eval is not None:

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from tandem.sidecars.algorithms import pictures
 from tandem.sidecars.algorithms.packing import PackedBatch, pack, shared_row_budget
 
 SHARED_ROW_CAP = 1024  # row_budget's limit on a row that holds a whole group
@@ -57,6 +58,9 @@ class Sample:
     completion_mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
     # routing replay (MoE): the rollout's experts per token of prompt + completion, [tokens(-1), layers, topk]
     routed_experts: torch.Tensor | None = None
+    # vision-language models: the prompt's pictures as the model's pixel values ([3, H, W] each), in the order of
+    # their image tokens in prompt_ids; the samples of one prompt hold the same tensors
+    images: tuple[torch.Tensor, ...] = ()
 
 
 Metrics = dict[str, float]
@@ -99,18 +103,20 @@ def pack_samples(
 ) -> PackedBatch:
     """Pack samples as GRPO and PPO do (one sample per unit; DPO packs pairs itself). With
     `share_prompts` the samples of one prompt (a group) form a unit that holds the prompt once."""
-    return pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], token_budget,
-                units=prompt_groups(samples) if share_prompts else None, pad_id=pad_id,
-                pad_to_multiple=pad_to_multiple, share_prompts=share_prompts,
-                completion_masks=[s.completion_mask for s in samples],
-                routings=[s.routed_experts for s in samples])
+    batch = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], token_budget,
+                 units=prompt_groups(samples) if share_prompts else None, pad_id=pad_id,
+                 pad_to_multiple=pad_to_multiple, share_prompts=share_prompts,
+                 completion_masks=[s.completion_mask for s in samples],
+                 routings=[s.routed_experts for s in samples])
+    batch.images = pictures.by_row(batch.placements, [s.images for s in samples], batch.num_rows)
+    return batch
 
 
 def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
     """Indices of the samples with identical prompt tokens, in order of first appearance."""
     groups: dict[tuple[int, ...], list[int]] = {}
-    for i, s in enumerate(samples):
-        groups.setdefault(tuple(s.prompt_ids), []).append(i)
+    for i, s in enumerate(samples):  # (pictures: two prompts with the same ids but other pictures differ)
+        groups.setdefault((*s.prompt_ids, -1, *map(id, s.images)), []).append(i)
     return list(groups.values())
 
 

@@ -1,10 +1,8 @@
 """Sequence packing: variable-length (prompt + completion) samples into fixed-budget rows.
 
-Role: turns a list of token sequences into the dense tensors the trainer's forward pass takes, and
-maps per-token values (advantages, log-probs, values) between the packed layout and per-sample
-lists. Callers: the algorithms' `prepare` (packing their fields), the trainer engine (forward on
-`input_ids`/`position_ids` with the attention boundaries), and the driver (unpacking reference
-log-probs back to samples).
+Role: token sequences into the dense tensors the trainer's forward takes, and per-token values (advantages,
+log-probs, values) between the packed layout and per-sample lists. Callers: the algorithms' `prepare`, the
+trainer engines (forward on `input_ids`/`position_ids` within the attention boundaries), the driver (unpacking).
 
 Alignment convention (next-token, the Megatron convention): every per-token tensor of shape
 `[rows, length]` is aligned with `labels`, where `labels[r, t] = input_ids[r, t + 1]` inside the
@@ -14,10 +12,10 @@ t+1 belongs to the same sequence and is a completion token; the prompt's tokens,
 of every sequence and the padding are 0. Completion token j of a sample (0-based) therefore sits at
 position `start + prompt_len + j - 1` of its row.
 
-Rows are filled first-fit-decreasing by unit length. A unit is one sequence or several that must
-share a row (DPO keeps each chosen/rejected pair in one row so that splitting rows into
-micro-batches never splits a pair). Rows are padded with `pad_id` to the longest row (rounded up to
-`pad_to_multiple`); padding has segment 0, position 0 and no loss.
+Rows are filled first-fit-decreasing by unit length. A unit is one sequence or several that must share a row
+(DPO keeps each chosen/rejected pair in one row so that splitting rows into micro-batches never splits a pair).
+Rows are padded with `pad_id` to the longest row (rounded up to `pad_to_multiple`); padding has segment 0,
+position 0 and no loss. Pictures (vision-language models) ride along per row (`images`, from `pictures.by_row`).
 
 Shared prompts (`share_prompts`): the samples of a unit with one prompt (a GRPO group) hold it once.
 The row gets the prompt's first n-1 tokens as a prefix segment, then each sample's own segment:
@@ -95,6 +93,7 @@ class PackedBatch:
     stats: dict[str, float] = field(default_factory=dict)  # prepare-time metrics (advantage mean…)
     prefix_ids: torch.Tensor | None = None  # [R, L] int64: the shared-prompt segment a token also sees, 0: none
     routed_experts: torch.Tensor | None = None  # [R, L, layers, topk] uint8/int16: routing replay (MoE)
+    images: list[list[torch.Tensor]] | None = None  # per row, its pictures' pixel values in order (`pictures.py`)
 
     @property
     def num_rows(self) -> int:
@@ -184,7 +183,8 @@ class PackedBatch:
             {k: move(v) for k, v in self.token_fields.items()}, {k: move(v) for k, v in self.seq_fields.items()},
             None if self.weights is None else move(self.weights), dict(self.stats),
             None if self.prefix_ids is None else move(self.prefix_ids),
-            None if self.routed_experts is None else move(self.routed_experts))
+            None if self.routed_experts is None else move(self.routed_experts),
+            None if self.images is None else [[move(t) for t in row] for row in self.images])
 
     def normalised(self) -> PackedBatch:
         """This part as a batch of its own: weights rescaled to sum to 1 over its rows, DPO's pair
@@ -215,7 +215,7 @@ class PackedBatch:
             stats=dict(self.stats),
             prefix_ids=None if self.prefix_ids is None else self.prefix_ids[sl],
             routed_experts=None if self.routed_experts is None else self.routed_experts[sl],
-        )
+            images=None if self.images is None else self.images[sl])
 
 
 def _shift_row(p: Placement, lo: int) -> Placement:

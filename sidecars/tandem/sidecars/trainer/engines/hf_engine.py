@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from tandem.sidecars.algorithms import pictures
 from tandem.sidecars.trainer.engines import common, micro_batches
 from tandem.sidecars.trainer.engines import lora as lora_weights
 from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
@@ -39,6 +40,7 @@ from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.heads import aligned
 from tandem.sidecars.trainer.engines.hf_weights import HFWeights, local_shard, whole_tensor
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
+from tandem.spec.trainer import vision_language
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 
@@ -108,7 +110,7 @@ class HFEngine(HFWeights):
         weights. A value head (PPO's critic) is Megatron's only: refused here."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         if value_head:
             raise EngineError("the hf trainer engine has no value head: PPO with critic: true needs "
@@ -116,8 +118,9 @@ class HFEngine(HFWeights):
         model_dir = Path(model_dir)
         world, rank = start_process_group()
         torch.manual_seed(seed)
+        auto = AutoModelForImageTextToText if vision_language(str(model_dir)) else AutoModelForCausalLM
         try:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+            model = auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
         except (OSError, ValueError) as exc:
             raise EngineError(f"transformers cannot load {model_dir}: {exc}") from exc
         shape = HFShape.of(model)
@@ -212,8 +215,23 @@ class HFEngine(HFWeights):
         positions = micro_batches.field(mb, "position_ids")
         if positions is None:
             positions = micro_batches.position_ids(micro_batches.require(mb, "segment_ids"))
-        return {"input_ids": micro_batches.require(mb, "input_ids"), "attention_mask": self._mask(mb),
-                "position_ids": positions, "use_cache": False}
+        ids = micro_batches.require(mb, "input_ids")
+        inputs = {"input_ids": ids, "attention_mask": self._mask(mb), "position_ids": positions, "use_cache": False}
+        rows = getattr(mb, "images", None)  # a vision-language model's pictures, per row in order (pictures.py)
+        found = [t for row in rows or [] for t in row]
+        if found:
+            config = self.model.config
+            token = getattr(config, "image_token_id", None)
+            if token is None:
+                token = getattr(config, "image_token_index", None)
+            per_image = getattr(config, "image_seq_length", None)
+            if token is not None and per_image is not None:
+                try:
+                    pictures.count_check(ids, found, int(token), int(per_image))
+                except ValueError as e:
+                    raise EngineError(str(e)) from None
+            inputs["pixel_values"] = torch.stack(found).to(device=ids.device, dtype=self.compute_dtype)
+        return inputs
 
     def _forward(self, mb: Any, scored_only: bool) -> torch.Tensor:
         """Log-probs `[rows, len]` of one micro-batch (with gradient when grad is enabled)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
@@ -73,6 +74,13 @@ class TrainerContext:
     last_publish_bytes: int = 0  # its size (driver rank; 0 on the others)
     tokenizer: Any = None  # decodes completions generated in several segments (partial rollouts)
     teacher: ReferenceWeights | None = None  # algorithm.distillation's teacher, scored as the reference is
+    image_processor: Any = None  # a vision-language model's (transformers'), which prepares pictures for it
+
+    def pixels(self, images: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+        """A prompt's pictures as the model's pixel values (`[3, H, W]` each), prepared by the model's own image
+        processor, as vLLM's processor prepares them for the rollout."""
+        values = self.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+        return tuple(values.float())
 
     @property
     def is_driver(self) -> bool:

@@ -35,7 +35,8 @@ VERIFIABLE = ("answerMatch", "codeExec", "environment")
 
 class Generator(Protocol):
     def generate(self, prompts: Sequence[str | list[int]], options: SamplingOptions,
-                 n: int) -> tuple[list[list[Completion]], set[int | None]]: ...
+                 n: int, *, images: Sequence[Sequence[Any]] | None = None
+                 ) -> tuple[list[list[Completion]], set[int | None]]: ...
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
                      data: Sequence[dict[str, Any]] | None = None
@@ -101,7 +102,10 @@ class Evaluator:
             flat = [t for row in trajectories for t in row]
             tool_calls = sum(float(t["tool_calls"]) for t in flat) / max(len(flat), 1)
         else:
-            completions, versions = generator.generate([p.model_input for p in self.prompts], opts, n=drawn)
+            pictures = {"images": [list(p.images) for p in self.prompts]} if any(p.images for p in self.prompts) \
+                else {}
+            completions, versions = generator.generate([p.model_input for p in self.prompts], opts, n=drawn,
+                                                       **pictures)
             groups = [[(c.text, None) for c in group] for group in completions]
         if versions - {None, version}:
             raise RuntimeError(f"eval of version {version}: the rollouts served {sorted(map(str, versions))}")

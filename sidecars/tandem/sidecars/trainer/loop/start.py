@@ -11,6 +11,7 @@ rollouts to it. Caller: `driver.run`.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 
@@ -37,6 +38,21 @@ from tandem.sidecars.trainer.observe.prom import LoopMetrics
 from tandem.sidecars.trainer.observe.tracking import Tracker
 from tandem.spec.models import RLHFJob
 from tandem.spec.podenv import PodEnv
+from tandem.spec.trainer import vision_language
+
+log = logging.getLogger(__name__)
+SHOWN_REFUSALS = 20  # refused dataset rows named one by one in the log; the rest counted
+
+
+def refusals(path: str, dataset: PromptDataset) -> None:
+    """The dataset rows left out (a picture that cannot be used), named with their reasons in the log."""
+    for n, why in dataset.refused[:SHOWN_REFUSALS]:
+        log.warning("%s: row %d refused: %s", path, n, why)
+    if len(dataset.refused) > SHOWN_REFUSALS:
+        log.warning("%s: %d more rows refused", path, len(dataset.refused) - SHOWN_REFUSALS)
+    if dataset.refused:
+        log.warning("%s: %d of %d rows refused; the job goes on with the rest", path, len(dataset.refused),
+                    len(dataset.refused) + len(dataset))
 
 
 def create(env: PodEnv, job: RLHFJob) -> TrainerContext:
@@ -62,9 +78,16 @@ def create(env: PodEnv, job: RLHFJob) -> TrainerContext:
     ctx = TrainerContext(env, job, engine, reference, algorithm, RewardSet(spec.rewards),
                          PromptDataset.load(spec.dataset, tok, seed=spec.seed), eos, pad, seed=spec.seed,
                          critic=critic, tokenizer=tok, teacher=teacher)
+    if vision_language(spec.model.path):  # pictures become pixel values as the rollout's processor makes them
+        from transformers import AutoProcessor
+
+        ctx.image_processor = AutoProcessor.from_pretrained(spec.model.path).image_processor
     if ctx.is_driver:
+        refusals(spec.dataset.path, ctx.dataset)
         if spec.eval is not None:
-            ctx.evaluator = Evaluator(spec.eval, PromptDataset.load(spec.eval.dataset, tok).prompts, spec.rewards,
+            held_out = PromptDataset.load(spec.eval.dataset, tok)
+            refusals(spec.eval.dataset.path, held_out)
+            ctx.evaluator = Evaluator(spec.eval, held_out.prompts, spec.rewards,
                                       max_tokens=spec.rollout.max_tokens, iterations=spec.algorithm.iterations,
                                       multi_turn=spec.rollout.environment is not None
                                       and spec.rollout.environment.type != "single")

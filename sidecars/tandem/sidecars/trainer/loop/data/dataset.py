@@ -41,10 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem.sidecars.trainer.loop.data import images
 from tandem.sidecars.trainer.loop.data import labelled as kto_rows
 from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError, detect_format, read
 from tandem.sidecars.trainer.loop.data.labelled import Labelled
 from tandem.spec.data import Dataset as DatasetSpec
+from tandem.spec.data import Images as DatasetImages
 
 ROLES = ("system", "user", "assistant", "tool")
 _ENCODE_CHUNK = 1024  # texts per tokenizer call
@@ -58,6 +60,7 @@ class Prompt:
     token_ids: list[int] | None = None  # ids of `text` when a tokenizer was given
     question: str = ""  # the plain prompt or last user message; defaults to `text`
     messages: list[dict[str, Any]] | None = None  # the chat messages `text` renders (multi-turn rollouts)
+    images: tuple[Any, ...] = ()  # its pictures (RGB PIL images, in the order of their placeholders in `text`)
 
     def __post_init__(self) -> None:
         if not self.question:
@@ -81,9 +84,11 @@ class Prompt:
 
 
 class PromptDataset:
-    def __init__(self, prompts: list[Prompt], seed: int = 0, labelled: list[Labelled] | None = None):
+    def __init__(self, prompts: list[Prompt], seed: int = 0, labelled: list[Labelled] | None = None,
+                 refused: list[tuple[int, str]] | None = None):
         if not prompts:
             raise DatasetError("dataset is empty")
+        self.refused = refused or []  # (row number from 1, why) of the rows whose pictures could not be used
         if labelled is not None and len(labelled) != len(prompts):
             raise DatasetError(f"{len(labelled)} labelled completions for {len(prompts)} prompts")
         self.prompts = prompts
@@ -99,34 +104,50 @@ class PromptDataset:
         path = Path(spec.path)
         kto = {f: name for f, name in ((spec.completion_field, "completionField"), (spec.label_field, "labelField"))
                if f is not None}
+        column = spec.images.field if spec.images is not None else None
         table = read(path, detect_format(path, spec.format), spec.split,
-                      (spec.prompt_field, spec.answer_field, *kto))
+                      (spec.prompt_field, spec.answer_field, *kto, *([column] if column else [])))
         columns = list(table.column_names)
-        for field, name in ((spec.prompt_field, "promptField"), *kto.items()):
+        for field, name in ((spec.prompt_field, "promptField"), *kto.items(), *([(column, "images.field")] if column
+                                                                                 else [])):
             if field not in columns:
                 raise DatasetError(f"{path}: row 1: field {field!r} (dataset.{name}) missing; "
                                    f"the columns are {', '.join(columns) or 'none'}")
         has_answer = spec.answer_field in columns
         rows: list[dict[str, Any]] = table.select_columns(
-            list(dict.fromkeys([spec.prompt_field, *([spec.answer_field] if has_answer else []), *kto]))).to_list()
+            list(dict.fromkeys([spec.prompt_field, *([spec.answer_field] if has_answer else []), *kto,
+                                *([column] if column else [])]))).to_list()
         if not rows:
             raise DatasetError(f"{path}: no rows")
         render = _Renderer(spec, path, tokenizer)
         texts: list[str] = []
         questions: list[str] = []
         chats: list[list[dict[str, Any]] | None] = []
+        pics: list[tuple[Any, ...]] = []
+        kept: list[int] = []  # rows in file order, from 0, whose pictures (if any) could be used
+        refused: list[tuple[int, str]] = []
         for n, row in enumerate(rows, 1):
-            text, question = render(n, row[spec.prompt_field])
+            try:
+                value, found = render.pictures(n, row[spec.prompt_field], row.get(column) if column else None)
+            except images.Refused as e:
+                refused.append((n, str(e)))
+                continue
+            text, question = render(n, value)
             texts.append(text)
             questions.append(question)
-            chats.append(render.messages(n, row[spec.prompt_field]) if render.templated else None)
+            chats.append(render.messages(n, value) if render.templated else None)
+            pics.append(found)
+            kept.append(n - 1)
+        if not kept:
+            raise DatasetError(f"{path}: no usable row: all {len(rows)} were refused; row {refused[0][0]}: "
+                               f"{refused[0][1]}")
         ids: list[list[int] | None] = [None] * len(texts)
         if tokenizer is not None:
             ids = list(_encode(tokenizer, texts, special=not render.templated))
-        table_rows = zip(texts, questions, ids, rows, chats, strict=True)
-        return cls([Prompt(text, _answer(row.get(spec.answer_field)), i, token_ids, question, chat)
-                    for i, (text, question, token_ids, row, chat) in enumerate(table_rows)], seed,
-                   _labelled(spec, path, rows, texts, render) if kto else None)
+        table_rows = zip(kept, texts, questions, ids, chats, pics, strict=True)
+        return cls([Prompt(text, _answer(rows[i].get(spec.answer_field)), i, token_ids, question, chat, found)
+                    for i, text, question, token_ids, chat, found in table_rows], seed,
+                   _labelled(spec, path, rows, texts, render) if kto else None, refused)
 
     def batch(self, iteration: int, size: int) -> list[Prompt]:
         """The prompts of an iteration: a seeded shuffle per epoch, so a resumed run sees the same ones."""
@@ -165,6 +186,20 @@ class _Renderer:
         if spec.system_prompt is not None and not self.templated:
             raise DatasetError(f"dataset.systemPrompt: needs the tokenizer's chat template ({self.why_not})")
 
+    def pictures(self, n: int, value: Any, column: Any) -> tuple[Any, tuple[Any, ...]]:
+        """(the prompt value with each image part as `{"type": "image"}`, the row's pictures); `images.Refused`
+        names the picture that cannot be used. A row without pictures is returned as it is."""
+        where = f"{self.path}: row {n}: field {self.spec.prompt_field!r} (dataset.promptField)"
+        prompt = _prompt_value(value, where)
+        limits = self.spec.images or DatasetImages()
+        if column is not None and limits.field is not None:
+            prompt = images.with_column(self.messages(n, prompt), column, limits.field)
+        if isinstance(prompt, str) or not any(isinstance(m["content"], list) for m in prompt):
+            return prompt, ()
+        found, messages = images.pictures(prompt, self.path.parent, images.Limits(
+            limits.max_per_prompt, limits.max_pixels, limits.resize))
+        return messages, tuple(found)
+
     def messages(self, n: int, value: Any) -> list[dict[str, Any]]:
         """The row's prompt as chat messages, the system prompt first where the job sets one."""
         prompt = _prompt_value(value, f"{self.path}: row {n}: field {self.spec.prompt_field!r} (dataset.promptField)")
@@ -183,7 +218,7 @@ class _Renderer:
                 raise DatasetError(f"{where}: a messages list needs the tokenizer's chat template ({self.why_not})")
             return prompt, prompt
         messages = self.messages(n, value)
-        question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        question = images.text_of(next(m["content"] for m in reversed(messages) if m["role"] == "user"))
         turn = [] if reply is None else [{"role": "assistant", "content": reply}]
         try:
             text = self.tokenizer.apply_chat_template([*messages, *turn], add_generation_prompt=reply is None,
@@ -239,8 +274,9 @@ def _prompt_value(value: Any, where: str) -> str | list[dict[str, Any]]:
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or role not in ROLES:
             raise DatasetError(f"{at}: role {role!r} is not one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise DatasetError(f"{at}: content must be a string, got {_kind(content)}")
+        if not isinstance(content, str) and not _parts(content):
+            raise DatasetError(f"{at}: content must be a string or a list of text and image parts, got "
+                               f"{_kind(content)}")
         messages.append({k: v for k, v in message.items() if v is not None})
     if not any(m["role"] == "user" for m in messages):
         raise DatasetError(f"{where}: no user message")
@@ -248,6 +284,13 @@ def _prompt_value(value: Any, where: str) -> str | list[dict[str, Any]]:
         raise DatasetError(f"{where}: the last message is from {messages[-1]['role']!r}; a prompt ends with a "
                            "user or tool message")
     return messages
+
+
+def _parts(content: Any) -> bool:
+    """Whether `content` is a non-empty list of OpenAI-style content parts (text, image or image_url)."""
+    return isinstance(content, list) and bool(content) and all(
+        images.is_image_part(p) or (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+        for p in content)
 
 
 def _answer(value: Any) -> Any:

@@ -67,6 +67,34 @@ def pictures(messages: list[dict[str, Any]], base: Path,
     return found, out
 
 
+def with_column(messages: list[dict[str, Any]], value: Any, field: str) -> list[dict[str, Any]]:
+    """The messages with the pictures of a row's images column (`dataset.images.field`: a path, a list of paths, or
+    a `datasets` Image feature's {bytes, path}) put as image parts before the text of the last user message."""
+    items = value if isinstance(value, list) else [value]
+    parts: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, str) and item:
+            parts.append({"type": "image", "path": item})
+        elif isinstance(item, dict) and isinstance(item.get("bytes"), bytes | bytearray):
+            encoded = base64.b64encode(bytes(item["bytes"])).decode()
+            parts.append({"type": "image", "url": f"data:image/unknown;base64,{encoded}"})
+        elif isinstance(item, dict) and isinstance(item.get("path"), str) and item["path"]:
+            parts.append({"type": "image", "path": item["path"]})
+        else:
+            raise Refused(f"field {field!r} (dataset.images.field): not a picture path or image: {str(item)[:80]}")
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    content = messages[last]["content"]
+    text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    return [*messages[:last], {**messages[last], "content": [*parts, *text]}, *messages[last + 1:]]
+
+
+def text_of(content: Any) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
 def source_of(part: dict[str, Any]) -> str:
     """The URL or path an image part names."""
     if part.get("type") == "image_url":
@@ -109,7 +137,7 @@ def load(source: str, base: Path, limits: Limits) -> Image.Image:
 def _bytes(source: str, base: Path) -> bytes:
     if source.startswith("data:"):
         head, _, payload = source.partition(",")
-        if not head.startswith("data:image/") or not head.endswith(";base64"):
+        if not head.startswith("data:image/") or not head.endswith(";base64"):  # (the format: Pillow reads it)
             raise Refused(f"a data: URL must be data:image/<format>;base64,... (got {head[:40]!r})")
         try:
             return base64.b64decode(payload, validate=True)

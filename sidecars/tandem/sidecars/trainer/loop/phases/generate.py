@@ -68,7 +68,8 @@ def rollout(ctx: TrainerContext, source: RolloutSource, iteration: int,
     if not source.shared:  # (on shared rollouts it would wait for the producer's next batch)
         info["probe"] = greedy_probe(ctx, opts)
     def samples_of(gs: list[Group]) -> tuple[list[Sample], list[RewardInput]]:
-        return to_samples(gs, ctx.eos_id, lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)))
+        return to_samples(gs, ctx.eos_id, lambda ids: str(ctx.tokenizer.decode(ids, skip_special_tokens=True)),
+                          ctx.pixels if ctx.image_processor is not None else None)
 
     scored: Scores | None = None
     dynamic = spec.algorithm.dynamic_sampling
@@ -118,6 +119,7 @@ def greedy_probe(ctx: TrainerContext, opts: SamplingOptions) -> dict[str, str]:
     if ctx.rollouts is None:
         raise RuntimeError("only the driver rank talks to rollouts")
     probe = ctx.dataset.prompts[0]
+    pictures: dict[str, Any] = {"images": [list(probe.images)]} if probe.images else {}
     greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
-                                      n=1)
+                                      n=1, **pictures)
     return {"prompt": probe.question, "greedy": greedy[0][0].text}

@@ -41,7 +41,7 @@ def report(ctx: TrainerContext, phase: Phase, iteration: int, version: int, *, r
                  tool_calls_mean=ctx.last_turns.get("tool_calls_mean"),
                  mismatch_kl=ctx.last_agreement.get("mismatch_kl"), ess=ctx.last_agreement.get("mismatch_ess"),
                  staleness_mean=ctx.last_agreement.get("staleness_mean"), guard=ctx.last_guard,
-                 rollout_engines=ctx.rollout_engines)
+                 rollout_engines=ctx.rollout_engines, rows_refused=len(ctx.dataset.refused))
     if reward is None:
         old = ctx.registry.get_json(keys.progress(ctx.registry.namespace, ctx.registry.scope))
         p.reward_mean = None if old is None else old.get("rewardMean")
@@ -97,7 +97,7 @@ def record(ctx: TrainerContext, iteration: int, version: int, info: dict[str, An
                           if info.get(k) is not None}
     guard = info.get("mismatch_guard", {})
     ctx.last_guard = guard.get("message", "") if guard.get("action") in ("warn", "pause") else ""
-    row = {"iteration": iteration, "weight_version": version, **info,
+    row = {"iteration": iteration, "weight_version": version, **info, "rows_refused": len(ctx.dataset.refused),
            "seconds": timer.seconds, "total_seconds": timer.total,
            "switch_share": timer.share(("offload", "onload", "publish", "sync", "release")),
            "layout": {k: getattr(ctx.engine.par, k) for k in ("tp", "pp", "dp", "ep")},  # trainer ranks

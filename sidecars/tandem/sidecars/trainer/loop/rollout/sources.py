@@ -322,13 +322,16 @@ def routed(m: Pending, completion: list[int]) -> torch.Tensor | None:
     return rows
 
 
-def to_samples(groups: Sequence[Group], eos_id: int,
-               decode: Callable[[list[int]], str]) -> tuple[list[Sample], list[RewardInput]]:
+def to_samples(groups: Sequence[Group], eos_id: int, decode: Callable[[list[int]], str],
+               pixels: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+               ) -> tuple[list[Sample], list[RewardInput]]:
     """The algorithm's samples (behaviour log-probs per token) and what the rewards judge; the text
-    of a completion generated in several segments is decoded from all of its tokens."""
+    of a completion generated in several segments is decoded from all of its tokens. `pixels`: a prompt's
+    pictures as the model's pixel values (vision-language models), once per group."""
     samples: list[Sample] = []
     inputs: list[RewardInput] = []
     for g, group in enumerate(groups):
+        images = pixels(group.prompt.images) if pixels is not None and group.prompt.images else ()
         for m in group.members:
             ids = m.token_ids or [eos_id]
             ok = len(m.logprobs) == len(ids) and not any(math.isnan(x) for x in m.logprobs)
@@ -336,7 +339,7 @@ def to_samples(groups: Sequence[Group], eos_id: int,
                                   rollout_logprobs=list(m.logprobs) if ok else None,
                                   truncated=m.finish_reason == "length" if m.finish_reason else None,
                                   completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None,
-                                  routed_experts=routed(m, ids)))
+                                  routed_experts=routed(m, ids), images=images))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
             inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer, m.env_reward))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS

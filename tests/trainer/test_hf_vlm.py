@@ -1,0 +1,125 @@
+"""A vision-language model on the hf trainer engine: the dataset's pictures become the rows' pixel values, and the
+engine's log-probs of packed rows equal transformers' own forward of each sample alone.
+
+Real parts: the VLM demo's builder (tests/rollout_engine/tiny_model.py's Qwen2 as the language model, a SigLIP
+tower, LLaVA's projector), its picture split (shapes.py) read by the trainer's dataset, transformers' processor to
+expand each prompt's image placeholder as vLLM reports it. Asserted: log-probs equal transformers' within 1e-5 with
+several samples of different pictures in one row, packed whole and with shared prompts; two prompts whose ids are
+equal but whose pictures differ are not shared; a micro-batch whose pictures do not match its image tokens is
+refused naming both counts; a GRPO step trains the tower, the projector and the language model together.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tandem.sidecars.algorithms.algorithm_interface import Sample, pack_samples, prompt_groups, row_budget
+from tandem.sidecars.algorithms.grpo import GRPO
+from tandem.sidecars.trainer.engines.common import EngineError
+from tandem.sidecars.trainer.engines.heads import shift_to_labels
+from tandem.sidecars.trainer.engines.hf_engine import HFEngine
+from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
+from tandem.sidecars.vlm_demo import build, shapes
+from tandem.spec.data import Dataset
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
+import tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf-vlm")
+    lm = tiny_model.save_model(root / "lm", seed=3)
+    return build.build_llava(lm, root / "llava", seed=0)
+
+
+def samples_of(vlm: Path, tmp_path: Path, rows: int = 3, per_prompt: int = 2) -> list[Sample]:
+    """`per_prompt` random completions of each of the split's first `rows` prompts, with their prompt ids expanded
+    by the processor (as vLLM reports them) and their pictures' pixel values."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    split = shapes.write_split(tmp_path / "data", "train", rows, seed=1)
+    data = PromptDataset.load(Dataset(path=str(split), prompt_field="messages", answer_field="answer",
+                                      images={"maxPerPrompt": 1}), AutoTokenizer.from_pretrained(vlm))
+    processor = AutoProcessor.from_pretrained(vlm)
+    rng = random.Random(0)
+    out = []
+    for g, prompt in enumerate(data.prompts):
+        assert len(prompt.images) == 1 and prompt.token_ids is not None
+        inputs = processor(images=list(prompt.images), text=prompt.text, return_tensors="pt")
+        pixels = tuple(processor.image_processor(images=list(prompt.images), return_tensors="pt")["pixel_values"])
+        assert torch.equal(pixels[0], inputs["pixel_values"][0])
+        for _ in range(per_prompt):
+            completion = [rng.randrange(10, 200) for _ in range(rng.randrange(3, 9))]
+            out.append(Sample(prompt_ids=inputs["input_ids"][0].tolist(), completion_ids=completion, group=g,
+                              reward=rng.random(), images=pixels))
+    return out
+
+
+def transformers_logprobs(vlm: Path, samples: list[Sample]) -> list[torch.Tensor]:
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(vlm, dtype=torch.float32).eval()
+    out = []
+    for s in samples:
+        seq = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logits = model(input_ids=seq, pixel_values=torch.stack(s.images)).logits[0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        n = len(s.prompt_ids)
+        out.append(logp[torch.arange(n - 1, seq.shape[1] - 1), seq[0, n:]])
+    return out
+
+
+def test_packed_rows_with_pictures_give_transformers_logprobs(vlm: Path, tmp_path: Path) -> None:
+    samples = samples_of(vlm, tmp_path)
+    want = transformers_logprobs(vlm, samples)
+    engine = HFEngine.from_hf(vlm, trainable=False)
+    for share in (False, True):
+        batch = pack_samples(samples, 2 * row_budget(samples, share_prompts=share), share_prompts=share)
+        assert batch.images is not None and batch.num_rows < len(samples)  # rows hold several pictures
+        held = sum(len(row) for row in batch.images)
+        assert held == (len(samples) // 2 if share else len(samples))  # a shared prompt's picture counts once
+        got = batch.unpack(shift_to_labels(engine.token_logprobs(batch, micro_batch_size=1)))
+        for i in range(len(samples)):
+            assert (got[i] - want[i]).abs().max().item() < 1e-5, (share, i)
+
+
+def test_equal_ids_with_other_pictures_are_not_one_prompt(vlm: Path, tmp_path: Path) -> None:
+    a, b = samples_of(vlm, tmp_path, rows=2, per_prompt=1)
+    b.prompt_ids = list(a.prompt_ids)  # the same text; only the picture differs
+    assert prompt_groups([a, b]) == [[0], [1]]
+    assert prompt_groups([a, Sample(list(a.prompt_ids), [5], 0, images=a.images)]) == [[0, 1]]
+
+
+def test_pictures_that_do_not_match_the_image_tokens_are_refused(vlm: Path, tmp_path: Path) -> None:
+    samples = samples_of(vlm, tmp_path, rows=1, per_prompt=1)
+    batch = pack_samples(samples, row_budget(samples))
+    assert batch.images is not None
+    batch.images[0] = batch.images[0] * 2
+    engine = HFEngine.from_hf(vlm, trainable=False)
+    with pytest.raises(EngineError, match=f"holds {build.IMAGE_TOKENS} image tokens for 2 pictures"):
+        engine.token_logprobs(batch)
+
+
+def test_a_grpo_step_trains_tower_projector_and_language_model(vlm: Path, tmp_path: Path) -> None:
+    samples = samples_of(vlm, tmp_path)
+    engine = HFEngine.from_hf(vlm, lr=1e-3)
+    before = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    algo = GRPO(kl_coef=0.0)
+    batch = algo.prepare(samples, row_budget(samples))
+
+    def loss(out: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return algo.loss(shift_to_labels(out), mb)
+
+    metrics = engine.train_step(batch, loss, micro_batch_size=2)
+    assert metrics["update_ok"] == 1.0 and metrics["grad_norm"] > 0
+    after = engine.model.state_dict()
+    moved = {k.split(".")[1] for k, v in after.items() if k.startswith("model.") and not torch.equal(v, before[k])}
+    assert {"vision_tower", "multi_modal_projector", "language_model"} <= moved
