@@ -3,7 +3,8 @@ engine's log-probs of packed rows equal transformers' own forward of each sample
 
 Real parts: the VLM demo's builder (tests/rollout_engine/tiny_model.py's Qwen2 as the language model, a SigLIP
 tower, LLaVA's projector), its picture split (shapes.py) read by the trainer's dataset, transformers' processor to
-expand each prompt's image placeholder as vLLM reports it. Asserted: log-probs equal transformers' within 1e-5 with
+expand each prompt's image placeholder as vLLM reports it. Asserted: log-probs equal transformers' (with the image
+token's logit pushed down by IMAGE_TOKEN_BIAS, as the rollout samples: never) within 1e-5 with
 several samples of different pictures in one row, packed whole and with shared prompts; two prompts whose ids are
 equal but whose pictures differ are not shared; a micro-batch whose pictures do not match its image tokens is
 refused naming both counts; a GRPO step trains the tower, the projector and the language model together.
@@ -27,6 +28,7 @@ from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
 from tandem.sidecars.vlm_demo import build, shapes
 from tandem.spec.data import Dataset
+from tandem.spec.trainer import IMAGE_TOKEN_BIAS
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
 import tiny_model  # noqa: E402
@@ -71,7 +73,9 @@ def transformers_logprobs(vlm: Path, samples: list[Sample]) -> list[torch.Tensor
         seq = torch.tensor([s.prompt_ids + s.completion_ids])
         with torch.no_grad():
             logits = model(input_ids=seq, pixel_values=torch.stack(s.images)).logits[0]
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logits = logits.float()
+        logits[:, model.config.image_token_id] += IMAGE_TOKEN_BIAS  # as the rollout samples it (never)
+        logp = torch.log_softmax(logits, dim=-1)
         n = len(s.prompt_ids)
         out.append(logp[torch.arange(n - 1, seq.shape[1] - 1), seq[0, n:]])
     return out

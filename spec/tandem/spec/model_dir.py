@@ -117,7 +117,8 @@ def context_length(rollout: Rollout, config: dict[str, Any]) -> int:
     """vLLM's max_model_len: rollout.maxModelLen, else min(maxTokens + PROMPT_ROOM, max_position_embeddings)."""
     if rollout.max_model_len is not None:
         return rollout.max_model_len
-    positions = config.get("max_position_embeddings", DEFAULT_POSITIONS)
+    text = config.get("text_config")  # a vision-language model's: its language model's
+    positions = (text if isinstance(text, dict) else config).get("max_position_embeddings", DEFAULT_POSITIONS)
     return min(int(positions), rollout.max_tokens + PROMPT_ROOM)
 
 

@@ -35,6 +35,9 @@ def model_type(path: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+IMAGE_TOKEN_BIAS = -100.0  # added to a vision-language model's image-token logit where it samples and is scored
+
+
 def vision_language(path: str) -> bool:
     """True when config.json at `path` describes a vision-language model (it has a vision_config); False also
     where the file cannot be read here (`_config`)."""

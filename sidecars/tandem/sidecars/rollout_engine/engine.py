@@ -209,6 +209,13 @@ class RolloutEngine(EngineFailures):
             return self.weights.update_from_path(path)
 
     # ---- generation (generation.py) ---------------------------------------------------------------
+    def _image_token(self) -> int | None:
+        """A vision-language model's image token id (its config's image_token_id or image_token_index)."""
+        config = self.llm.llm_engine.model_config.hf_config
+        token = getattr(config, "image_token_id", None)
+        token = getattr(config, "image_token_index", None) if token is None else token
+        return int(token) if isinstance(token, int) else None
+
     def generate(
         self,
         prompts: Sequence[str | Sequence[int]],
@@ -228,7 +235,8 @@ class RolloutEngine(EngineFailures):
         opts = options or SamplingOptions()
         with self._lock:
             self._need(Phase.READY)
-            inputs, per_request = generation.requests(prompts, opts, n, max_tokens, self._on_gpu(), images)
+            inputs, per_request = generation.requests(prompts, opts, n, max_tokens, self._on_gpu(), images,
+                                                      self._image_token())
             self.ensure_alive()
             generation.check_lengths(self.llm, prompts)
             try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from tandem.checkpoint_engine import errors
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions, prompt_seeds
+from tandem.spec.trainer import IMAGE_TOKEN_BIAS
 
 Prompt = str | Sequence[int]
 
@@ -45,10 +46,13 @@ def check_max_tokens(prompts: Sequence[Prompt], max_tokens: Sequence[int] | None
 
 
 def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_tokens: Sequence[int] | None,
-             on_gpu: bool, images: Sequence[Sequence[Any]] | None = None) -> tuple[list[Any], Any]:
+             on_gpu: bool, images: Sequence[Sequence[Any]] | None = None,
+             image_token: int | None = None) -> tuple[list[Any], Any]:
     """(vLLM's inputs, the SamplingParams: one for all, or one per prompt when budgets or seeds differ). `images`:
     each prompt's pictures (PIL images, in the order of its image placeholders), which vLLM's processor for the
-    model turns into its image tokens."""
+    model turns into its image tokens. A vision-language model's `image_token` is never sampled (a completion
+    holding one would ask the model for a picture that is not there): its logit gets IMAGE_TOKEN_BIAS, which the
+    trainer's log-probs add too (hf_engine)."""
     from vllm.inputs import TextPrompt, TokensPrompt
 
     if opts.seed is not None and not on_gpu:
@@ -57,6 +61,8 @@ def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_token
         # and the engine dies ("CPU Generator does not use offset"). The engine's seed still holds.
         opts = opts.model_copy(update={"seed": None})
     params = sampling_params(opts, n, opts.seed)
+    if image_token is not None:
+        params.logit_bias = {image_token: IMAGE_TOKEN_BIAS}
     per_request: Any = params
     if max_tokens is not None or opts.seed is not None:
         per_request = [params.clone() for _ in prompts]

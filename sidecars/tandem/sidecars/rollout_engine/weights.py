@@ -158,11 +158,17 @@ class EngineWeights:
         """Drop vLLM's cached prompt prefixes: their KV was computed with the previous weights, and a prompt
         that hit them would be served partly by the old version (on GPUs, blocks of 16 tokens: every chat
         template's system prompt). vLLM refuses while requests hold blocks, and returns False rather than
-        raising; none runs under the engine's lock, and `reset_running_requests` preempts any that did."""
-        if not self.host.llm.reset_prefix_cache(reset_running_requests=True):
+        raising; none runs under the engine's lock, and `reset_running_requests` preempts any that did.
+        A vision-language model's cached picture features go too: the previous tower computed them (and a
+        prefix reset alone leaves vLLM's scheduler counting features its worker no longer holds: the next
+        prompt with a picture seen before fails with "Encoder cache miss")."""
+        llm = self.host.llm
+        if not llm.reset_prefix_cache(reset_running_requests=True):
             why = "vLLM kept its prefix cache (blocks still held): prompts would reuse the previous weights' KV"
             self.host.fail(why, free=False)
             raise errors.CheckpointEngineError(f"{why}; engine must be restarted")
+        if llm.llm_engine.model_config.is_multimodal_model:
+            llm.llm_engine.reset_encoder_cache()
 
     # ---- adapters --------------------------------------------------------------------------------
     def _adapter_dir(self, version: int) -> Path:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tandem.spec.trainer import IMAGE_TOKEN_BIAS
+
 CHUNK_ELEMENTS = 1 << 24  # logits per chunk (64 MiB in float32): positions per chunk = this // vocab slice
 
 
@@ -29,11 +31,15 @@ def chunk_positions(vocab_slice: int, elements: int = CHUNK_ELEMENTS) -> int:
     return max(16, elements // max(1, vocab_slice))
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, valid: int) -> torch.Tensor:
-    """Float32 logits of a chunk; columns at or past `valid` (padded vocabulary) never win."""
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, valid: int, pushed: tuple[int, ...] = ()
+                  ) -> torch.Tensor:
+    """Float32 logits of a chunk; columns at or past `valid` (padded vocabulary) never win; the `pushed` columns
+    get IMAGE_TOKEN_BIAS, as the rollout's sampler adds it (a vision-language model's image token)."""
     logits = (hidden.to(weight.dtype) @ weight.t()).float()
     if valid < logits.shape[-1]:
         logits[:, valid:] = torch.finfo(logits.dtype).min
+    if pushed:
+        logits[:, list(pushed)] += IMAGE_TOKEN_BIAS
     return logits
 
 
@@ -46,7 +52,7 @@ def _all_reduce(tensor: torch.Tensor, op: Any, group: Any) -> torch.Tensor:
 class _ChunkedLogprobs(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, vocab_start: int,
-                valid: int, chunk: int, group: Any) -> torch.Tensor:
+                valid: int, chunk: int, group: Any, pushed: tuple[int, ...]) -> torch.Tensor:
         n = hidden.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -56,7 +62,7 @@ class _ChunkedLogprobs(torch.autograd.Function):  # type: ignore[misc]
         with torch.no_grad():
             for lo in range(0, n, chunk):
                 hi = min(n, lo + chunk)
-                logits = _chunk_logits(hidden[lo:hi], weight, valid)
+                logits = _chunk_logits(hidden[lo:hi], weight, valid, pushed)
                 top = _all_reduce(logits.max(dim=-1).values, dist.ReduceOp.MAX, group)
                 summed = _all_reduce(torch.exp(logits - top.unsqueeze(1)).sum(dim=-1), dist.ReduceOp.SUM, group)
                 picked = logits.gather(1, local[lo:hi].unsqueeze(1)).squeeze(1)
@@ -66,7 +72,7 @@ class _ChunkedLogprobs(torch.autograd.Function):  # type: ignore[misc]
                 out[lo:hi] = picked - lse[lo:hi]
                 del logits
         ctx.save_for_backward(hidden, weight, local, inside, lse)
-        ctx.valid, ctx.chunk = valid, chunk
+        ctx.valid, ctx.chunk, ctx.pushed = valid, chunk, pushed
         return out
 
     @staticmethod
@@ -78,7 +84,7 @@ class _ChunkedLogprobs(torch.autograd.Function):  # type: ignore[misc]
         for lo in range(0, n, ctx.chunk):
             hi = min(n, lo + ctx.chunk)
             h = hidden[lo:hi].to(weight.dtype)
-            logits = _chunk_logits(h, weight, ctx.valid)
+            logits = _chunk_logits(h, weight, ctx.valid, ctx.pushed)
             # d log p(target) / d logits = onehot(target) - softmax; times the incoming gradient
             g = torch.exp_(logits.sub_(lse[lo:hi].unsqueeze(1))).mul_(-grad[lo:hi].float().unsqueeze(1))
             rows = torch.nonzero(inside[lo:hi]).squeeze(1)
@@ -87,16 +93,18 @@ class _ChunkedLogprobs(torch.autograd.Function):  # type: ignore[misc]
             del logits
             grad_hidden[lo:hi] = g_model @ weight
             grad_weight.addmm_(g_model.t().float(), h.float())
-        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None, None, None, None
+        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None, None, None, None, None
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, vocab_start: int = 0,
-                     valid: int | None = None, group: Any = None, chunk: int | None = None) -> torch.Tensor:
+                     valid: int | None = None, group: Any = None, chunk: int | None = None,
+                     pushed: tuple[int, ...] = ()) -> torch.Tensor:
     """log p(target[i] | position i) for hidden states `[n, hidden]` and this rank's vocabulary slice
     `weight [V_slice, hidden]` (ids `vocab_start ..`; the first `valid` columns are real vocabulary,
     the rest padding). `group`: the tensor-parallel process group when the vocabulary is split over
-    several ranks, else None. Differentiable in `hidden` and `weight`; float32 result `[n]`."""
+    several ranks, else None. `pushed`: columns of this slice whose logits get IMAGE_TOKEN_BIAS (as the
+    rollout samples a vision-language model). Differentiable in `hidden` and `weight`; float32 result `[n]`."""
     slice_size = weight.shape[0]
     return _ChunkedLogprobs.apply(hidden, weight, target, vocab_start,
                                   slice_size if valid is None else valid,
-                                  chunk or chunk_positions(slice_size), group)  # type: ignore[no-any-return]
+                                  chunk or chunk_positions(slice_size), group, pushed)  # type: ignore[no-any-return]

@@ -40,7 +40,7 @@ from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.heads import aligned
 from tandem.sidecars.trainer.engines.hf_weights import HFWeights, local_shard, whole_tensor
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
-from tandem.spec.trainer import vision_language
+from tandem.spec.trainer import IMAGE_TOKEN_BIAS, vision_language
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 
@@ -61,6 +61,15 @@ class HFShape:
         tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
         return cls(family=str(model.config.model_type), hidden=int(text.hidden_size), vocab=int(text.vocab_size),
                    tie_embeddings=bool(tied))
+
+
+def _image_token(config: Any) -> int | None:
+    """A vision-language model's image token id (config's image_token_id or image_token_index); None for text."""
+    if getattr(config, "vision_config", None) is None:
+        return None
+    token = getattr(config, "image_token_id", None)
+    token = getattr(config, "image_token_index", None) if token is None else token
+    return int(token) if isinstance(token, int) else None
 
 
 def _plain_head(model: Any) -> bool:
@@ -91,6 +100,7 @@ class HFEngine(HFWeights):
         self.last_export_seconds = 0.0
         self.temperature = 1.0  # the sampler's (start.create sets rollout.temperature): logits / temperature
         self.plain_head = _plain_head(model)
+        self.image_token = _image_token(model.config)  # a vision-language model's: sampled and scored pushed down
         self.lora_scale = lora_weights.scale(model) if hasattr(model, "peft_config") else None
         self.model_dir: Path | None = None  # the base model's directory (LoRA's frozen weights)
         self.last_adapters: dict[str, torch.Tensor] | None = None  # LoRA: the adapters of the last export
@@ -184,6 +194,7 @@ class HFEngine(HFWeights):
         head = self.model.get_output_embeddings()
         ids = micro_batches.require(mb, "input_ids")
         mask = micro_batches.field(mb, "loss_mask") if scored_only else None
+        pushed = () if self.image_token is None else (self.image_token,)
 
         def forward(hidden: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
             weight = head.weight
@@ -192,13 +203,15 @@ class HFEngine(HFWeights):
             if mask is not None:  # labels layout: position t scores token t + 1
                 where = mask > 0
                 labels = micro_batches.require(mb, "labels")
-                lp = chunked_logprobs(hidden[where], weight, labels[where], vocab_start=0, valid=weight.shape[0])
+                lp = chunked_logprobs(hidden[where], weight, labels[where], vocab_start=0, valid=weight.shape[0],
+                                      pushed=pushed)
                 placed = torch.zeros(where.shape, dtype=lp.dtype, device=lp.device).masked_scatter(where, lp)
                 result = torch.cat([torch.zeros_like(placed[:, :1]), placed[:, :-1]], dim=1)
             else:
                 rows, cols, width = hidden.shape
                 flat = hidden[:, :-1].reshape(-1, width)
-                lp = chunked_logprobs(flat, weight, ids[:, 1:].reshape(-1), vocab_start=0, valid=weight.shape[0])
+                lp = chunked_logprobs(flat, weight, ids[:, 1:].reshape(-1), vocab_start=0, valid=weight.shape[0],
+                                      pushed=pushed)
                 result = aligned(lp.reshape(rows, cols - 1), mb)
             out.append(result)
             return result
@@ -220,14 +233,10 @@ class HFEngine(HFWeights):
         rows = getattr(mb, "images", None)  # a vision-language model's pictures, per row in order (pictures.py)
         found = [t for row in rows or [] for t in row]
         if found:
-            config = self.model.config
-            token = getattr(config, "image_token_id", None)
-            if token is None:
-                token = getattr(config, "image_token_index", None)
-            per_image = getattr(config, "image_seq_length", None)
-            if token is not None and per_image is not None:
+            per_image = getattr(self.model.config, "image_seq_length", None)
+            if self.image_token is not None and per_image is not None:
                 try:
-                    pictures.count_check(ids, found, int(token), int(per_image))
+                    pictures.count_check(ids, found, self.image_token, int(per_image))
                 except ValueError as e:
                     raise EngineError(str(e)) from None
             inputs["pixel_values"] = torch.stack(found).to(device=ids.device, dtype=self.compute_dtype)
@@ -241,6 +250,8 @@ class HFEngine(HFWeights):
                 self.model(**self._inputs(mb))
             return got[-1]
         logits = self.model(**self._inputs(mb)).logits.float() / self.temperature
+        if self.image_token is not None:
+            logits[..., self.image_token] += IMAGE_TOKEN_BIAS
         ids = micro_batches.require(mb, "input_ids")
         nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
         return aligned(-nll, mb)
