@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tandem.sidecars.rollout_engine.worker.tower_names import tower_of, vllm_name
+from tandem.checkpoint_engine.versions.tower_names import tower_of, vllm_name
 
 
 @pytest.mark.parametrize(("name", "tower", "expected"), [

@@ -18,7 +18,8 @@ Atomic: the directory is written and fsync'ed under `.<name>.tmp-<uuid>` beside 
 renamed into place; an existing `target` (an earlier export of the same iteration) is renamed
 aside first and removed after, so a reader sees the old directory or the new one (or, for the
 instant between the two renames, none). Such directories left by a killed exporter are removed
-by the next export of the same target once STALE_S old. A source `quantization_config` is dropped.
+by the next export of the same target once STALE_S old. A source `quantization_config` is dropped. A
+vision-language model's tower is written in the layout vLLM loads, which transformers loads too (`tower_names`).
 Callers: the trainer driver (spec.export, via the sidecar layer), `tandem export` (tandem.cli.main).
 This module imports nothing from tandem.sidecars/operator/cli (import-linter's ce-independent).
 """
@@ -43,6 +44,7 @@ import torch
 from tandem.checkpoint_engine import errors
 from tandem.checkpoint_engine.versions import adapters, hashing, layout
 from tandem.checkpoint_engine.versions.durable import fsync_path
+from tandem.checkpoint_engine.versions.tower_names import tower_of, vllm_name
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,9 @@ def export_hf_dir(
     hf_config = _hf_config(source)
     tied = _drop_tied_head(state, source, hf_config)
     _check_names(state, source, hf_config, tied)
+    tower = tower_of(hf_config)  # a vision-language model's tower: in the layout vLLM loads (transformers too)
+    if tower is not None:
+        state = {vllm_name(name, tower): t for name, t in state.items()}
     nbytes = {id(t): t.numel() * (dtype if dtype is not None and t.is_floating_point() else t.dtype).itemsize
               for t in state.values()}  # bytes as written, after the cast
     split = split_state_dict_into_shards_factory(
@@ -280,11 +285,12 @@ def _drop_tied_head(state: dict[str, torch.Tensor], source: Path, hf_config: Any
 
 def _check_names(state: dict[str, torch.Tensor], source: Path, hf_config: Any, tied: bool) -> None:
     """Names and shapes against the architecture of `source` built on the meta device."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto = AutoModelForImageTextToText if tower_of(hf_config) is not None else AutoModelForCausalLM
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(hf_config)
+            model = auto.from_config(hf_config)
     except (ValueError, KeyError, ImportError) as e:
         log.warning("cannot build %s on the meta device (%s); tensor names are not checked", source, e)
         return

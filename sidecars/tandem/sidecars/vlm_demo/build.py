@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tandem.sidecars.rollout_engine.worker.tower_names import vllm_name
+from tandem.checkpoint_engine.versions.tower_names import vllm_name
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH = 64, 16

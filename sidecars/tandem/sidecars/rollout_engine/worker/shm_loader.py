@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine.versions.layout import MappedVersion, VersionIndex
+from tandem.checkpoint_engine.versions.tower_names import tower_of, vllm_name
 from tandem.sidecars.rollout_engine.worker.moe_repack import repack_cpu_experts
 from tandem.sidecars.rollout_engine.worker.routing_capture import RoutingCapture
-from tandem.sidecars.rollout_engine.worker.tower_names import tower_of, vllm_name
 
 
 def _request_amx() -> bool:

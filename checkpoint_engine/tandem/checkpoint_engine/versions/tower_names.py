@@ -5,8 +5,9 @@ embeddings.*`, saved as `vision_tower.embeddings.*`), where vLLM 0.32's LLaVA-fa
 level down, as every checkpoint before transformers 5 had them (`vision_tower.vision_model.embeddings.*`;
 transformers 5 loads that layout too). `vllm_name(name, tower)` inserts `vision_model.` after the tower's
 prefix for such a tower (`tower`: the vision config's model_type); any other name, or tower, is left as it is.
-Callers: the worker's shm loader (versions carry transformers' names), and the VLM demo's builder, which saves
-its weights in the layout both libraries load. Imports nothing.
+Callers: the rollout worker's shm loader (versions carry transformers' names), the export (`hf_export`: an
+exported directory loads in both libraries), and the VLM demo's builder, which saves in that layout too. Imports
+nothing.
 """
 
 from __future__ import annotations
