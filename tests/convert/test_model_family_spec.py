@@ -76,6 +76,15 @@ def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(t
         [(field, message)] = _problems_of(job)
         assert field == want_field and want in message and "is a vision-language model (model_type 'llava')" \
             in message, (change, field, message)
+    job = _job({"path": path})
+    job["spec"]["trainer"] = {"freeze": ["visionTower", "projector"]}
+    assert parse_job(job).spec.trainer.freeze == ["visionTower", "projector"]
+    (tmp_path / "text").mkdir()
+    text = _model_dir(tmp_path / "text", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    job = _job({"path": text})
+    job["spec"]["trainer"] = {"freeze": ["projector"]}
+    [(field, message)] = _problems_of(job)
+    assert field == "spec.trainer.freeze" and "has no vision tower or projector" in message
 
 
 def _problems_of(job: dict[str, Any]) -> list[tuple[str, str]]:

@@ -7,7 +7,8 @@ expand each prompt's image placeholder as vLLM reports it. Asserted: log-probs e
 token's logit pushed down by IMAGE_TOKEN_BIAS, as the rollout samples: never) within 1e-5 with
 several samples of different pictures in one row, packed whole and with shared prompts; two prompts whose ids are
 equal but whose pictures differ are not shared; a micro-batch whose pictures do not match its image tokens is
-refused naming both counts; a GRPO step trains the tower, the projector and the language model together.
+refused naming both counts; a GRPO step trains the tower, the projector and the language model together, or
+leaves the parts trainer.freeze names as they were (and out of the optimizer).
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def test_pictures_that_do_not_match_the_image_tokens_are_refused(vlm: Path, tmp_
         engine.token_logprobs(batch)
 
 
-def test_a_grpo_step_trains_tower_projector_and_language_model(vlm: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("frozen", [(), ("visionTower",), ("visionTower", "projector")])
+def test_a_grpo_step_trains_what_is_not_frozen(frozen: tuple[str, ...], vlm: Path, tmp_path: Path) -> None:
     samples = samples_of(vlm, tmp_path)
-    engine = HFEngine.from_hf(vlm, lr=1e-3)
+    engine = HFEngine.from_hf(vlm, lr=1e-3, frozen=frozen)
     before = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
     algo = GRPO(kl_coef=0.0)
     batch = algo.prepare(samples, row_budget(samples))
@@ -126,4 +128,8 @@ def test_a_grpo_step_trains_tower_projector_and_language_model(vlm: Path, tmp_pa
     assert metrics["update_ok"] == 1.0 and metrics["grad_norm"] > 0
     after = engine.model.state_dict()
     moved = {k.split(".")[1] for k, v in after.items() if k.startswith("model.") and not torch.equal(v, before[k])}
-    assert {"vision_tower", "multi_modal_projector", "language_model"} <= moved
+    parts = {"visionTower": "vision_tower", "projector": "multi_modal_projector"}
+    assert moved == {"vision_tower", "multi_modal_projector", "language_model"} - {parts[f] for f in frozen}
+    held = {p for group in engine.optimizer.param_groups for p in group["params"]} if engine.optimizer else set()
+    assert all(not name.startswith(tuple(f"model.{parts[f]}." for f in frozen))
+               for name, p in engine.model.named_parameters() if p in held)  # no optimizer state for them

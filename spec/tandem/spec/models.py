@@ -334,6 +334,9 @@ class JobSpec(Base):
         found = model_type(self.model.path)
         if vision_language(self.model.path):
             self._check_vision_language(found)
+        elif self.trainer.freeze and found is not None:
+            raise ValueError(f"trainer.freeze: {self.model.path} (model_type {found!r}) has no vision tower or "
+                             "projector: freeze applies to vision-language models")
         if self.trainer.engine == "megatron" and found is not None and found not in ModelRef.FAMILIES:
             raise ValueError(f"trainer.engine: megatron has no weight mapping for model_type {found!r} of "
                              f"{self.model.path}/config.json (mapped: {', '.join(ModelRef.FAMILIES)}); "

@@ -159,6 +159,11 @@ class Trainer(Base):
         "carries the adapters alone (lora.sync adapter: vLLM serves them as a LoRA adapter) or the merged "
         "weights (merged); spec.export writes the adapters as a PEFT adapter directory (adapter/ in each "
         "exported model directory) beside the merged model."))
+    freeze: Annotated[list[Literal["visionTower", "projector"]], Field(max_length=2, description=(
+        "A vision-language model's parts left as they are: its vision tower, its projector (the layers that map "
+        "the tower's features into the language model), or both; the rest trains. Empty: the whole model "
+        "trains. With trainer.lora the adapters alone train (on the language model's layers) whatever this "
+        "says."))] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
     rules = (
         Rule("self.globalBatchSize % self.microBatchSize == 0", "globalBatchSize must be a multiple of microBatchSize",

@@ -27,7 +27,7 @@ def build_engine(spec: JobSpec, seed: int = 0, value_head: bool = False) -> Trai
     if devices.trainer_engine(spec) == "hf":
         from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 
-        return HFEngine.from_hf(spec.model.path, lora=t.lora, **common)
+        return HFEngine.from_hf(spec.model.path, lora=t.lora, frozen=tuple(t.freeze), **common)
     from tandem.sidecars.trainer.engines.megatron_engine import MegatronEngine
 
     return MegatronEngine.from_hf(spec.model.path, tensor_parallel=t.tensor_parallel,

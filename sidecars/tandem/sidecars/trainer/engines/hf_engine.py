@@ -43,6 +43,7 @@ from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_ten
 from tandem.spec.trainer import IMAGE_TOKEN_BIAS, vision_language
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+FROZEN_PARTS = {"visionTower": "vision_tower", "projector": "multi_modal_projector"}  # trainer.freeze: the modules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,13 +112,14 @@ class HFEngine(HFWeights):
     def from_hf(cls, model_dir: str | Path, *, lr: float = 1e-6, seed: int = 0, dtype: torch.dtype = torch.float32,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, micro_batch_size: int = 1,
                 micro_batch_tokens: int | None = None, trainable: bool = True, value_head: bool = False,
-                recompute: bool = False, lora: Any = None) -> HFEngine:
+                recompute: bool = False, lora: Any = None, frozen: tuple[str, ...] = ()) -> HFEngine:
         """Load `model_dir` with transformers (float32 master weights) and shard it over every rank.
 
         `trainable=False` builds a forward-only engine. `recompute` turns on the model's gradient
         checkpointing (each decoder layer recomputed in the backward). `lora` (`spec.models.Lora`) trains
         adapters on the frozen model (`lora.py`): the optimizer holds them only, and versions carry the merged
-        weights. A value head (PPO's critic) is Megatron's only: refused here."""
+        weights. `frozen` (trainer.freeze: visionTower, projector) leaves a vision-language model's parts out of
+        the optimizer. A value head (PPO's critic) is Megatron's only: refused here."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -140,6 +142,11 @@ class HFEngine(HFWeights):
         if recompute:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        for part in frozen:  # a vision-language model's tower or projector: no gradient, no optimizer state
+            module = getattr(model.model, FROZEN_PARTS[part], None)
+            if module is None:
+                raise EngineError(f"trainer.freeze: {model_dir} has no {part} ({FROZEN_PARTS[part]})")
+            module.requires_grad_(False)
         if lora is not None:
             model = lora_weights.wrap(model, lora)
         mesh = init_device_mesh(device.type, (world,))
