@@ -2,7 +2,7 @@
 VENV ?= $(HOME)/.cache/tandem/venv
 TOY ?= examples/toy
 
-.PHONY: setup setup-python toy demo toy-demo smollm2 test lint crd bench gpu-check
+.PHONY: setup setup-python toy demo toy-demo smollm2 vlm-demo test lint crd bench gpu-check
 setup:
 	scripts/setup.sh all
 
@@ -24,6 +24,14 @@ smollm2: setup-python
 	mkdir -p examples/models
 	ln -sfn "$$($(VENV)/bin/tandem models fetch smollm2-135m)" examples/models/smollm2-135m
 	$(VENV)/bin/tandem run examples/smollm2-grpo.yaml
+
+# GRPO on a vision-language model built here from SmolLM2 (tandem models fetch llava-smollm2: built and warmed up
+# once, cached in ~/.cache/tandem/models), on pictures written by tandem.sidecars.vlm_demo into examples/vlm-shapes.
+vlm-demo: setup-python
+	mkdir -p examples/models
+	ln -sfn "$$($(VENV)/bin/tandem models fetch llava-smollm2)" examples/models/llava-smollm2
+	$(VENV)/bin/python -m tandem.sidecars.vlm_demo examples/vlm-shapes
+	$(VENV)/bin/tandem run examples/vlm-grpo.yaml
 
 # scripts/test.sh starts the Kubernetes control plane's Go build (operator tests) first, then installs the venv
 # (scripts/setup.sh python) while it builds, then runs the suite beside it.

@@ -35,8 +35,9 @@ class EngineGenerator:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def generate(self, prompts: Sequence[Any], options: Any, n: int) -> tuple[list[list[Any]], set[int | None]]:
-        return self.engine.generate(prompts, options, n=n), {None}
+    def generate(self, prompts: Sequence[Any], options: Any, n: int,
+                 images: Sequence[Sequence[Any]] | None = None) -> tuple[list[list[Any]], set[int | None]]:
+        return self.engine.generate(prompts, options, n=n, images=images), {None}
 
 
 def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any]]:

@@ -72,8 +72,8 @@ BUILT: dict[str, Built] = {
         name="llava-smollm2", base="smollm2-135m", builder="tandem.sidecars.vlm_demo.warmup:build_and_warm",
         description="a vision-language model in the LLaVA layout: SmolLM2-135M-Instruct with a small SigLIP tower "
                     "(64x64 pictures, 16 image tokens) and projector, aligned by a supervised warm-up on the "
-                    "shapes task (tandem.sidecars.vlm_demo: at most 80 steps, 10-40 minutes on 2 cores; not yet "
-                    "trainable by a job)",
+                    "shapes task (tandem.sidecars.vlm_demo: at most 80 steps, 10-40 minutes on 2 cores); "
+                    "examples/vlm-grpo.yaml trains it (make vlm-demo)",
     ),
 }
 
