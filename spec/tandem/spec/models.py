@@ -47,6 +47,8 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
 
+VISION_FAMILIES = ("llava",)  # vision-language layouts the trainer prepares: pixel values [pictures, 3, H, W]
+
 class Reference(Base):
     path: Annotated[str | None, Field(min_length=1, description="Reference model; default: the initial model.")] = None
 
@@ -315,6 +317,9 @@ class JobSpec(Base):
     def _check_vision_language(self, found: str | None) -> None:
         """What a vision-language model's job cannot do yet (Python only: CEL cannot read config.json)."""
         where = f"{self.model.path} is a vision-language model (model_type {found!r})"
+        if found not in VISION_FAMILIES:
+            raise ValueError(f"model.path: {where}; its pictures' layout is not one the trainer prepares yet "
+                             f"(trained: {', '.join(VISION_FAMILIES)})")
         if self.trainer.engine == "megatron":
             raise ValueError(f"trainer.engine: megatron does not train vision-language models ({where}); use hf, "
                              "or auto, which picks hf for it")
