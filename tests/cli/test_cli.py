@@ -33,7 +33,8 @@ def _write(tmp_path: Path, doc: object, name: str = "job.yaml") -> Path:
 
 
 @pytest.mark.parametrize("sample", sorted((ROOT / "manifests" / "samples").glob("*.yaml")) + [
-    ROOT / "examples" / "tiny-grpo.yaml", ROOT / "examples" / "tiny-moe-grpo.yaml"], ids=lambda p: p.name)
+    ROOT / "examples" / name for name in ("tiny-grpo.yaml", "tiny-moe-grpo.yaml", "vlm-grpo.yaml")],
+    ids=lambda p: p.name)
 def test_shipped_samples_are_valid(sample: Path) -> None:
     result = runner.invoke(app, ["validate", str(sample)])
     assert result.exit_code == 0, result.output
