@@ -73,8 +73,8 @@ def random_state_dict(seed: int) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in random_model(seed).state_dict().items()}
 
 
-def save_model(out: Path, seed: int) -> Path:
+def save_model(out: Path, seed: int, tied: bool = False) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    random_model(seed).save_pretrained(out)
+    random_model(seed, tied=tied).save_pretrained(out)
     build_tokenizer(out)
     return out

@@ -22,7 +22,8 @@ loader skips it for such models. vLLM's layerwise reload then finds nothing to l
 output head, restores its old kernel tensors ("ParallelLMHead: Failed to load weights") and does
 not re-run its post-load processing — on CPU the head keeps the GEMM weights packed at start, so
 the live model kept its dummy output layer. After every reload the head is tied to the embedding
-again and re-processed (`_tandem_retie`), so the output head always equals the new embedding.
+again and re-processed (`_tandem_retie`), so the output head always equals the new embedding; a
+vision-language model's are its language model's (a tied SmolLM2 inside a LLaVA served its dummy head).
 
 Tensor parallelism: vLLM's weight loaders (ColumnParallelLinear, RowParallelLinear,
 VocabParallelEmbedding, QKV/MergedColumn) take the FULL checkpoint tensor and `narrow` it to the
@@ -109,7 +110,7 @@ class ShmWeightLoader(RoutingCapture):
 
     def tandem_logits_weight_sum(self) -> dict[str, float]:
         """Sums of the embedding and of the output head's weights (tests: a tied head follows the embedding)."""
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        model = self._tandem_language_model()
         embed = model.get_submodule("model.embed_tokens").weight
         head = model.get_submodule("lm_head").weight
         return {"embed": float(embed.detach().float().sum()), "head": float(head.detach().float().sum())}
@@ -119,7 +120,7 @@ class ShmWeightLoader(RoutingCapture):
         config = self.model_runner.model_config.hf_text_config  # type: ignore[attr-defined]
         if not getattr(config, "tie_word_embeddings", False):
             return False
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        model = self._tandem_language_model()
         try:
             head = model.get_submodule("lm_head")
             embed = model.get_submodule("model.embed_tokens")
@@ -133,6 +134,13 @@ class ShmWeightLoader(RoutingCapture):
         if method is not None:  # CPU: packs the GEMM weights again from the new embedding
             method.process_weights_after_loading(head)
         return True
+
+    def _tandem_language_model(self) -> Any:
+        """The model whose `lm_head` and `model.embed_tokens` are the text head and embedding: a vision-language
+        model's language model (vLLM's `get_language_model`), else the model itself."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        inner = getattr(model, "get_language_model", None)
+        return inner() if callable(inner) else model
 
     def _tandem_rank(self) -> int:
         return int(getattr(self, "rank", 0))
