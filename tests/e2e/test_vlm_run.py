@@ -33,10 +33,10 @@ def vlm_job(root: Path, name: str) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
     import tiny_model
 
-    from tandem.sidecars.vlm_demo import build, shapes
+    from tandem.sidecars.vlm_demo import shapes
 
     USED.append(name)
-    model = build.build_llava(tiny_model.save_model(root / "lm", seed=3), root / "vlm", seed=0)
+    model = tiny_model.save_vlm(root)
     train = shapes.write_split(root / "data", "train", 12, seed=1)
     missing = {"messages": [{"role": "user", "content": [{"type": "image", "path": "images/gone.png"},
                                                          {"type": "text", "text": "What colour?"}]}], "answer": "red"}

@@ -78,3 +78,10 @@ def save_model(out: Path, seed: int, tied: bool = False) -> Path:
     random_model(seed, tied=tied).save_pretrained(out)
     build_tokenizer(out)
     return out
+
+
+def save_vlm(root: Path, seed: int = 3, tied: bool = False) -> Path:
+    """The VLM demo's LLaVA (tandem.sidecars.vlm_demo.build) on this tiny Qwen2, under root/llava."""
+    from tandem.sidecars.vlm_demo import build
+
+    return build.build_llava(save_model(root / "lm", seed=seed, tied=tied), root / "llava", seed=0)

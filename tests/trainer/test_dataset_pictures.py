@@ -30,8 +30,7 @@ import tiny_model  # noqa: E402
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
 
-    root = tmp_path_factory.mktemp("pictures-tok")
-    return AutoTokenizer.from_pretrained(build.build_llava(tiny_model.save_model(root / "lm", seed=3), root / "vlm"))
+    return AutoTokenizer.from_pretrained(tiny_model.save_vlm(tmp_path_factory.mktemp("pictures-tok")))
 
 
 def picture(path: Path, colour: tuple[int, int, int] = (200, 30, 30)) -> str:

@@ -37,9 +37,7 @@ import tiny_model  # noqa: E402
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hf-vlm")
-    lm = tiny_model.save_model(root / "lm", seed=3)
-    return build.build_llava(lm, root / "llava", seed=0)
+    return tiny_model.save_vlm(tmp_path_factory.mktemp("hf-vlm"))
 
 
 def samples_of(vlm: Path, tmp_path: Path, rows: int = 3, per_prompt: int = 2) -> list[Sample]:

@@ -29,9 +29,7 @@ import tiny_model  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("vlm")
-    lm = tiny_model.save_model(root / "lm", seed=3)
-    return build.build_llava(lm, root / "llava", seed=0)
+    return tiny_model.save_vlm(tmp_path_factory.mktemp("vlm"))
 
 
 def test_a_split_is_deterministic_and_its_answers_are_in_the_pictures(tmp_path: Path) -> None:
