@@ -155,3 +155,27 @@ def test_a_teacher_or_reference_of_another_shape_is_refused_naming_its_field(tmp
     doc = spec_doc(tmp_path, reference={"path": str(teacher)})
     with pytest.raises(preflight.PreflightError, match="^spec.reference.path: "):
         preflight.check(JobSpec.model_validate(doc))
+
+
+def test_a_picture_counts_as_its_image_tokens(tmp_path: Path) -> None:
+    """A VLM's prompt holds one placeholder per picture, which vLLM expands to image_seq_length tokens: the
+    limit is checked on the expanded count (the tiny LLaVA of tests/rollout_engine/tiny_model.py, 16 per picture)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
+    import tiny_model
+
+    from tandem.sidecars.vlm_demo import build, shapes
+
+    vlm = tiny_model.save_vlm(tmp_path / "vlm")
+    data = shapes.write_split(tmp_path / "data", "train", 2, seed=1)
+    spec = JobSpec.model_validate({"model": {"path": str(vlm)}, "gpusPerPod": 0, "rewards": [{"type": "answerMatch"}],
+                                   "dataset": {"path": str(data), "promptField": "messages"}})
+    sent = sent_lengths(spec)  # the placeholder counted once
+    expanded = [n + build.IMAGE_TOKENS - 1 for n in sent]
+    spec.rollout.max_model_len = max(sent) + 2  # room for the placeholders, not for the pictures' tokens
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.check(spec)
+    assert str(err.value).startswith(f"{data}: row 1 (spec.dataset.path)")  # every row is over: row 1 named
+    assert f"the prompt is {expanded[0]} tokens as sent (chat template applied, each picture its " \
+           f"{build.IMAGE_TOKENS} image tokens)" in str(err.value)
+    spec.rollout.max_model_len = max(expanded) + 1
+    preflight.check(spec)

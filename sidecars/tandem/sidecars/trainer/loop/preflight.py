@@ -13,7 +13,8 @@ Caller: `python -m tandem.sidecars.trainer` (`__main__.main`), once per pod befo
   rendered and tokenized as the driver sends it (`PromptDataset.load` with the model's tokenizer and chat
   template: `Prompt.model_input`) and must leave room for one generated token in the rollout's context
   length (`model_dir.context_length`: `rollout.maxModelLen`, by default `rollout.maxTokens` + 1024 at
-  most the model's max_position_embeddings). A longer row is refused, not skipped: skipping would train
+  most the model's max_position_embeddings); a picture counts as the image tokens vLLM expands its placeholder
+  to (config.json's `image_seq_length`). A longer row is refused, not skipped: skipping would train
   (or evaluate) on another set of prompts than the file's, biased to the short ones, with nothing but a
   count to show for it. The message names the file, the first such row (numbered from 1, as
   `DatasetError`s are), its token count, the limit, the fields that set it, and how many rows in all.
@@ -59,7 +60,8 @@ def check(spec: JobSpec) -> None:
             prompts = PromptDataset.load(dataset, tokenizer).prompts
         except DatasetError as e:
             raise PreflightError(str(e)) from None
-        check_lengths(prompts[:rows], limit, dataset.path, field, model_dir.context_fields(spec.rollout))
+        check_lengths(prompts[:rows], limit, dataset.path, field, model_dir.context_fields(spec.rollout),
+                      per_image=int(config.get("image_seq_length") or 1))
 
 
 def load_tokenizer(path: str) -> Any:
@@ -73,9 +75,11 @@ def load_tokenizer(path: str) -> Any:
         raise PreflightError(f"spec.model.path: cannot load the tokenizer of {path}: {reason}") from None
 
 
-def check_lengths(prompts: Sequence[Prompt], limit: int, path: str, field: str, limit_fields: str) -> None:
-    """PreflightError when a prompt has `limit` tokens or more (no room for one generated token)."""
-    too_long = [p for p in prompts if token_count(p) >= limit]
+def check_lengths(prompts: Sequence[Prompt], limit: int, path: str, field: str, limit_fields: str,
+                  per_image: int = 1) -> None:
+    """PreflightError when a prompt has `limit` tokens or more (no room for one generated token); a picture
+    counts as the `per_image` image tokens its placeholder becomes (a vision-language model's image_seq_length)."""
+    too_long = [p for p in prompts if token_count(p, per_image) >= limit]
     if not too_long:
         return
     first = too_long[0]
@@ -83,12 +87,14 @@ def check_lengths(prompts: Sequence[Prompt], limit: int, path: str, field: str, 
     more = "" if len(too_long) == 1 else (f"; {len(too_long)} rows in all (also rows {others}"
                                           + (", ..." if len(too_long) > ROWS_NAMED + 1 else "") + ")")
     raise PreflightError(
-        f"{path}: row {first.index + 1} ({field}.path): the prompt is {token_count(first)} tokens as sent "
-        f"(chat template applied), which leaves no room for a generated token in the rollout's context "
+        f"{path}: row {first.index + 1} ({field}.path): the prompt is {token_count(first, per_image)} tokens as "
+        f"sent (chat template applied{f', each picture its {per_image} image tokens' if first.images else ''}), "
+        f"which leaves no room for a generated token in the rollout's context "
         f"length of {limit} tokens ({limit_fields}){more}. Raise spec.rollout.maxModelLen (up to the "
         f"model's max_position_embeddings) or shorten those prompts")
 
 
-def token_count(prompt: Prompt) -> int:
-    """Tokens the rollout engine receives for `prompt` (its token ids; characters without a tokenizer)."""
-    return len(prompt.model_input)
+def token_count(prompt: Prompt, per_image: int = 1) -> int:
+    """Tokens the rollout engine holds for `prompt` (its token ids; characters without a tokenizer), each picture's
+    placeholder as the `per_image` tokens vLLM expands it to."""
+    return len(prompt.model_input) + len(prompt.images) * (per_image - 1)
