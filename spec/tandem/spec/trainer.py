@@ -38,6 +38,17 @@ def model_type(path: str) -> str | None:
 IMAGE_TOKEN_BIAS = -100.0  # added to a vision-language model's image-token logit where it samples and is scored
 
 
+def image_token(config: object) -> int | None:
+    """A vision-language model's image token id from its (transformers or vLLM hf_config) config: image_token_id,
+    or image_token_index as older LLaVA configs name it; None for a text model. Read by the rollout engine and the
+    hf trainer engine, which push that token's logit down alike."""
+    if getattr(config, "vision_config", None) is None:
+        return None
+    token = getattr(config, "image_token_id", None)
+    token = getattr(config, "image_token_index", None) if token is None else token
+    return int(token) if isinstance(token, int) else None
+
+
 def vision_language(path: str) -> bool:
     """True when config.json at `path` describes a vision-language model (it has a vision_config); False also
     where the file cannot be read here (`_config`)."""

@@ -58,6 +58,7 @@ from tandem.sidecars.rollout_engine.spare import SpareEngine
 from tandem.sidecars.rollout_engine.step_watch import StepWatch
 from tandem.sidecars.rollout_engine.version_source import SHM_ONLY, VersionSource
 from tandem.sidecars.rollout_engine.weights import EngineWeights
+from tandem.spec.trainer import image_token
 
 log = logging.getLogger(__name__)
 __all__ = ["CPU_BIND_ENV", "CPU_RESERVED_ENV", "EXECUTE_TIMEOUT_S", "EXTENSION", "EngineConfig", "RolloutEngine",
@@ -209,13 +210,6 @@ class RolloutEngine(EngineFailures):
             return self.weights.update_from_path(path)
 
     # ---- generation (generation.py) ---------------------------------------------------------------
-    def _image_token(self) -> int | None:
-        """A vision-language model's image token id (its config's image_token_id or image_token_index)."""
-        config = self.llm.llm_engine.model_config.hf_config
-        token = getattr(config, "image_token_id", None)
-        token = getattr(config, "image_token_index", None) if token is None else token
-        return int(token) if isinstance(token, int) else None
-
     def generate(
         self,
         prompts: Sequence[str | Sequence[int]],
@@ -236,7 +230,7 @@ class RolloutEngine(EngineFailures):
         with self._lock:
             self._need(Phase.READY)
             inputs, per_request = generation.requests(prompts, opts, n, max_tokens, self._on_gpu(), images,
-                                                      self._image_token())
+                                                      image_token(self.llm.llm_engine.model_config.hf_config))
             self.ensure_alive()
             generation.check_lengths(self.llm, prompts)
             try:

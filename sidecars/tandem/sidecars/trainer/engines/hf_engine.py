@@ -40,7 +40,7 @@ from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
 from tandem.sidecars.trainer.engines.heads import aligned
 from tandem.sidecars.trainer.engines.hf_weights import HFWeights, local_shard, whole_tensor
 from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_tensors
-from tandem.spec.trainer import IMAGE_TOKEN_BIAS, vision_language
+from tandem.spec.trainer import IMAGE_TOKEN_BIAS, image_token, vision_language
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 FROZEN_PARTS = {"visionTower": "vision_tower", "projector": "multi_modal_projector"}  # trainer.freeze: the modules
@@ -62,15 +62,6 @@ class HFShape:
         tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
         return cls(family=str(model.config.model_type), hidden=int(text.hidden_size), vocab=int(text.vocab_size),
                    tie_embeddings=bool(tied))
-
-
-def _image_token(config: Any) -> int | None:
-    """A vision-language model's image token id (config's image_token_id or image_token_index); None for text."""
-    if getattr(config, "vision_config", None) is None:
-        return None
-    token = getattr(config, "image_token_id", None)
-    token = getattr(config, "image_token_index", None) if token is None else token
-    return int(token) if isinstance(token, int) else None
 
 
 def _plain_head(model: Any) -> bool:
@@ -101,7 +92,7 @@ class HFEngine(HFWeights):
         self.last_export_seconds = 0.0
         self.temperature = 1.0  # the sampler's (start.create sets rollout.temperature): logits / temperature
         self.plain_head = _plain_head(model)
-        self.image_token = _image_token(model.config)  # a vision-language model's: sampled and scored pushed down
+        self.image_token = image_token(model.config)  # a vision-language model's: sampled and scored pushed down
         self.lora_scale = lora_weights.scale(model) if hasattr(model, "peft_config") else None
         self.model_dir: Path | None = None  # the base model's directory (LoRA's frozen weights)
         self.last_adapters: dict[str, torch.Tensor] | None = None  # LoRA: the adapters of the last export
