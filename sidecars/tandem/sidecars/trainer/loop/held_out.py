@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from tandem.sidecars.rewards.combine import RewardInput, RewardSet
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, pictures_of
 from tandem.spec.data import Eval as EvalSpec
 from tandem.spec.rewards import Reward
 
@@ -102,10 +102,8 @@ class Evaluator:
             flat = [t for row in trajectories for t in row]
             tool_calls = sum(float(t["tool_calls"]) for t in flat) / max(len(flat), 1)
         else:
-            pictures = {"images": [list(p.images) for p in self.prompts]} if any(p.images for p in self.prompts) \
-                else {}
             completions, versions = generator.generate([p.model_input for p in self.prompts], opts, n=drawn,
-                                                       **pictures)
+                                                       **pictures_of(self.prompts))
             groups = [[(c.text, None) for c in group] for group in completions]
         if versions - {None, version}:
             raise RuntimeError(f"eval of version {version}: the rollouts served {sorted(map(str, versions))}")

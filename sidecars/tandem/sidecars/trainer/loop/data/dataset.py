@@ -36,7 +36,7 @@ in the order of `prompts`); a row without a valid one is a DatasetError naming f
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,12 @@ class Prompt:
     def fields(self) -> dict[str, Any]:
         """What a multi-turn environment gets of the row (its reset and reward)."""
         return {"question": self.question, "answer": self.answer, "index": self.index}
+
+
+def pictures_of(prompts: Sequence[Prompt]) -> dict[str, Any]:
+    """The `images=` keyword of a generate call for `prompts`: each prompt's pictures, or nothing when none has
+    any (a text job's generators need not take the keyword)."""
+    return {"images": [list(p.images) for p in prompts]} if any(p.images for p in prompts) else {}
 
 
 class PromptDataset:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.rewards.combine import RewardInput
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
+from tandem.sidecars.trainer.loop.data.dataset import pictures_of
 from tandem.sidecars.trainer.loop.recovery import inflight, resume
 from tandem.sidecars.trainer.loop.rollout import dynamic_sampling
 from tandem.sidecars.trainer.loop.rollout.dynamic_sampling import Scores
@@ -119,7 +120,6 @@ def greedy_probe(ctx: TrainerContext, opts: SamplingOptions) -> dict[str, str]:
     if ctx.rollouts is None:
         raise RuntimeError("only the driver rank talks to rollouts")
     probe = ctx.dataset.prompts[0]
-    pictures: dict[str, Any] = {"images": [list(probe.images)]} if probe.images else {}
     greedy, _ = ctx.rollouts.generate([probe.model_input], opts.model_copy(update={"temperature": 0.0, "seed": 0}),
-                                      n=1, **pictures)
+                                      n=1, **pictures_of([probe]))
     return {"prompt": probe.question, "greedy": greedy[0][0].text}

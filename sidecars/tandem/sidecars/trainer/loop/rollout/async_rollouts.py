@@ -29,10 +29,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
-from tandem.sidecars.trainer.loop.data.dataset import Prompt
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, pictures_of
 from tandem.sidecars.trainer.loop.rollout.partial import Group, whole_groups
 from tandem.sidecars.trainer.loop.rollout.rollout_client import RolloutClient
 from tandem.spec import seeds
@@ -57,10 +56,8 @@ def single_turn(group_size: int) -> Generate:
     """groupSize single-turn completions per prompt, built with the version the rollouts reported."""
     def generate(client: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
                  version: int) -> tuple[list[Group], set[int | None]]:
-        pictures: dict[str, Any] = {"images": [list(p.images) for p in prompts]} if any(p.images for p in prompts) \
-            else {}
         groups, versions = client.generate([p.model_input for p in prompts], options, n=group_size, expect=version,
-                                           **pictures)
+                                           **pictures_of(prompts))
         return whole_groups(prompts, groups, one_version(versions, version)), versions
     return generate
 
