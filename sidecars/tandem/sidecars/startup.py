@@ -1,4 +1,5 @@
-"""Common start of both sidecar entry points: logging, SIGTERM handling, the pod env and the job.
+"""Common start of both sidecar entry points: logging, SIGTERM handling, the pod env and the job, the
+exit (`leave`).
 
 Role: read the `TANDEM_*` variables into the typed contract (`tandem.spec.podenv.PodEnv`) and the
 job file they name, and the etcd credentials they carry (`etcd_security`). A sidecar that cannot
@@ -13,7 +14,9 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from tandem.checkpoint_engine.etcd.security import EtcdSecurity
 from tandem.spec.models import RLHFJob
@@ -30,12 +33,22 @@ def freeze_start_up() -> None:
 
 
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM (kubelet, `tandem run` shutdown) into SystemExit so `finally` blocks run."""
+    """Turn SIGTERM (kubelet, `tandem run` shutdown) into SystemExit so `finally` blocks run. Only the first: the
+    sidecar is then on its way out, and a second SystemExit would break off the `finally` blocks the first runs."""
 
     def stop(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit a sidecar whose main returned. SIGTERM is ignored from here on: the interpreter's exit runs finalizers
+    (weakref.finalize, atexit), and a SystemExit raised inside one is printed as an ignored exception's traceback
+    while the process exits anyway (a `tandem run` or kubelet stop that lands as the sidecar finishes)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
 
 
 # Where the kubelet reads a container's termination message (the default terminationMessagePath); it

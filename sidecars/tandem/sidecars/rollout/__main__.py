@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from typing import Any
 
@@ -39,7 +38,7 @@ from tandem.sidecars.rollout.supervisor import EngineSupervisor
 from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 from tandem.sidecars.rollout_engine.spare import SpareEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
-from tandem.sidecars.startup import etcd_security, freeze_start_up, refuse, start_sidecar
+from tandem.sidecars.startup import etcd_security, freeze_start_up, leave, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
@@ -183,4 +182,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

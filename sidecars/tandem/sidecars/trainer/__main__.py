@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 
 from tandem.sidecars import gpu, gpu_share
-from tandem.sidecars.startup import refuse, start_sidecar
+from tandem.sidecars.startup import leave, refuse, start_sidecar
 from tandem.sidecars.trainer.loop import preflight
 from tandem.sidecars.trainer.loop.rollout.rollout_health import RolloutError
 from tandem.sidecars.trainer.rank import run_rank
@@ -83,4 +82,4 @@ def _family(c: type[Exception]) -> list[type[Exception]]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
