@@ -123,6 +123,10 @@ TRL_HINT = ('TRL is not installed. Install it beside the venv\'s torch/transform
 REWARDS = {"toy": [{"type": "answerMatch", "weight": 1.0},
                    {"type": "format", "pattern": "<answer>-?[0-9]+</answer>", "weight": 0.1}],
            "arith": [{"type": "answerMatch", "match": "flexible", "weight": 1.0}]}
+DIAGNOSTICS = ("iteration", "weight_version", "rollout_version", "staleness_mean", "rollout_restarts",
+               "rollouts_dropped", "prompts_resent", "reward_mean", "entropy", "completion_len",
+               "prepare_truncated_frac", "prepare_flat_group_frac", "mismatch_kl", "mismatch_mean", "mismatch_max",
+               "grad_norm", "loss")
 SWITCH = ("offload", "onload", "publish", "sync", "release")  # the driver's phase-switch share
 TIS_CAP = 2.0  # --max-staleness: importance weights against the sampling version, truncated here
 ARITH = ROOT / "examples" / "arith"  # the task of examples/smollm2-grpo.yaml: chat rows, held-out test.jsonl
@@ -271,7 +275,10 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
             "eval_export_seconds": aside, "generate_seconds": sum(r["generate_seconds"] for r in rows),
             "completion_tokens": sum(r.get("completion_tokens", 0) for r in rows),
             "switch_share": sum(switch) / len(rows), "phase_seconds_mean": phases, "eval": evals,
-            "rows": [{"version_bytes": r.get("version_bytes", 0)} for r in rows]}
+            "rows": [{"version_bytes": r.get("version_bytes", 0)} for r in rows],
+            # per iteration, what tells a run that learned from one that did not (the policy the rollouts sampled
+            # from against the trainer's, restarts and drops, the sampled-token entropy, the step)
+            "diagnostics": [{k: r[k] for k in DIAGNOSTICS if k in r} for r in rows]}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -84,6 +84,50 @@ def run_seed(size: str, seed: int, steps: int, out: Path, engine: str = "auto") 
     return loaded
 
 
+def run_tandem_seed(size: str, seed: int, steps: int, out: Path, engine: str = "auto") -> dict[str, Any]:
+    """Tandem's half of rl_vs_trl.py alone: its job, its live eval before and after, its export scored on TRL's eval
+    path. For `--trl-from`: TRL's half is deterministic per seed, so its stored results stand for a rerun."""
+    import rl_vs_trl as pair  # bench/: the job, the run and the eval of the side-by-side bench
+
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / f"tandem-{size}.json"
+    if not result.exists():
+        s = pair.SIZES[size]
+        if steps > 1:
+            per_step = s.prompts * s.group // steps
+            s = pair.replace(s, global_batch=per_step, micro_batch=min(s.micro_batch, per_step))
+        src, train, _ = pair.prepare(size, out)
+        job = pair.job_yaml(s, pair.fresh_copy(src, out / f"model-{size}-tandem"), train, s.iterations,
+                            out / "job.yaml", seed=seed, engine=engine)
+        tandem = pair.run_tandem(job, out / "tandem-runs")
+        scored = pair.run_eval(job, {"tandem": out / "tandem-export" / f"iteration-{s.iterations}"}, out)
+        k = max(1, min(5, s.iterations // 4))
+        tandem |= {"reward_last": sum(tandem["rewards"][-k:]) / k, "eval_export": scored["tandem"]}
+        result.write_text(json.dumps({"seed": seed, "steps_per_iteration": steps, "tandem": tandem, "pass_at_1": {
+            "tandem": [tandem["eval"][0]["pass_at_1"], tandem["eval"][-1]["pass_at_1"]],
+            "tandem_export": scored["tandem"]["pass_at_1"]}}, indent=2))
+    loaded: dict[str, Any] = json.loads(result.read_text())
+    return loaded
+
+
+def against_stored(runs: dict[int, dict[str, Any]], stored: dict[str, Any]) -> dict[str, Any]:
+    """Tandem's runs now against TRL's stored per-seed results (a `rl_vs_trl_seeds` summary): each side's pass@1
+    over its seeds and the difference of the means with its standard error (Welch: the two sides' prompt orders
+    differ even at one seed, so the seeds pair nothing)."""
+    t = [r["pass_at_1"]["tandem"][1] for _, r in sorted(runs.items())]
+    x = [v["pass1_after"]["trl"] for v in stored["seeds"].values()]
+    a, b = spread(t), spread(x)
+    per_seed = {seed: {"pass1_before": r["pass_at_1"]["tandem"][0], "pass1_after": r["pass_at_1"]["tandem"][1],
+                       "tandem_export": r["pass_at_1"]["tandem_export"], "reward_last": r["tandem"]["reward_last"],
+                       "diagnostics": r["tandem"].get("diagnostics", [])}
+                for seed, r in sorted(runs.items())}
+    return {"tandem_seeds": per_seed, "pass1_after": {"tandem": a, "trl_stored": b,
+                                                      "tandem_export": spread([r["pass_at_1"]["tandem_export"]
+                                                                               for r in runs.values()])},
+            "difference": {"mean": a["mean"] - b["mean"], "se": (a["se"] ** 2 + b["se"] ** 2) ** 0.5},
+            "trl_seeds": {k: v["pass1_after"]["trl"] for k, v in stored["seeds"].items()}}
+
+
 def spread(xs: list[float]) -> dict[str, float]:
     """Mean, range and the standard error of the mean (sample std / sqrt(n); 0 with one value)."""
     se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
@@ -156,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="Tandem's trainer.engine (rl_vs_trl.py --engine); other than auto, in the runs' folder names")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tandem-bench/rl_vs_trl_seeds"))
     ap.add_argument("--summarize-only", action="store_true", help="aggregate the seeds already run under --out")
+    ap.add_argument("--trl-from", type=Path, default=None, help="run Tandem's half alone and compare it with TRL's "
+                    "stored per-seed results in this rl_vs_trl_seeds summary (TRL's half is deterministic per seed)")
     args = ap.parse_args(argv)
+    if args.trl_from is not None:
+        return tandem_against_stored(args)
     runs = {}
     for seed in args.seeds:
         tag = "" if args.engine == "auto" else f"-{args.engine}"
@@ -183,6 +231,31 @@ def main(argv: list[str] | None = None) -> int:
     d = summary["pass1_after_difference"]
     print(f"paired difference Tandem - TRL: {d['mean']:+.3f} (range {d['min']:+.3f} to {d['max']:+.3f}, se "
           f"{d['se']:.3f}) over {len(runs)} seeds; plot {args.out / (name + '.png')}")
+    return 0
+
+
+def tandem_against_stored(args: argparse.Namespace) -> int:
+    tag = "" if args.engine == "auto" else f"-{args.engine}"
+    runs = {}
+    for seed in args.seeds:
+        where = args.out / f"{args.size}-steps{args.steps}{tag}-seed{seed}-tandem"
+        if args.summarize_only and not (where / f"tandem-{args.size}.json").exists():
+            continue
+        print(f"seed {seed}: {where}", flush=True)
+        runs[seed] = run_tandem_seed(args.size, seed, args.steps, where, args.engine)
+        r = runs[seed]["pass_at_1"]
+        print(f"seed {seed}: Tandem pass@1 {r['tandem'][0]:.3f} -> {r['tandem'][1]:.3f} (export "
+              f"{r['tandem_export']:.3f})", flush=True)
+    if not runs:
+        raise SystemExit(f"no finished seed under {args.out}")
+    summary = against_stored(runs, json.loads(args.trl_from.read_text()))
+    name = f"rl_vs_trl_stored-{args.size}-steps{args.steps}{tag}"
+    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    p, d = summary["pass1_after"], summary["difference"]
+    for key in ("tandem", "tandem_export", "trl_stored"):
+        v = p[key]
+        print(f"pass@1 after, {key}: {v['mean']:.3f} (range {v['min']:.3f}-{v['max']:.3f}, se {v['se']:.3f})")
+    print(f"Tandem - TRL (stored): {d['mean']:+.3f} (se {d['se']:.3f}); {args.out / (name + '.json')}")
     return 0
 
 
