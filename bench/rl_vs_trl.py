@@ -256,10 +256,16 @@ def run_tandem(job: Path, workdir: Path) -> dict[str, Any]:
         rc = subprocess.run([sys.executable, "-m", "tandem.cli.main", "run", str(job), "--workdir", str(workdir)],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     wall = time.perf_counter() - t0
-    name = job_name(job.parent)
-    rows, evals = (read_jsonl(workdir / name / f) for f in ("metrics.jsonl", "eval.jsonl"))
-    if rc != 0 or not rows:
-        raise SystemExit(f"tandem run failed (rc={rc}, {len(rows)} iterations); see {log}")
+    if rc != 0:
+        raise SystemExit(f"tandem run failed (rc={rc}); see {log}")
+    return read_tandem(workdir / job_name(job.parent), wall)
+
+
+def read_tandem(run: Path, wall: float) -> dict[str, Any]:
+    """A finished `tandem run`'s figures from its folder (metrics.jsonl, eval.jsonl), `wall` its seconds."""
+    rows, evals = (read_jsonl(run / f) for f in ("metrics.jsonl", "eval.jsonl"))
+    if not rows:
+        raise SystemExit(f"no iteration in {run / 'metrics.jsonl'}")
     phases: dict[str, float] = {}
     for r in rows:
         for k, v in r["seconds"].items():
