@@ -67,7 +67,6 @@ def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(t
     assert parse_job(_job({"path": path})).spec.trainer.engine == "auto"  # which resolves to hf (spec.devices)
     cases = [({"trainer": {"engine": "megatron"}}, "spec.trainer.engine", "megatron does not train vision-language"),
              ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name", "dpo packs its own pairs"),
-             ({"trainer": {"lora": {"rank": 8}}}, "spec.trainer.lora", "adapters on a vision-language model"),
              ({"rollout": {"partial": {"tokenBudget": 8}}, "algorithm": {"tisCap": 2.0}}, "spec.rollout.partial",
               "do not carry pictures")]
     for change, want_field, want in cases:
@@ -84,6 +83,9 @@ def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(t
     job = _job({"path": path})
     job["spec"]["trainer"] = {"freeze": ["visionTower", "projector"]}
     assert parse_job(job).spec.trainer.freeze == ["visionTower", "projector"]
+    job = _job({"path": path})
+    job["spec"]["trainer"] = {"lora": {"rank": 8}}  # adapters on its language model (trainer.engines.lora)
+    assert parse_job(job).spec.trainer.lora is not None
     (tmp_path / "text").mkdir()
     text = _model_dir(tmp_path / "text", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
     job = _job({"path": text})

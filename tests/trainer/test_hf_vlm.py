@@ -131,3 +131,42 @@ def test_a_grpo_step_trains_what_is_not_frozen(frozen: tuple[str, ...], vlm: Pat
     held = {p for group in engine.optimizer.param_groups for p in group["params"]} if engine.optimizer else set()
     assert all(not name.startswith(tuple(f"model.{parts[f]}." for f in frozen))
                for name, p in engine.model.named_parameters() if p in held)  # no optimizer state for them
+
+
+def test_lora_on_a_vlm_adapts_its_language_model_only(vlm: Path, tmp_path: Path) -> None:
+    """trainer.lora on a VLM: adapters on every linear layer of the language model and none in the tower or the
+    projector (whose q_proj, fc1 ... PEFT's all-linear would adapt too, and vLLM would not serve); a GRPO step moves
+    the adapters alone; versions carry them under PEFT's names, or merged under the model's own names; a target
+    name the language model lacks (the tower's fc1) is refused naming trainer.lora.targetModules."""
+    from tandem.sidecars.trainer.engines import lora
+    from tandem.sidecars.trainer.engines.hf_engine import LANGUAGE_MODEL
+    from tandem.spec.trainer import Lora
+
+    engine = HFEngine.from_hf(vlm, lr=1e-2, lora=Lora(rank=4, alpha=8))
+    adapters = [n for n, _ in engine.model.named_parameters() if lora.is_adapter(n)]
+    tower_linears = [n for n, m in engine.model.named_modules() if isinstance(m, torch.nn.Linear)
+                     and ".vision_tower." in n and not n.endswith(("lora_A.default", "lora_B.default"))]
+    assert tower_linears, "the tower has linear layers PEFT's all-linear would take"
+    assert adapters and all(f".{LANGUAGE_MODEL}." in n for n in adapters), adapters
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in adapters}
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} <= adapted
+    before = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    samples = samples_of(vlm, tmp_path)
+    algo = GRPO(kl_coef=0.0)
+
+    def loss(out: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return algo.loss(shift_to_labels(out), mb)
+
+    for _ in range(2):  # B starts at zero: A moves in the first step, both in the second
+        assert engine.train_step(algo.prepare(samples, row_budget(samples)), loss, micro_batch_size=2)["update_ok"]
+    moved = {k for k, v in engine.model.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved and all(lora.is_adapter(k) for k in moved), sorted(moved)[:5]
+    saved = dict(engine.export_adapters())
+    assert set(saved) == {lora.saved_name(n) for n in adapters}
+    assert engine.adapter_config()["r"] == 4
+    from transformers import LlavaForConditionalGeneration
+
+    names = LlavaForConditionalGeneration.from_pretrained(vlm).state_dict()  # merged: the VLM's own names
+    assert sorted(n for n, _ in engine.export_hf()) == sorted(names)
+    with pytest.raises(EngineError, match="trainer.lora.targetModules: \\['fc1'\\] name no linear layer"):
+        HFEngine.from_hf(vlm, lora=Lora(rank=4, target_modules=["fc1"]))

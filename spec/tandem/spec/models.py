@@ -326,9 +326,6 @@ class JobSpec(Base):
         if self.algorithm.name in ("dpo", "kto"):
             raise ValueError(f"algorithm.name: {self.algorithm.name} packs its own pairs or labelled rows, which carry "
                              f"no pictures ({where}); use grpo or ppo")
-        if self.trainer.lora is not None:
-            raise ValueError(f"trainer.lora: adapters on a vision-language model are not trained yet ({where}); "
-                             "train the whole model, or freeze its tower (trainer.freeze)")
         env = self.rollout.environment
         if self.rollout.partial is not None or (env is not None and env.type != "single"):
             field = "rollout.partial" if self.rollout.partial is not None else "rollout.environment"

@@ -43,6 +43,7 @@ from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_ten
 from tandem.spec.trainer import IMAGE_TOKEN_BIAS, image_token, vision_language
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+LANGUAGE_MODEL = "model.language_model"  # a vision-language model's language model (transformers 5's LLaVA layout)
 FROZEN_PARTS = {"visionTower": "vision_tower", "projector": "multi_modal_projector"}  # trainer.freeze: the modules
 
 
@@ -108,9 +109,10 @@ class HFEngine(HFWeights):
 
         `trainable=False` builds a forward-only engine. `recompute` turns on the model's gradient
         checkpointing (each decoder layer recomputed in the backward). `lora` (`spec.models.Lora`) trains
-        adapters on the frozen model (`lora.py`): the optimizer holds them only, and versions carry the merged
-        weights. `frozen` (trainer.freeze: visionTower, projector) leaves a vision-language model's parts out of
-        the optimizer. A value head (PPO's critic) is Megatron's only: refused here."""
+        adapters on the frozen model (`lora.py`; a vision-language model's in its language model): the optimizer
+        holds them only, and versions carry the adapters or the merged weights. `frozen` (trainer.freeze:
+        visionTower, projector) leaves a vision-language model's parts out of the optimizer.
+        A value head (PPO's critic) is Megatron's only: refused here."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -121,7 +123,8 @@ class HFEngine(HFWeights):
         model_dir = Path(model_dir)
         world, rank = start_process_group()
         torch.manual_seed(seed)
-        auto = AutoModelForImageTextToText if vision_language(str(model_dir)) else AutoModelForCausalLM
+        vision = vision_language(str(model_dir))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         try:
             model = auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
         except (OSError, ValueError) as exc:
@@ -138,8 +141,11 @@ class HFEngine(HFWeights):
             if module is None:
                 raise EngineError(f"trainer.freeze: {model_dir} has no {part} ({FROZEN_PARTS[part]})")
             module.requires_grad_(False)
-        if lora is not None:
-            model = lora_weights.wrap(model, lora)
+        if lora is not None:  # on a vision-language model, in its language model only
+            try:
+                model = lora_weights.wrap(model, lora, within=LANGUAGE_MODEL if vision else None)
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
         mesh = init_device_mesh(device.type, (world,))
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
             MixedPrecisionPolicy()

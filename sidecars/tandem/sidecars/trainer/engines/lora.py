@@ -4,14 +4,16 @@ Role: `trainer.lora` trains low-rank adapters (PEFT's `LoraConfig`: rank, alpha,
 a frozen base model; Adam's state exists for the adapters only. A published version carries the adapters
 alone under the names PEFT saves them with (`lora.sync: adapter`, served by vLLM as a LoRA adapter), or the
 merged weights, W + (alpha / rank) B A under the base model's own HF names (`merged`), which the rollouts
-load like any version. Names: PEFT's `base_model.model.<hf>` with each
-adapted linear's weight under `<module>.base_layer.weight` and its adapter under `<module>.lora_A/B.default`.
+load like any version. On a vision-language model the adapters sit in its language model only (`targets`).
+Names: PEFT's `base_model.model.<hf>` with each adapted linear's weight under `<module>.base_layer.weight` and
+its adapter under `<module>.lora_A/B.default`.
 The adapters alone are also kept from each export, for a PEFT adapter directory beside each exported model.
 Caller: `hf_engine.HFEngine` (from_hf, export_hf, load_hf_weights, write_adapter).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,14 +26,31 @@ PREFIX = "base_model.model."
 ADAPTER = "default"
 
 
-def wrap(model: Any, settings: Any) -> Any:
-    """`model` as a PeftModel with `settings` (`spec.models.Lora`): only the adapters train."""
+def wrap(model: Any, settings: Any, within: str | None = None) -> Any:
+    """`model` as a PeftModel with `settings` (`spec.models.Lora`): only the adapters train. `within` (a module
+    path: a vision-language model's language model) keeps the adapters inside that module (`targets`)."""
     from peft import LoraConfig, get_peft_model
 
-    targets = settings.target_modules
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
-                        target_modules="all-linear" if targets == ["all-linear"] else list(targets))
+                        target_modules=targets(model, list(settings.target_modules), within))
     return get_peft_model(model, config)
+
+
+def targets(model: Any, names: list[str], within: str | None) -> str | list[str]:
+    """PEFT's target_modules for `names` (trainer.lora.targetModules). Inside `within`: a pattern PEFT matches
+    against whole module names, so a vision tower's q_proj or fc1 is never adapted (vLLM serves LoRA on a VLM's
+    language model only); [all-linear] there is every linear layer of that module (the output layer is outside
+    it). A name no module of `within` has is refused naming it."""
+    if within is None:
+        return "all-linear" if names == ["all-linear"] else names
+    found = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+             if n.startswith(within + ".") and isinstance(m, torch.nn.Linear)}
+    wanted = sorted(found) if names == ["all-linear"] else names
+    missing = sorted(set(wanted) - found)
+    if missing or not wanted:
+        raise ValueError(f"trainer.lora.targetModules: {missing or names} name no linear layer of {within} "
+                         f"(it has {', '.join(sorted(found)) or 'none'})")
+    return rf"{re.escape(within)}\..*\.({'|'.join(re.escape(n) for n in wanted)})"
 
 
 def scale(model: Any) -> float:
