@@ -4,7 +4,10 @@ Both learn the toy task (single-digit addition, `tandem.sidecars.toy`) from a fr
 same model, with the same prompts (the toy train.jsonl), the same rewards (Tandem's `RewardSet`
 wrapped as one TRL reward function: answerMatch x1 + format x0.1), group size 8, completion
 length, prompts per iteration, learning rate (constant, Adam, no weight decay, grad clip 1),
-KL coefficient 0.001, clip 0.2, token-mean loss (TRL loss_type "dapo") and number of iterations.
+KL coefficient 0.001, clip 0.2, token-mean loss (TRL loss_type "dapo") and number of iterations; neither side
+recomputes activations (TRL's GRPOConfig turns gradient checkpointing on by default: off here since 2026-12-07,
+so TRL's train phase in the runs measured before that date was slowed by it, ~20-30%, and their completions/s
+ratios flatter Tandem).
 Tandem runs as a subprocess (`tandem run` on a generated job YAML; its metrics.jsonl is parsed);
 TRL runs in this process (its train loop timed by a callback). Reported: completions/s for each
 (Tandem without process start-up, i.e. the sum of per-iteration seconds, and with it), reward
@@ -337,7 +340,7 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
         output_dir=str(out / "trl-out"), use_cpu=True, bf16=dtype == "bfloat16", report_to="none", save_strategy="no",
         logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=seed, learning_rate=s.lr,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip,
-        loss_type="dapo",
+        loss_type="dapo", gradient_checkpointing=False,  # TRL's default is on; Tandem's activationCheckpointing off
         scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
         per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
         steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
