@@ -294,76 +294,107 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+class TrlRun:
+    """What both TRL halves (this text bench's and bench/vlm_vs_trl.py's) share: Tandem's rewards as TRL's one
+    reward function (per call: completions, mean reward, completion tokens), TRL's GRPOConfig for a `Size`, and
+    its train loop timed by phase (sampling; sampling + rewards + log-probs + advantages; the rest)."""
+
+    def __init__(self, reward_set: Any, prompt_text: Any) -> None:
+        self.reward_set, self.prompt_text = reward_set, prompt_text
+        self.per_call: list[tuple[int, float, int]] = []
+        self.t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
+
+    def rewards(self, prompts: list[Any], completions: list[Any], answer: list[Any],
+                completion_ids: list[list[int]] | None = None, **_: Any) -> list[float]:
+        from tandem.sidecars.rewards import RewardInput
+
+        totals, _parts = self.reward_set.score([
+            RewardInput(self.prompt_text(p), c if isinstance(c, str) else c[-1]["content"], a)
+            for p, c, a in zip(prompts, completions, answer, strict=True)])
+        self.per_call.append((len(totals), sum(totals) / len(totals), sum(map(len, completion_ids or []))))
+        return list(totals)
+
+    @staticmethod
+    def config(s: Size, out: Path, iterations: int, seed: int, dtype: str = "float32") -> Any:
+        from trl import GRPOConfig  # type: ignore[attr-defined]
+
+        completions = s.prompts * s.group
+        return GRPOConfig(
+            output_dir=str(out / "trl-out"), use_cpu=True, bf16=dtype == "bfloat16", report_to="none",
+            save_strategy="no", logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=seed,
+            learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+            beta=s.kl, epsilon=s.clip, loss_type="dapo",
+            gradient_checkpointing=False,  # TRL's default is on; Tandem's activationCheckpointing is off
+            scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
+            per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
+            steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
+
+    def train(self, trainer: Any, iterations: int) -> dict[str, Any]:
+        """trainer.train(), timed; the figures rl_vs_trl's `summarize` reads (the saved model's path left out)."""
+        import torch
+        from transformers import TrainerCallback
+
+        clock = {"begin": 0.0, "end": 0.0}
+
+        class Clock(TrainerCallback):  # type: ignore[misc]
+            def on_train_begin(self, *a: Any, **k: Any) -> None:
+                clock["begin"] = time.perf_counter()
+
+            def on_train_end(self, *a: Any, **k: Any) -> None:
+                clock["end"] = time.perf_counter()
+
+        trainer.add_callback(Clock())
+        spent = {"_generate_single_turn": 0.0, "_generate_and_score_completions": 0.0}
+        for name in spent:  # where TRL's loop goes: sampling, and sampling + rewards + log-probs + advantages
+            if hasattr(trainer, name):
+                setattr(trainer, name, timed(getattr(trainer, name), spent, name))
+        setup = time.perf_counter() - self.t0
+        trainer.train()
+        wall = time.perf_counter() - self.t0
+        loop = clock["end"] - clock["begin"]
+        sampled, prepared = spent.values()
+        per = self.per_call
+        return {"rewards": [m for _, m, _ in per], "completions": sum(n for n, _, _ in per),
+                "completion_tokens": sum(n for _, _, n in per), "loop_seconds": loop, "wall_seconds": wall,
+                "setup_seconds": setup, "torch_threads": torch.get_num_threads(),
+                "phase_seconds_mean": {"generate": sampled / iterations,
+                                       "rewards+logprobs": (prepared - sampled) / iterations,
+                                       "train": (loop - prepared) / iterations},
+                # TRL's own per-step log (entropy, grad_norm, clip ratios), beside Tandem's metrics.jsonl
+                "log": [{k: v for k, v in e.items() if isinstance(v, (int, float))}
+                        for e in trainer.state.log_history]}
+
+
 def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threads: int | None,
             lora: int = 0, seed: int = 0, dtype: str = "float32") -> dict[str, Any]:
     warnings.filterwarnings("ignore")
-    t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
+    from tandem.sidecars.rewards import RewardSet
+    from tandem.spec.rewards import Reward
+
+    run = TrlRun(RewardSet([Reward.model_validate(r) for r in REWARDS[s.task]]),
+                 lambda x: x if isinstance(x, str) else x[-1]["content"])  # conversational: the last user turn
     import torch
     from datasets import Dataset
 
     if threads:
         torch.set_num_threads(threads)
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
-
-    from tandem.sidecars.rewards import RewardInput, RewardSet
-    from tandem.spec.rewards import Reward
-
-    reward_set = RewardSet([Reward.model_validate(r) for r in REWARDS[s.task]])
-    per_call: list[tuple[int, float, int]] = []  # completions, mean reward, completion tokens (EOS included)
-
-    def text(x: str | list[dict[str, str]]) -> str:  # conversational: the last user turn / the assistant turn
-        return x if isinstance(x, str) else x[-1]["content"]
-
-    def tandem_rewards(prompts: list[Any], completions: list[Any], answer: list[str],
-                       completion_ids: list[list[int]] | None = None, **_: Any) -> list[float]:
-        totals, _parts = reward_set.score([RewardInput(text(p), text(c), a)
-                                           for p, c, a in zip(prompts, completions, answer, strict=True)])
-        per_call.append((len(totals), sum(totals) / len(totals), sum(map(len, completion_ids or []))))
-        return totals
-
-    class Clock(TrainerCallback):  # type: ignore[misc]
-        begin = end = 0.0
-
-        def on_train_begin(self, *a: Any, **k: Any) -> None:
-            Clock.begin = time.perf_counter()
-
-        def on_train_end(self, *a: Any, **k: Any) -> None:
-            Clock.end = time.perf_counter()
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer  # type: ignore[attr-defined]
 
     rows = [json.loads(x) for x in train.read_text().splitlines() if x.strip()]
     # arith: the chat messages themselves; TRL applies the model's chat template, as Tandem's dataset does
     field = "messages" if s.task == "arith" else "prompt"
     data = Dataset.from_list([{"prompt": r[field], "answer": str(r["answer"])} for r in rows])
-    completions = s.prompts * s.group
-    config = GRPOConfig(
-        output_dir=str(out / "trl-out"), use_cpu=True, bf16=dtype == "bfloat16", report_to="none", save_strategy="no",
-        logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=seed, learning_rate=s.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip,
-        loss_type="dapo", gradient_checkpointing=False,  # TRL's default is on; Tandem's activationCheckpointing off
-        scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens, temperature=1.0,
-        per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
-        steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
     peft: Any = None
     if lora:  # the same adapters as Tandem's trainer.lora: rank, alpha 2 x rank, every linear layer
         from peft import LoraConfig
 
         peft = LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0, target_modules="all-linear",
                           task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=str(model), reward_funcs=[tandem_rewards], args=config, train_dataset=data,
-                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()],
-                          peft_config=peft)
-    spent = {"_generate_single_turn": 0.0, "_generate_and_score_completions": 0.0}
-    for name in spent:  # where TRL's loop goes: sampling, and sampling + rewards + log-probs + advantages
-        if hasattr(trainer, name):
-            setattr(trainer, name, timed(getattr(trainer, name), spent, name))
-    setup = time.perf_counter() - t0
-    trainer.train()
-    wall = time.perf_counter() - t0
-    loop = Clock.end - Clock.begin
-    sampled, prepared = spent.values()
-    phases = {"generate": sampled / iterations, "rewards+logprobs": (prepared - sampled) / iterations,
-              "train": (loop - prepared) / iterations}
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[run.rewards],
+                          args=run.config(s, out, iterations, seed, dtype), train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(model), peft_config=peft)
+    result: dict[str, Any] = run.train(trainer, iterations)
     saved = None
     if s.task == "arith":  # for the held-out eval afterwards (bench/rl_vs_trl_eval.py)
         saved = out / "model-smollm2-trl-trained"
@@ -375,12 +406,7 @@ def run_trl(s: Size, model: Path, train: Path, iterations: int, out: Path, threa
         for f in model.iterdir():  # tokenizer/template/generation files the trainer did not write
             if f.is_file() and not (saved / f.name).exists() and f.suffix != ".safetensors":
                 shutil.copy(f, saved / f.name)
-    return {"rewards": [m for _, m, _ in per_call], "completions": sum(n for n, _, _ in per_call),
-            "completion_tokens": sum(n for _, _, n in per_call), "loop_seconds": loop, "wall_seconds": wall,
-            "setup_seconds": setup, "torch_threads": torch.get_num_threads(),
-            "saved": str(saved) if saved else None, "phase_seconds_mean": phases,
-            # TRL's own per-step log (entropy, grad_norm, clip ratios), beside Tandem's metrics.jsonl
-            "log": [{k: v for k, v in e.items() if isinstance(v, (int, float))} for e in trainer.state.log_history]}
+    return result | {"saved": str(saved) if saved else None}
 
 
 def timed(fn: Any, spent: dict[str, float], name: str) -> Any:

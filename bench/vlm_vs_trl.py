@@ -39,14 +39,13 @@ import importlib.util
 import json
 import shutil
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rl_vs_trl import TRL_HINT, Size, fresh_copy, job_name, run_eval, run_tandem, summarize, timed
+from rl_vs_trl import TRL_HINT, Size, TrlRun, fresh_copy, job_name, run_eval, run_tandem, summarize
 from vlm_demo import CHANCE, job_for
 
 ROOT = Path(__file__).resolve().parents[1]  # (the imports above put Tandem's packages on sys.path)
@@ -126,81 +125,42 @@ def check_prompts(trainer: Any, data: Any, prompts: list[Any], model: Path) -> l
 
 def run_trl(s: Size, job: Path, model: Path, out: Path, iterations: int, threads: int | None,
             seed: int) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the job's rows (read by Tandem's dataset code), timed as rl_vs_trl.run_trl times it;
-    the trained model saved (tower names as vLLM loads them) for the held-out eval."""
+    """TRL's GRPOTrainer on the job's rows (read by Tandem's dataset code), configured and timed as
+    rl_vs_trl.run_trl does it (`TrlRun`); the trained model saved (tower names as vLLM loads them) for the
+    held-out eval."""
     warnings.filterwarnings("ignore")
-    t0 = time.perf_counter()  # start-up counts imports, as Tandem's does
+    from tandem.sidecars.rewards import RewardSet
+    from tandem.sidecars.trainer.loop.data.images import text_of
+    from tandem.spec.load import load_job
+
+    spec = load_job(job).spec
+    run = TrlRun(RewardSet(spec.rewards), lambda p: text_of(p[-1]["content"]))
     import torch
     from datasets import Dataset
 
     if threads:
         torch.set_num_threads(threads)
-    from transformers import AutoProcessor, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+    from transformers import AutoProcessor, AutoTokenizer
+    from trl import GRPOTrainer  # type: ignore[attr-defined]
 
-    from tandem.sidecars.rewards import RewardInput, RewardSet
     from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
-    from tandem.sidecars.trainer.loop.data.images import text_of
     from tandem.sidecars.vlm_demo.build import save
-    from tandem.spec.load import load_job
-
-    spec = load_job(job).spec
-    reward_set = RewardSet(spec.rewards)
-    per_call: list[tuple[int, float, int]] = []  # completions, mean reward, completion tokens (EOS included)
-
-    def tandem_rewards(prompts: list[Any], completions: list[Any], answer: list[Any],
-                       completion_ids: list[list[int]] | None = None, **_: Any) -> list[float]:
-        totals, _parts = reward_set.score([RewardInput(text_of(p[-1]["content"]), c[-1]["content"], a)
-                                           for p, c, a in zip(prompts, completions, answer, strict=True)])
-        per_call.append((len(totals), sum(totals) / len(totals), sum(map(len, completion_ids or []))))
-        return totals
-
-    class Clock(TrainerCallback):  # type: ignore[misc]
-        begin = end = 0.0
-
-        def on_train_begin(self, *a: Any, **k: Any) -> None:
-            Clock.begin = time.perf_counter()
-
-        def on_train_end(self, *a: Any, **k: Any) -> None:
-            Clock.end = time.perf_counter()
 
     # Tandem's rows: the pictures as its dataset decodes them, the messages with each image part a placeholder
     prompts = PromptDataset.load(spec.dataset, AutoTokenizer.from_pretrained(model)).prompts
     data = Dataset.from_list([{"prompt": p.messages, "images": list(p.images), "answer": p.answer} for p in prompts])
-    completions = s.prompts * s.group
-    config = GRPOConfig(
-        output_dir=str(out / "trl-out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=seed, learning_rate=s.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=s.kl, epsilon=s.clip,
-        loss_type="dapo", scale_rewards="group", num_generations=s.group, max_completion_length=s.max_tokens,
-        temperature=1.0, gradient_checkpointing=False,
-        per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=s.global_batch // s.micro_batch,
-        steps_per_generation=completions // s.micro_batch, max_steps=iterations * completions // s.global_batch)
-    trainer = GRPOTrainer(model=str(model), reward_funcs=[tandem_rewards], args=config, train_dataset=data,
-                          processing_class=AutoProcessor.from_pretrained(model), callbacks=[Clock()])
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[run.rewards], args=run.config(s, out, iterations, seed),
+                          train_dataset=data, processing_class=AutoProcessor.from_pretrained(model))
     checks = check_prompts(trainer, data, prompts, model)
-    spent = {"_generate_single_turn": 0.0, "_generate_and_score_completions": 0.0}
-    for name in spent:  # where TRL's loop goes: sampling, and sampling + rewards + log-probs + advantages
-        setattr(trainer, name, timed(getattr(trainer, name), spent, name))
-    setup = time.perf_counter() - t0
-    trainer.train()
-    wall = time.perf_counter() - t0
-    loop = Clock.end - Clock.begin
-    sampled, prepared = spent.values()
-    phases = {"generate": sampled / iterations, "rewards+logprobs": (prepared - sampled) / iterations,
-              "train": (loop - prepared) / iterations}
+    result: dict[str, Any] = run.train(trainer, iterations)
     saved = out / "model-trl-trained"
     shutil.rmtree(saved, ignore_errors=True)
     save(trainer.model, saved)  # the tower's weights under the names vLLM loads (build.save)
     for f in model.iterdir():  # processor/tokenizer/template/generation files save_pretrained did not write
         if f.is_file() and not (saved / f.name).exists() and f.suffix != ".safetensors":
             shutil.copy(f, saved / f.name)
-    return {"rewards": [m for _, m, _ in per_call], "completions": sum(n for n, _, _ in per_call),
-            "completion_tokens": sum(n for _, _, n in per_call), "loop_seconds": loop, "wall_seconds": wall,
-            "setup_seconds": setup, "torch_threads": torch.get_num_threads(), "saved": str(saved),
-            "phase_seconds_mean": phases, "prompt_check": checks,
-            "parameters": sum(p.numel() for p in trainer.model.parameters()),
-            "log": [{k: v for k, v in e.items() if isinstance(v, (int, float))} for e in trainer.state.log_history]}
+    return result | {"saved": str(saved), "prompt_check": checks,
+                     "parameters": sum(p.numel() for p in trainer.model.parameters())}
 
 
 def held_out_table(scores: dict[str, dict[str, dict[str, Any]]], iterations: int) -> None:

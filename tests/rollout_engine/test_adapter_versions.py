@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tiny_model
 import torch
 
 from tandem.checkpoint_engine import errors
@@ -36,13 +37,7 @@ def peft_model(base_dir: Path, seed: int, rank: int = RANK) -> tuple[Any, dict[s
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
                            LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if lora.is_adapter(name):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.eval()
-    state = {lora.saved_name(n): p.detach().clone() for n, p in model.named_parameters() if lora.is_adapter(n)}
+    state = tiny_model.random_adapters(model, seed)
     return model, state, lora.config_dict(model, base_dir)
 
 

@@ -120,13 +120,7 @@ def test_adapter_versions_on_a_vlm_adapt_its_language_model(etcd_server: Any, sh
     base = LlavaForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32).eval()
     model = lora.wrap(LlavaForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32),
                       Lora(rank=8, alpha=16), within=LANGUAGE_MODEL)
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if lora.is_adapter(name):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.eval()
-    state = {lora.saved_name(n): p.detach().clone() for n, p in model.named_parameters() if lora.is_adapter(n)}
+    state = tiny_model.random_adapters(model, seed=5)
     assert state and all(f".{LANGUAGE_MODEL}." in k for k in state), "adapters in the language model only"
     processor = AutoProcessor.from_pretrained(vlm)
     pics = [shapes.render(random.Random(s)) for s in (3, 4)]

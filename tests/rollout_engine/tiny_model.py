@@ -85,3 +85,17 @@ def save_vlm(root: Path, seed: int = 3, tied: bool = False) -> Path:
     from tandem.sidecars.vlm_demo import build
 
     return build.build_llava(save_model(root / "lm", seed=seed, tied=tied), root / "llava", seed=0)
+
+
+def random_adapters(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """Draw every LoRA adapter of a PeftModel at random (x0.3, so that they change its outputs; PEFT starts B at
+    zero), put it in eval mode, and return the adapters under the names PEFT saves them with."""
+    from tandem.sidecars.trainer.engines import lora
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if lora.is_adapter(name):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.eval()
+    return {lora.saved_name(n): p.detach().clone() for n, p in model.named_parameters() if lora.is_adapter(n)}
