@@ -420,13 +420,18 @@ def timed(fn: Any, spent: dict[str, float], name: str) -> Any:
     return wrapper
 
 
-def run_eval(job: Path, models: dict[str, Path], out: Path) -> dict[str, dict[str, Any]]:
-    """bench/rl_vs_trl_eval.py in a subprocess: each model directory through Tandem's Evaluator on vLLM."""
+def run_eval(job: Path, models: dict[str, Path], out: Path, seed: int = 0,
+             draws: int = 1) -> dict[str, dict[str, Any]]:
+    """bench/rl_vs_trl_eval.py in a subprocess: each model directory through Tandem's Evaluator on vLLM, `draws`
+    evaluations on an engine seeded with `seed` (the run's: the models one run scores share their draws, and
+    each seed's run scores with other draws; scored with seed 0 for every run before 2026-12-07, all runs' external
+    scores shared one fixed stream, whose offset did not average out over seeds)."""
     log, result = out / "eval.log", out / "eval-external.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / r) for r in ROOTS)}
     with open(log, "w") as f:
         rc = subprocess.run([sys.executable, str(ROOT / "bench" / "rl_vs_trl_eval.py"), str(job),
-                             *(f"{k}={v}" for k, v in models.items()), "--out", str(result)],
+                             *(f"{k}={v}" for k, v in models.items()), "--out", str(result), "--seed", str(seed),
+                             "--draws", str(draws)],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         raise SystemExit(f"evaluation failed (rc={rc}); see {log}")
@@ -556,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                   args.lora, args.seed, args.dtype)
     if s.task == "arith":  # after both timed runs: TRL's before/after and Tandem's export, on Tandem's eval path
         scored = run_eval(job, {"base": src, "tandem": out / "tandem-export" / f"iteration-{iterations}",
-                                "trl": Path(trl["saved"])}, out)
+                                "trl": Path(trl["saved"])}, out, seed=args.seed)
         trl["eval"] = [scored["base"], {**scored["trl"], "iteration": iterations}]
         tandem["eval_export"] = {**scored["tandem"], "iteration": iterations}
     summarize(args.size, s, iterations, params, tandem, trl, out, seed=args.seed, steps=args.steps)

@@ -40,7 +40,10 @@ class EngineGenerator:
         return self.engine.generate(prompts, options, n=n, images=images), {None}
 
 
-def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any]]:
+def evaluate(job_file: Path, models: dict[str, Path], seed: int = 0, draws: int = 1) -> dict[str, dict[str, Any]]:
+    """Each model's pass@1 / pass@k over `draws` evaluations in a row on one vLLM started with `seed` (each draw
+    continues the engine's random stream; on CPU a request's own seed is dropped, so the engine's is all there
+    is): models scored with one seed share their draws, and a run's seed gives other draws than another's."""
     from transformers import AutoTokenizer
 
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
@@ -59,17 +62,21 @@ def evaluate(job_file: Path, models: dict[str, Path]) -> dict[str, dict[str, Any
     with tempfile.TemporaryDirectory(prefix="rl-vs-trl-eval-") as shm:
         for name, model in models.items():
             t = time.perf_counter()
-            engine = RolloutEngine(EngineConfig(shm_root=Path(shm), job="bench-eval",
+            engine = RolloutEngine(EngineConfig(shm_root=Path(shm), job="bench-eval", seed=seed,
                                                 max_model_len=model_dir.context_length(
                                                     spec.rollout, model_dir.read_config(model, name))))
             engine.start(str(model), dummy=False)
             try:
-                result = evaluator.run(EngineGenerator(engine), 0, 0)
+                rows = [evaluator.run(EngineGenerator(engine), 0, 0).row() for _ in range(draws)]
             finally:
                 engine.terminate()
-            out[name] = {**result.row(), "model": str(model), "with_start_seconds": time.perf_counter() - t}
-            print(f"{name}: pass@1 {result.pass_at_1:.3f} pass@{result.samples} {result.pass_at_k:.3f} "
-                  f"({result.seconds:.1f} s, {out[name]['with_start_seconds']:.1f} s with vLLM start)", flush=True)
+            mean = {k: sum(r[k] for r in rows) / draws for k in ("pass_at_1", "pass_at_k", "reward_mean")}
+            out[name] = {**rows[0], **mean, "seconds": sum(r["seconds"] for r in rows), "model": str(model),
+                         "seed": seed, "draws": [r["pass_at_1"] for r in rows],
+                         "with_start_seconds": time.perf_counter() - t}
+            print(f"{name}: pass@1 {mean['pass_at_1']:.3f} pass@{rows[0]['samples']} {mean['pass_at_k']:.3f} "
+                  f"(seed {seed}, draws {[round(r['pass_at_1'], 3) for r in rows]}; {out[name]['seconds']:.1f} s, "
+                  f"{out[name]['with_start_seconds']:.1f} s with vLLM start)", flush=True)
     return out
 
 
@@ -78,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("job", type=Path)
     ap.add_argument("models", nargs="+", help="NAME=MODEL_DIR")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0, help="the vLLM engine's seed (its random stream)")
+    ap.add_argument("--draws", type=int, default=1, help="evaluations per model, averaged")
     args = ap.parse_args(argv)
     models = {name: Path(path) for name, _, path in (m.partition("=") for m in args.models)}
-    args.out.write_text(json.dumps(evaluate(args.job, models), indent=2))
+    args.out.write_text(json.dumps(evaluate(args.job, models, args.seed, args.draws), indent=2))
     return 0
 
 

@@ -100,7 +100,7 @@ def run_tandem_seed(size: str, seed: int, steps: int, out: Path, engine: str = "
         job = pair.job_yaml(s, pair.fresh_copy(src, out / f"model-{size}-tandem"), train, s.iterations,
                             out / "job.yaml", seed=seed, engine=engine)
         tandem = pair.run_tandem(job, out / "tandem-runs")
-        scored = pair.run_eval(job, {"tandem": out / "tandem-export" / f"iteration-{s.iterations}"}, out)
+        scored = pair.run_eval(job, {"tandem": out / "tandem-export" / f"iteration-{s.iterations}"}, out, seed=seed)
         k = max(1, min(5, s.iterations // 4))
         tandem |= {"reward_last": sum(tandem["rewards"][-k:]) / k, "eval_export": scored["tandem"]}
         result.write_text(json.dumps({"seed": seed, "steps_per_iteration": steps, "tandem": tandem, "pass_at_1": {
