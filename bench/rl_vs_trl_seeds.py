@@ -54,6 +54,19 @@ a full test run and another bench, which starved TRL's half: its 10.2x completio
 entropy fell 2.14 -> ~1.0 over its 40 steps. Over the two: Tandem 0.569 (0.445-0.693), TRL 0.546 (0.508-0.583),
 paired difference +0.023 (se 0.161). Seed 2 was stopped to free the cores (bench/results/
 rl_vs_trl_seeds-smollm2-steps4.{json,png}, rl_vs_trl-smollm2-steps4-seed{0,1}.json).
+`--trl-from bench/results/rl_vs_trl_seeds-smollm2-steps1.json --seeds 1 3 4 0 2`, 2026-12-07 (a fresh 2-core
+AVX-512 machine; Tandem's half alone, seeds 0 and 2 run the same way just before and scored with the same code;
+bench/results/rl_vs_trl_stored-smollm2-steps1.json): Tandem's in-loop eval after training 0.474 / 0.289 / 0.393
+/ 0.406 / 0.432 (seeds 0-4; mean 0.399, se 0.031) against TRL's stored 0.445 (se 0.018): -0.046 (se 0.036). All
+five runs learned: no rise of entropy (2.1-2.6 -> 1.0-1.9), mismatch KL <= 8e-11 in every iteration, no restart
+or dropped rollout (each iteration's figures in the result's diagnostics). Their exports, scored on the path
+that scored TRL's models, were lower in all five: 0.432 / 0.276 / 0.318 / 0.378 / 0.331 (mean 0.347, se 0.027),
+which against TRL's 0.445 on that same path is -0.098 (se 0.033): parity is still not shown, like for like. The
+in-loop eval's lead over the external one (+0.013 to +0.102, mean +0.052) is not explained: for seed 4, eight
+more off-line draws of its export (fresh vLLM with other seeds, and a vLLM started on the base with the export
+loaded in place as the rollout holds it: greedy equal on 16 of 16 prompts, the fresh engine within 4e-5 of
+transformers' log-probs) gave 0.320-0.391 (mean 0.356, sd 0.022) against the live 0.432
+(bench/results/rl_vs_trl-smollm2-evalpaths.json). Until it is, compare Tandem with TRL on the external path.
 """
 
 from __future__ import annotations
