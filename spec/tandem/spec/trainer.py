@@ -112,7 +112,8 @@ class Lora(Base):
     alpha: Annotated[float, Field(gt=0, le=1e6, description="The update is alpha / rank x B A.")] = 32.0
     target_modules: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Field(
         min_length=1, max_length=64, description="Module names to adapt (q_proj, v_proj, ...), or [all-linear]: "
-        "every linear layer but the output layer.")] = Field(default_factory=lambda: ["all-linear"])
+        "every linear layer but the output layer. On a vision-language model, its language model's only.")] = \
+        Field(default_factory=lambda: ["all-linear"])
     dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout on the adapters' input.")] = 0.0
     sync: Literal["adapter", "merged"] = Field(default="adapter", description=(
         "What a version carries to the rollouts. adapter: the adapters alone (a few MB), which vLLM serves as "
