@@ -51,7 +51,8 @@ from typing import Any
 
 import yaml
 
-from rl_vs_trl import TRL_HINT, Size, TrlRun, fresh_copy, job_name, run_eval, run_tandem, summarize
+from rl_vs_trl import TRL_HINT, Size, fresh_copy, job_name, run_eval, run_tandem, summarize
+from trl_half import TrlRun
 from vlm_demo import CHANCE, job_for
 
 ROOT = Path(__file__).resolve().parents[1]  # (the imports above put Tandem's packages on sys.path)
