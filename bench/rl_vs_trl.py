@@ -6,8 +6,8 @@ wrapped as one TRL reward function: answerMatch x1 + format x0.1), group size 8,
 length, prompts per iteration, learning rate (constant, Adam, no weight decay, grad clip 1),
 KL coefficient 0.001, clip 0.2, token-mean loss (TRL loss_type "dapo") and number of iterations; neither side
 recomputes activations (TRL's GRPOConfig turns gradient checkpointing on by default: off here since 2026-12-07,
-so TRL's train phase in the runs measured before that date was slowed by it, ~20-30%, and their completions/s
-ratios flatter Tandem).
+so TRL's train phase in the runs measured before that date was slowed by it (by about 20%, as its help text
+puts it; not measured here), and their completions/s ratios flatter Tandem).
 Tandem runs as a subprocess (`tandem run` on a generated job YAML; its metrics.jsonl is parsed);
 TRL runs in this process (its train loop timed by a callback). Reported: completions/s for each
 (Tandem without process start-up, i.e. the sum of per-iteration seconds, and with it), reward
