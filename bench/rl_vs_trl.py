@@ -243,6 +243,20 @@ def job_yaml(s: Size, model: Path, train: Path, iterations: int, path: Path, max
     return path
 
 
+def stepped(s: Size, steps: int) -> Size:
+    """`s` with `steps` optimizer steps an iteration: each step one share of the iteration's completions, in whole
+    micro-batches (Tandem's trainer.globalBatchSize, TRL's gradient accumulation)."""
+    if steps <= 1:
+        return s
+    per_step = s.prompts * s.group // steps
+    return replace(s, global_batch=per_step, micro_batch=min(s.micro_batch, per_step))
+
+
+def last_k(iterations: int) -> int:
+    """How many of the last iterations the training reward is averaged over."""
+    return max(1, min(5, iterations // 4))
+
+
 def job_name(out: Path) -> str:
     """The job's name from its output folder (`bench-smollm2-steps4-seed1`): runs in other folders may share the
     machine (one name per machine at a time: `tandem run` refuses a second)."""
@@ -363,7 +377,7 @@ def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str
     from rich.console import Console
     from rich.table import Table
 
-    k = max(1, min(5, iterations // 4))
+    k = last_k(iterations)
     for r in (tandem, trl):
         r["completions_per_s"] = r["completions"] / r["loop_seconds"]
         r["completions_per_s_with_startup"] = r["completions"] / r["wall_seconds"]
@@ -465,9 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                     micro_batch=min(s.micro_batch, completions))
     if args.lora:
         s = replace(s, lr=args.lora_lr)
-    if args.steps > 1:  # each step one share of the iteration's completions, in whole micro-batches
-        per_step = s.prompts * s.group // args.steps
-        s = replace(s, global_batch=per_step, micro_batch=min(s.micro_batch, per_step))
+    s = stepped(s, args.steps)
     iterations = args.iterations or s.iterations
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

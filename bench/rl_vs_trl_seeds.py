@@ -105,16 +105,13 @@ def run_tandem_seed(size: str, seed: int, steps: int, out: Path, engine: str = "
     out.mkdir(parents=True, exist_ok=True)
     result = out / f"tandem-{size}.json"
     if not result.exists():
-        s = pair.SIZES[size]
-        if steps > 1:
-            per_step = s.prompts * s.group // steps
-            s = pair.replace(s, global_batch=per_step, micro_batch=min(s.micro_batch, per_step))
+        s = pair.stepped(pair.SIZES[size], steps)
         src, train, _ = pair.prepare(size, out)
         job = pair.job_yaml(s, pair.fresh_copy(src, out / f"model-{size}-tandem"), train, s.iterations,
                             out / "job.yaml", seed=seed, engine=engine)
         tandem = pair.run_tandem(job, out / "tandem-runs")
         scored = pair.run_eval(job, {"tandem": out / "tandem-export" / f"iteration-{s.iterations}"}, out, seed=seed)
-        k = max(1, min(5, s.iterations // 4))
+        k = pair.last_k(s.iterations)
         tandem |= {"reward_last": sum(tandem["rewards"][-k:]) / k, "eval_export": scored["tandem"]}
         result.write_text(json.dumps({"seed": seed, "steps_per_iteration": steps, "tandem": tandem, "pass_at_1": {
             "tandem": [tandem["eval"][0]["pass_at_1"], tandem["eval"][-1]["pass_at_1"]],

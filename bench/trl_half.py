@@ -11,7 +11,7 @@ from typing import Any
 
 
 class TrlRun:
-    """What both TRL halves (this text bench's and bench/vlm_vs_trl.py's) share: Tandem's rewards as TRL's one
+    """What the TRL halves of both benches share: Tandem's rewards as TRL's one
     reward function (per call: completions, mean reward, completion tokens), TRL's GRPOConfig for a `Size`, and
     its train loop timed by phase (sampling; sampling + rewards + log-probs + advantages; the rest)."""
 

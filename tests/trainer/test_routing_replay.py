@@ -101,6 +101,11 @@ def routers_used(engine: Any, batch: Any) -> dict[int, torch.Tensor]:
     return {k: torch.cat([m.reshape(cols, -1, experts).transpose(0, 1) for m in maps]) for k, maps in seen.items()}
 
 
+def as_map(experts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """vLLM's routed experts ([tokens, top-k] ids) as a routing map shaped like `like` ([tokens, experts] bool)."""
+    return torch.zeros_like(like).scatter_(1, experts.long(), True)
+
+
 def test_rollout_returns_compact_routing_per_token(rollouts: dict[str, Any]) -> None:
     sizes = []
     for group in rollouts["groups"]:
@@ -136,9 +141,8 @@ def test_trainer_routes_every_token_as_vllm_did(rollouts: dict[str, Any], engine
         for at, first, count in spans:
             for layer in (0, 1):
                 got = used[layer][p.row, at:at + count]  # [count, experts]
-                want = torch.zeros_like(got)
-                want.scatter_(1, vllm[first:first + count, layer].long(), True)
-                assert torch.equal(got, want), f"sample {p.sample} layer {layer}"
+                assert torch.equal(got, as_map(vllm[first:first + count, layer], got)), f"sample {p.sample} " \
+                    f"layer {layer}"
                 checked += count
     assert checked > 200
 
@@ -172,9 +176,7 @@ def routed_alike(engine: Any, samples: list[Sample]) -> list[bool]:
         same = True
         for layer in sorted(used):
             got = used[layer][p.row, p.start:p.start + p.length - 1]
-            want = torch.zeros_like(got)
-            want.scatter_(1, vllm[:p.length - 1, layer].long(), True)
-            same = same and torch.equal(got, want)
+            same = same and torch.equal(got, as_map(vllm[:p.length - 1, layer], got))
         alike.append(same)
     return alike
 
