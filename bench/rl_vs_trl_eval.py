@@ -67,12 +67,15 @@ def evaluate(job_file: Path, models: dict[str, Path], seed: int = 0, draws: int 
                                                     spec.rollout, model_dir.read_config(model, name))))
             engine.start(str(model), dummy=False)
             try:
-                rows = [evaluator.run(EngineGenerator(engine), 0, 0).row() for _ in range(draws)]
+                rows, answers = [], []
+                for _ in range(draws):
+                    rows.append(evaluator.run(EngineGenerator(engine), 0, 0).row())
+                    answers += evaluator.samples
             finally:
                 engine.terminate()
             mean = {k: sum(r[k] for r in rows) / draws for k in ("pass_at_1", "pass_at_k", "reward_mean")}
             out[name] = {**rows[0], **mean, "seconds": sum(r["seconds"] for r in rows), "model": str(model),
-                         "seed": seed, "draws": [r["pass_at_1"] for r in rows],
+                         "seed": seed, "draws": [r["pass_at_1"] for r in rows], "answers": answers,
                          "with_start_seconds": time.perf_counter() - t}
             print(f"{name}: pass@1 {mean['pass_at_1']:.3f} pass@{rows[0]['samples']} {mean['pass_at_k']:.3f} "
                   f"(seed {seed}, draws {[round(r['pass_at_1'], 3) for r in rows]}; {out[name]['seconds']:.1f} s, "

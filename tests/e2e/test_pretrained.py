@@ -98,6 +98,12 @@ def test_smollm2_grpo_with_tied_embeddings(model: Path, tmp_path: Path) -> None:
     evals = [json.loads(line) for line in (runs / "eval.jsonl").read_text().splitlines()]
     assert [e["iteration"] for e in evals] == list(range(ITERATIONS + 1)), evals
     assert evals[0]["prompts"] == 8 and evals[0]["pass_at_1"] > 0, f"the pretrained model answers nothing: {evals}"
+    answers = [json.loads(line) for line in (runs / "eval-samples.jsonl").read_text().splitlines()]
+    for e in evals:  # every answer of every eval, judged: their share is the eval's pass@1
+        mine = [a for a in answers if a["iteration"] == e["iteration"]]
+        assert len(mine) == e["prompts"] and {a["version"] for a in mine} == {e["version"]}  # greedy: one each
+        assert sum(a["passed"] for a in mine) / len(mine) == pytest.approx(e["pass_at_1"])
+        assert all(0 < a["tokens"] <= 48 and a["finish_reason"] in ("stop", "length") for a in mine)
     for r in rows:  # rollout vs trainer log-probs of the sampled tokens: the same weights on both sides
         assert r["mismatch_mean"] < MISMATCH, (r["iteration"], r["mismatch_mean"], r["mismatch_max"])
         assert r["completions"] == 16

@@ -110,6 +110,10 @@ def test_pass_at_1_and_k_from_scripted_completions_ignore_the_format_reward() ->
     row = result.row()
     assert row["k"] == 4 and row["pass_at_1"] == result.pass_at_1 and row["pass_at_k"] == result.pass_at_k
     assert result.seconds >= 0.0
+    # every answer kept, judged as pass@1 counted it (eval-samples.jsonl)
+    assert [(s["prompt"], s["sample"], s["text"], s["passed"]) for s in ev.samples] == [
+        (j, i, TEXTS[j][i], CORRECT[j][i]) for j in range(3) for i in range(4)]
+    assert {(s["iteration"], s["version"], s["tokens"], s["finish_reason"]) for s in ev.samples} == {(5, 6, 2, "stop")}
 
 
 def test_the_generator_gets_the_specs_sampling_and_the_first_prompts() -> None:

@@ -82,6 +82,7 @@ class Evaluator:
         self.prompts = list(prompts)[: spec.prompts]
         self.rewards = RewardSet([r.model_copy(update={"weight": 1.0}) for r in verifiable])
         self.max_tokens = spec.max_tokens or max_tokens
+        self.samples: list[dict[str, Any]] = []  # the last run's answers, judged (eval-samples.jsonl)
 
     def due(self, iteration: int) -> bool:
         """Evaluate before iteration `iteration` (iteration == iterations: after the last one)."""
@@ -99,12 +100,14 @@ class Evaluator:
             data = [p.fields for p in self.prompts]
             trajectories, versions = generator.trajectories(rows, opts, n=drawn, data=data)
             groups = [[(str(t["text"]), t.get("reward")) for t in row] for row in trajectories]
+            ends: list[list[tuple[int | None, str | None]]] = [[(None, None)] * len(row) for row in trajectories]
             flat = [t for row in trajectories for t in row]
             tool_calls = sum(float(t["tool_calls"]) for t in flat) / max(len(flat), 1)
         else:
             completions, versions = generator.generate([p.model_input for p in self.prompts], opts, n=drawn,
                                                        **pictures_of(self.prompts))
             groups = [[(c.text, None) for c in group] for group in completions]
+            ends = [[(len(c.token_ids), c.finish_reason) for c in group] for group in completions]
         if versions - {None, version}:
             raise RuntimeError(f"eval of version {version}: the rollouts served {sorted(map(str, versions))}")
         if any(len(group) != drawn for group in groups):
@@ -116,6 +119,10 @@ class Evaluator:
         per_prompt = [sum(passed[j * drawn:(j + 1) * drawn]) * (k // drawn) for j in range(len(self.prompts))]
         totals = self.rewards.combine(components)
         n = len(self.prompts)
+        self.samples = [{"iteration": iteration, "version": version, "prompt": j, "sample": i, "text": text,
+                         "tokens": end[0], "finish_reason": end[1], "passed": passed[j * drawn + i]}
+                        for j, (group, group_ends) in enumerate(zip(groups, ends, strict=True))
+                        for i, ((text, _), end) in enumerate(zip(group, group_ends, strict=True))]
         return EvalResult(
             iteration=iteration, version=version, prompts=n, samples=k,
             pass_at_1=sum(pass_at_k(k, c, 1) for c in per_prompt) / n,

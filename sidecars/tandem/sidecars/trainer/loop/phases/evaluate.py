@@ -2,7 +2,8 @@
 
 Role: at the start (before any training), every `eval.every` iterations and at the end, the driver reports
 phase `eval`, runs the job's `held_out.Evaluator` (pass@1, pass@k) on the version the rollouts serve, and
-writes the result to Prometheus, the tracker and, when TANDEM_OUTPUT_DIR is set, eval.jsonl; the next
+writes the result to Prometheus, the tracker and, when TANDEM_OUTPUT_DIR is set, eval.jsonl (and every answer,
+its length, finish reason and verdict, to eval-samples.jsonl); the next
 progress records carry it. Driver rank only. Caller: `driver.run`.
 """
 
@@ -35,6 +36,8 @@ def evaluate(ctx: TrainerContext, iterations_done: int, version: int) -> EvalRes
     if ctx.env.output_dir is not None:
         with open(ctx.env.output_dir / "eval.jsonl", "a") as f:
             f.write(json.dumps(result.row()) + "\n")
+        with open(ctx.env.output_dir / "eval-samples.jsonl", "a") as f:  # every answer, judged
+            f.writelines(json.dumps(s) + "\n" for s in ctx.evaluator.samples)
     log.info("eval after %d iterations (version %d): pass@1 %.3f pass@%d %.3f on %d prompts", iterations_done,
              version, result.pass_at_1, result.samples, result.pass_at_k, result.prompts)
     return result
