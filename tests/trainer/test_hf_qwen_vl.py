@@ -9,7 +9,8 @@ with shared prompts) equal transformers' forward of each sample alone (its own m
 `[t, h, w, patch]` grids (`vision_inputs.as_pictures`) and the trainer's own preparation (`TrainerContext.pixels`)
 gives them; a micro-batch whose pictures do not match its image tokens is refused naming the counts; a GRPO step
 moves the tower, the merger (trainer.freeze's projector) and the language model, or leaves the frozen parts as
-they were; the spec takes the family (hf engine, freeze, LoRA) and refuses megatron naming the field.
+they were; LoRA adapts the language model alone (and merged versions keep the model's names); the spec takes
+the family (hf engine, freeze, LoRA) and refuses megatron naming the field.
 """
 
 from __future__ import annotations
@@ -161,3 +162,32 @@ def test_the_spec_takes_qwen2_5_vl_on_the_hf_engine(tmp_path: Path) -> None:
         parse_job(job)
     [(field, message)] = err.value.problems
     assert field == "spec.trainer.engine" and "model_type 'qwen2_5_vl'" in message
+
+
+def test_lora_on_qwen_vl_adapts_its_language_model_only(vlm: Path) -> None:
+    """trainer.lora: adapters on every linear layer of the language model, none in the tower (its qkv, proj, mlp)
+    or the merger; a GRPO step moves the adapters alone; merged versions carry the model's own names."""
+    from tandem.sidecars.trainer.engines import lora
+    from tandem.sidecars.trainer.engines.hf_engine import LANGUAGE_MODEL
+    from tandem.spec.trainer import Lora
+
+    engine = HFEngine.from_hf(vlm, lr=1e-2, lora=Lora(rank=4, alpha=8))
+    adapters = [n for n, _ in engine.model.named_parameters() if lora.is_adapter(n)]
+    assert adapters and all(f".{LANGUAGE_MODEL}." in n for n in adapters), adapters
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} == \
+        {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in adapters}
+    before = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    samples = samples_of(vlm)
+    algo = GRPO(kl_coef=0.0)
+
+    def loss(out: torch.Tensor, mb: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return algo.loss(shift_to_labels(out), mb)
+
+    for _ in range(2):  # B starts at zero: A moves in the first step, both in the second
+        assert engine.train_step(algo.prepare(samples, row_budget(samples)), loss, micro_batch_size=2)["update_ok"]
+    moved = {k for k, v in engine.model.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved and all(lora.is_adapter(k) for k in moved), sorted(moved)[:5]
+    from transformers import AutoModelForImageTextToText
+
+    names = AutoModelForImageTextToText.from_pretrained(vlm).state_dict()
+    assert sorted(n for n, _ in engine.export_hf()) == sorted(names)
