@@ -14,7 +14,9 @@ as a 4-D boolean mask, positions restart per sample (or follow the batch's `posi
 unpacked. The output layer runs on the scored positions only, a chunk at a time (`chunked_logprobs`), in
 place of the model's own head, when that head is a plain linear map (no bias, no logit soft-capping or
 scaling); otherwise the model's logits are used whole. Log-probs use the Megatron engine's layout: entry t
-is log p(token t | its sample before t), 0 at each sample's first token and in padding.
+is log p(token t | its sample before t), 0 at each sample's first token and in padding. A vision-language
+model (llava, qwen2_5_vl: `AutoModelForImageTextToText`) gets each micro-batch's pictures, and for Qwen2.5-VL
+each packed sample's own 3-D positions, from `vision_inputs.py`.
 
 Every method that touches the model is collective (FSDP2 gathers each layer's weights in every forward):
 each rank runs the same number of micro-batches, padding with zero-weight ones where its share is short.
