@@ -10,7 +10,8 @@ with shared prompts) equal transformers' forward of each sample alone (its own m
 gives them; a micro-batch whose pictures do not match its image tokens is refused naming the counts; a GRPO step
 moves the tower, the merger (trainer.freeze's projector) and the language model, or leaves the frozen parts as
 they were; LoRA adapts the language model alone (and merged versions keep the model's names); the spec takes
-the family (hf engine, freeze, LoRA) and refuses megatron naming the field.
+the family (hf engine, freeze, LoRA, shared prompts) and refuses what no vision-language model does yet
+(megatron, dpo, partial rollouts) naming the field.
 """
 
 from __future__ import annotations
@@ -157,11 +158,16 @@ def test_the_spec_takes_qwen2_5_vl_on_the_hf_engine(tmp_path: Path) -> None:
                     "trainer": {"freeze": ["visionTower"], "lora": {"rank": 8}, "sharePrompts": True}}}
     spec = parse_job(job).spec
     assert spec.trainer.engine == "auto" and spec.trainer.freeze == ["visionTower"]
-    job["spec"]["trainer"] = {"engine": "megatron"}
-    with pytest.raises(SpecError) as err:
-        parse_job(job)
-    [(field, message)] = err.value.problems
-    assert field == "spec.trainer.engine" and "model_type 'qwen2_5_vl'" in message
+    refused = [({"trainer": {"engine": "megatron"}}, "spec.trainer.engine", "megatron does not train vision-language"),
+               ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name", "dpo packs its own pairs"),
+               ({"rollout": {"partial": {"tokenBudget": 8}}, "algorithm": {"tisCap": 2.0}}, "spec.rollout.partial",
+                "do not carry pictures")]
+    for change, want_field, want in refused:
+        job["spec"] = {k: v for k, v in job["spec"].items() if k in ("model", "rewards", "dataset")} | change
+        with pytest.raises(SpecError) as err:
+            parse_job(job)
+        [(field, message)] = err.value.problems
+        assert field == want_field and want in message and "(model_type 'qwen2_5_vl')" in message, (field, message)
 
 
 def test_lora_on_qwen_vl_adapts_its_language_model_only(vlm: Path) -> None:
