@@ -76,10 +76,10 @@ def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(t
         [(field, message)] = _problems_of(job)
         assert field == want_field and want in message and "is a vision-language model (model_type 'llava')" \
             in message, (change, field, message)
-    (tmp_path / "qwen").mkdir()
-    qwen = _model_dir(tmp_path / "qwen", {"model_type": "qwen2_5_vl", "vision_config": {"model_type": "qwen2_5_vl"}})
-    [(field, message)] = _problems_of(_job({"path": qwen}))
-    assert field == "spec.model.path" and "not one the trainer prepares yet (trained: llava)" in message
+    (tmp_path / "idefics").mkdir()
+    other = _model_dir(tmp_path / "idefics", {"model_type": "idefics3", "vision_config": {"model_type": "idefics3"}})
+    [(field, message)] = _problems_of(_job({"path": other}))
+    assert field == "spec.model.path" and "not one the trainer prepares yet (trained: llava, qwen2_5_vl)" in message
     job = _job({"path": path})
     job["spec"]["trainer"] = {"freeze": ["visionTower", "projector"]}
     assert parse_job(job).spec.trainer.freeze == ["visionTower", "projector"]

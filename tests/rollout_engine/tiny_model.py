@@ -87,6 +87,57 @@ def save_vlm(root: Path, seed: int = 3, tied: bool = False) -> Path:
     return build.build_llava(save_model(root / "lm", seed=seed, tied=tied), root / "llava", seed=0)
 
 
+QWEN_VL_SPECIALS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                    "<|video_pad|>")
+# ChatML with content parts: an image part becomes Qwen2.5-VL's placeholder, which the processor (and vLLM) expands
+QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% else %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def save_qwen_vl(out: Path, seed: int = 0, tied: bool = False) -> Path:
+    """A tiny Qwen2.5-VL (random weights drawn from `seed`): this module's tokenizer with Qwen2.5-VL's special
+    tokens, a 2-layer language model with 3-D rotary positions, a 2-block vision tower (14-pixel patches, 2x2 merged:
+    a 56x56 picture is 4 image tokens; pictures are resized to 4..16 merged patches), its processor beside it."""
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.add_special_tokens({"additional_special_tokens": list(QWEN_VL_SPECIALS)})
+    tok.chat_template = QWEN_VL_TEMPLATE
+    ids = {s: int(tok.convert_tokens_to_ids(s)) for s in QWEN_VL_SPECIALS}
+    text = {"vocab_size": VOCAB + 64, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 1024,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1e6},
+            "eos_token_id": 1, "bos_token_id": 1, "tie_word_embeddings": tied}
+    vision = {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56, "out_hidden_size": 128,
+              "fullatt_block_indexes": [1]}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # larger weights than the default init: pictures and seeds change the outputs
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.05 if ".visual." in f".{name}" else 0.2)
+    model.save_pretrained(out)
+    pixels = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16}
+    Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessorPil(**pixels),
+                        video_processor=Qwen2VLVideoProcessor(**pixels),
+                        tokenizer=tok, chat_template=QWEN_VL_TEMPLATE).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def random_adapters(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
     """Draw every LoRA adapter of a PeftModel at random (x0.3, so that they change its outputs; PEFT starts B at
     zero), put it in eval mode, and return the adapters under the names PEFT saves them with."""

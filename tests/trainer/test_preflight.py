@@ -179,3 +179,32 @@ def test_a_picture_counts_as_its_image_tokens(tmp_path: Path) -> None:
            f"{build.IMAGE_TOKENS} image tokens)" in str(err.value)
     spec.rollout.max_model_len = max(expanded) + 1
     preflight.check(spec)
+
+
+def test_a_qwen_vl_picture_counts_as_its_own_grid_of_tokens(tmp_path: Path) -> None:
+    """Qwen2.5-VL: a picture's placeholder becomes as many image tokens as its grid of patches holds (its size as
+    the image processor resizes it, 2x2 patches a token): a 100x60 picture is 8 tokens, a 64x64 one 4 (the tiny
+    Qwen2.5-VL of tests/rollout_engine/tiny_model.py); the limit is checked on each row's own count."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
+    import tiny_model
+    from PIL import Image
+
+    vlm = tiny_model.save_qwen_vl(tmp_path / "vlm")
+    rows = []
+    for i, size in enumerate(((100, 60), (64, 64))):
+        Image.new("RGB", size, (200, 30, 30)).save(tmp_path / f"{i}.png")
+        rows.append({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"{i}.png"}}, {"type": "text", "text": "alpha"}]}], "answer": 1})
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    spec = JobSpec.model_validate({"model": {"path": str(vlm)}, "gpusPerPod": 0, "rewards": [{"type": "answerMatch"}],
+                                   "dataset": {"path": str(data), "promptField": "messages"}})
+    sent = sent_lengths(spec)  # each placeholder counted once
+    expanded = [sent[0] + 8 - 1, sent[1] + 4 - 1]
+    spec.rollout.max_model_len = expanded[1] + 1  # room for the second row's 4 tokens, not for the first's 8
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.check(spec)
+    assert str(err.value).startswith(f"{data}: row 1 (spec.dataset.path): the prompt is {expanded[0]} tokens as "
+                                     "sent (chat template applied, each picture its image tokens)"), str(err.value)
+    assert "rows in all" not in str(err.value)  # the second row fits
+    spec.rollout.max_model_len = max(expanded) + 1
+    preflight.check(spec)

@@ -47,7 +47,8 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
 
-VISION_FAMILIES = ("llava",)  # vision-language layouts the trainer prepares: pixel values [pictures, 3, H, W]
+VISION_FAMILIES = ("llava", "qwen2_5_vl")  # vision-language layouts the trainer prepares: LLaVA's pixel values
+# [pictures, 3, H, W]; Qwen2.5-VL's grids of patches with 3-D positions (sidecars' trainer/engines/vision_inputs.py)
 
 class Reference(Base):
     path: Annotated[str | None, Field(min_length=1, description="Reference model; default: the initial model.")] = None

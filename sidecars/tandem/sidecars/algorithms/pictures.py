@@ -6,8 +6,8 @@ their prompts sit in the row. A sample packed whole carries its prompt (and so i
 group whose prompt is shared (`packing`, `share_prompts`) holds the prompt once, in a prefix segment, so its
 pictures count once there (the shared part is the prompt but its last token, and a picture's tokens never end a
 prompt: the chat template puts the generation prompt after them). Caller: `algorithm_interface.pack_samples`; the
-hf engine (`hf_engine._inputs`) hands a micro-batch's rows' pictures to the model and checks their count against
-the image tokens it holds.
+hf engine (`hf_engine._inputs`, through `engines/vision_inputs.py`) hands a micro-batch's rows' pictures to the
+model and checks their count against the image tokens it holds.
 """
 
 from __future__ import annotations
@@ -34,10 +34,16 @@ def by_row(placements: Sequence[Placement], images: Sequence[Sequence[torch.Tens
     return [[t for _, pics in sorted(row.items(), key=lambda kv: kv[0]) for t in pics] for row in found]
 
 
-def count_check(ids: torch.Tensor, pictures: Sequence[torch.Tensor], image_token: int, per_image: int) -> None:
-    """ValueError unless `ids` holds exactly `per_image` image tokens for each of `pictures` (what the model would
-    otherwise refuse, or silently misplace)."""
+def count_check(ids: torch.Tensor, pictures: Sequence[torch.Tensor], image_token: int,
+                per_image: int | Sequence[int]) -> None:
+    """ValueError unless `ids` holds exactly the image tokens of `pictures`: `per_image` each, or `per_image[i]` for
+    picture i where each picture has its own count (what the model would otherwise refuse, or silently misplace)."""
     held = int((ids == image_token).sum())
-    if held != per_image * len(pictures):
-        raise ValueError(f"a micro-batch holds {held} image tokens for {len(pictures)} pictures of {per_image} "
-                         "tokens each: the samples' prompt ids and pictures do not match")
+    if isinstance(per_image, int):
+        if held != per_image * len(pictures):
+            raise ValueError(f"a micro-batch holds {held} image tokens for {len(pictures)} pictures of {per_image} "
+                             "tokens each: the samples' prompt ids and pictures do not match")
+    elif held != sum(per_image):
+        raise ValueError(f"a micro-batch holds {held} image tokens for {len(pictures)} pictures of "
+                         f"{sum(per_image)} tokens in all ({', '.join(map(str, per_image))}): the samples' prompt ids "
+                         "and pictures do not match")

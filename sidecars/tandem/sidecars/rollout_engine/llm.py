@@ -62,7 +62,9 @@ def new_llm(llm_class: Any, cfg: EngineConfig, model_dir: str, dummy: bool) -> A
         logprobs_mode="processed_logprobs",
         **lora,
         **routing.llm_kwargs(cfg.routing_replay),
-        **cfg.llm_kwargs,
+        # a picture's normalization (mean, std) stays in the processor: on the device (Qwen2.5-VL and others) vLLM
+        # holds it in persistent buffers that a dummy start fills at random and no version carries
+        **({"mm_device_do_normalize": False} | cfg.llm_kwargs),
     )
 
 

@@ -14,7 +14,9 @@ as a 4-D boolean mask, positions restart per sample (or follow the batch's `posi
 unpacked. The output layer runs on the scored positions only, a chunk at a time (`chunked_logprobs`), in
 place of the model's own head, when that head is a plain linear map (no bias, no logit soft-capping or
 scaling); otherwise the model's logits are used whole. Log-probs use the Megatron engine's layout: entry t
-is log p(token t | its sample before t), 0 at each sample's first token and in padding.
+is log p(token t | its sample before t), 0 at each sample's first token and in padding. A vision-language
+model (llava, qwen2_5_vl: `AutoModelForImageTextToText`) gets each micro-batch's pictures, and for Qwen2.5-VL
+each packed sample's own 3-D positions, from `vision_inputs.py`.
 
 Every method that touches the model is collective (FSDP2 gathers each layer's weights in every forward):
 each rank runs the same number of micro-batches, padding with zero-weight ones where its share is short.
@@ -32,8 +34,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from tandem.sidecars.algorithms import pictures
-from tandem.sidecars.trainer.engines import common, micro_batches
+from tandem.sidecars.trainer.engines import common, micro_batches, vision_inputs
 from tandem.sidecars.trainer.engines import lora as lora_weights
 from tandem.sidecars.trainer.engines.chunked_logprobs import chunked_logprobs
 from tandem.sidecars.trainer.engines.common import EngineError, Parallelism
@@ -43,8 +44,8 @@ from tandem.sidecars.trainer.engines.offload import HostOffloader, optimizer_ten
 from tandem.spec.trainer import IMAGE_TOKEN_BIAS, image_token, vision_language
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
-LANGUAGE_MODEL = "model.language_model"  # a vision-language model's language model (transformers 5's LLaVA layout)
-FROZEN_PARTS = {"visionTower": "vision_tower", "projector": "multi_modal_projector"}  # trainer.freeze: the modules
+LANGUAGE_MODEL = "model.language_model"  # a vision-language model's language model (transformers 5's LLaVA and
+# Qwen2.5-VL layouts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,14 @@ def _plain_head(model: Any) -> bool:
     config = model.config
     return (isinstance(head, torch.nn.Linear) and head.bias is None
             and not getattr(config, "final_logit_softcapping", None) and not getattr(config, "logit_scale", None))
+
+
+def _has(module: torch.nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def start_process_group() -> tuple[int, int]:
@@ -137,10 +146,12 @@ class HFEngine(HFWeights):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         for part in frozen:  # a vision-language model's tower or projector: no gradient, no optimizer state
-            module = getattr(model.model, FROZEN_PARTS[part], None)
-            if module is None:
-                raise EngineError(f"trainer.freeze: {model_dir} has no {part} ({FROZEN_PARTS[part]})")
-            module.requires_grad_(False)
+            names = vision_inputs.FROZEN_PARTS.get(shape.family, {}).get(part, ())
+            modules = [model.model.get_submodule(n) for n in names if _has(model.model, n)]
+            if not modules:
+                raise EngineError(f"trainer.freeze: {model_dir} (model_type {shape.family}) has no {part}")
+            for module in modules:
+                module.requires_grad_(False)
         if lora is not None:  # on a vision-language model, in its language model only
             try:
                 model = lora_weights.wrap(model, lora, within=LANGUAGE_MODEL if vision else None)
@@ -228,22 +239,21 @@ class HFEngine(HFWeights):
 
     def _inputs(self, mb: Any) -> dict[str, Any]:
         """The model's keyword arguments for a packed micro-batch: ids, the block-diagonal mask, per-sample
-        positions (or the batch's own, with shared prompts)."""
+        positions (or the batch's own, with shared prompts); a vision-language model's pictures and, for
+        Qwen2.5-VL, its 3-D positions (`vision_inputs.model_inputs`)."""
         positions = micro_batches.field(mb, "position_ids")
         if positions is None:
             positions = micro_batches.position_ids(micro_batches.require(mb, "segment_ids"))
         ids = micro_batches.require(mb, "input_ids")
-        inputs = {"input_ids": ids, "attention_mask": self._mask(mb), "position_ids": positions, "use_cache": False}
+        inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": self._mask(mb), "position_ids": positions,
+                                  "use_cache": False}
         rows = getattr(mb, "images", None)  # a vision-language model's pictures, per row in order (pictures.py)
-        found = [t for row in rows or [] for t in row]
-        if found:
-            per_image = getattr(self.model.config, "image_seq_length", None)
-            if self.image_token is not None and per_image is not None:
-                try:
-                    pictures.count_check(ids, found, self.image_token, int(per_image))
-                except ValueError as e:
-                    raise EngineError(str(e)) from None
-            inputs["pixel_values"] = torch.stack(found).to(device=ids.device, dtype=self.compute_dtype)
+        try:
+            inputs |= vision_inputs.model_inputs(self.model.config, self.image_token, ids, positions,
+                                                 micro_batches.require(mb, "segment_ids"),
+                                                 micro_batches.field(mb, "prefix_ids"), rows or [], self.compute_dtype)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
         return inputs
 
     def _forward(self, mb: Any, scored_only: bool) -> torch.Tensor:

@@ -26,6 +26,7 @@ from tandem.checkpoint_engine.versions.durable import DurableStore
 from tandem.sidecars.algorithms.algorithm_interface import Algorithm, Sample, row_budget
 from tandem.sidecars.rewards.combine import RewardSet
 from tandem.sidecars.trainer.engines.interface import TrainerEngine
+from tandem.sidecars.trainer.engines.vision_inputs import as_pictures
 from tandem.sidecars.trainer.loop.data.dataset import PromptDataset
 from tandem.sidecars.trainer.loop.forwards.reference import ReferenceWeights
 from tandem.sidecars.trainer.loop.held_out import EvalResult, Evaluator
@@ -77,10 +78,10 @@ class TrainerContext:
     image_processor: Any = None  # a vision-language model's (transformers'), which prepares pictures for it
 
     def pixels(self, images: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
-        """A prompt's pictures as the model's pixel values (`[3, H, W]` each), prepared by the model's own image
-        processor, as vLLM's processor prepares them for the rollout."""
-        values = self.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
-        return tuple(values.float())
+        """A prompt's pictures as the model's pixel values (`[3, H, W]` each, or a grid of patches `[t, h, w, patch]`
+        for Qwen2.5-VL: `vision_inputs.as_pictures`), prepared by the model's own image processor, as vLLM's
+        processor prepares them for the rollout."""
+        return as_pictures(self.image_processor(images=list(images), return_tensors="pt"))
 
     @property
     def is_driver(self) -> bool:

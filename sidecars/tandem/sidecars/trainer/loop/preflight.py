@@ -14,7 +14,8 @@ Caller: `python -m tandem.sidecars.trainer` (`__main__.main`), once per pod befo
   template: `Prompt.model_input`) and must leave room for one generated token in the rollout's context
   length (`model_dir.context_length`: `rollout.maxModelLen`, by default `rollout.maxTokens` + 1024 at
   most the model's max_position_embeddings); a picture counts as the image tokens vLLM expands its placeholder
-  to (config.json's `image_seq_length`). A longer row is refused, not skipped: skipping would train
+  to (config.json's `image_seq_length`; for Qwen2.5-VL, whose pictures are grids of patches, the count its image
+  processor gives for the picture's size: `picture_tokens`). A longer row is refused, not skipped: skipping would train
   (or evaluate) on another set of prompts than the file's, biased to the short ones, with nothing but a
   count to show for it. The message names the file, the first such row (numbered from 1, as
   `DatasetError`s are), its token count, the limit, the fields that set it, and how many rows in all.
@@ -22,9 +23,10 @@ Caller: `python -m tandem.sidecars.trainer` (`__main__.main`), once per pod befo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from tandem.sidecars.trainer.engines.vision_inputs import GRID_FAMILIES
 from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
 from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.spec import model_dir
@@ -32,6 +34,7 @@ from tandem.spec.data import Dataset
 from tandem.spec.models import JobSpec
 
 ROWS_NAMED = 5  # rows listed after the first too-long one
+PerImage = int | Callable[[Any], int]  # the image tokens of a picture: the same for each, or by picture
 
 
 class PreflightError(ValueError):
@@ -61,7 +64,23 @@ def check(spec: JobSpec) -> None:
         except DatasetError as e:
             raise PreflightError(str(e)) from None
         check_lengths(prompts[:rows], limit, dataset.path, field, model_dir.context_fields(spec.rollout),
-                      per_image=int(config.get("image_seq_length") or 1))
+                      per_image=picture_tokens(spec.model.path, config))
+
+
+def picture_tokens(path: str, config: dict[str, Any]) -> PerImage:
+    """The image tokens a picture's placeholder becomes: config.json's `image_seq_length` (1 where it has none), or,
+    for a family whose pictures are grids of patches (Qwen2.5-VL), a picture's own count, from its size as the
+    model's image processor resizes it (patches / spatial merge size**2, as vLLM counts them)."""
+    if config.get("model_type") not in GRID_FAMILIES:
+        return int(config.get("image_seq_length") or 1)
+    from transformers import AutoImageProcessor
+
+    try:
+        processor = AutoImageProcessor.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... here
+        raise PreflightError(f"spec.model.path: cannot load the image processor of {path}: {e}") from None
+    merge = int(processor.merge_size) ** 2
+    return lambda picture: int(processor.get_number_of_image_patches(picture.height, picture.width, {})) // merge
 
 
 def load_tokenizer(path: str) -> Any:
@@ -76,9 +95,9 @@ def load_tokenizer(path: str) -> Any:
 
 
 def check_lengths(prompts: Sequence[Prompt], limit: int, path: str, field: str, limit_fields: str,
-                  per_image: int = 1) -> None:
+                  per_image: PerImage = 1) -> None:
     """PreflightError when a prompt has `limit` tokens or more (no room for one generated token); a picture
-    counts as the `per_image` image tokens its placeholder becomes (a vision-language model's image_seq_length)."""
+    counts as the `per_image` image tokens its placeholder becomes (`picture_tokens`)."""
     too_long = [p for p in prompts if token_count(p, per_image) >= limit]
     if not too_long:
         return
@@ -88,13 +107,19 @@ def check_lengths(prompts: Sequence[Prompt], limit: int, path: str, field: str, 
                                           + (", ..." if len(too_long) > ROWS_NAMED + 1 else "") + ")")
     raise PreflightError(
         f"{path}: row {first.index + 1} ({field}.path): the prompt is {token_count(first, per_image)} tokens as "
-        f"sent (chat template applied{f', each picture its {per_image} image tokens' if first.images else ''}), "
+        f"sent (chat template applied{_pictures_note(per_image) if first.images else ''}), "
         f"which leaves no room for a generated token in the rollout's context "
         f"length of {limit} tokens ({limit_fields}){more}. Raise spec.rollout.maxModelLen (up to the "
         f"model's max_position_embeddings) or shorten those prompts")
 
 
-def token_count(prompt: Prompt, per_image: int = 1) -> int:
+def _pictures_note(per_image: PerImage) -> str:
+    return f", each picture its {per_image} image tokens" if isinstance(per_image, int) else \
+        ", each picture its image tokens"
+
+
+def token_count(prompt: Prompt, per_image: PerImage = 1) -> int:
     """Tokens the rollout engine holds for `prompt` (its token ids; characters without a tokenizer), each picture's
-    placeholder as the `per_image` tokens vLLM expands it to."""
-    return len(prompt.model_input) + len(prompt.images) * (per_image - 1)
+    placeholder as the `per_image` tokens vLLM expands it to (or `per_image(picture)`)."""
+    counts = [per_image if isinstance(per_image, int) else per_image(p) for p in prompt.images]
+    return len(prompt.model_input) + sum(n - 1 for n in counts)
