@@ -23,6 +23,7 @@ import torch
 
 # remove_shm_dirs (autouse: each test's /dev/shm dirs go) is a fixture
 from test_tandem_run import USED, processes_of, remove_shm_dirs, run_cmd, run_ok  # noqa: F401
+from test_vlm_run import picture_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.etcd]
 
@@ -39,20 +40,8 @@ def qwen_vl_job(root: Path, name: str) -> dict[str, Any]:
     model = tiny_model.save_qwen_vl(root / "model")
     train = shapes.write_split(root / "data", "train", 12, seed=1)
     test = shapes.write_split(root / "data", "test", 8, seed=2)
-    return {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": {
-        "model": {"path": str(model)},
-        "dataset": {"path": str(train), "promptField": "messages", "answerField": "answer",
-                    "images": {"maxPerPrompt": 1}},
-        "eval": {"dataset": {"path": str(test), "promptField": "messages"}, "every": ITERATIONS, "prompts": 8,
-                 "samples": 2},
-        "algorithm": {"name": "grpo", "groupSize": 2, "lr": 1e-3, "iterations": ITERATIONS},
-        "replicas": 1, "gpusPerPod": 0, "trainer": {"globalBatchSize": 8, "microBatchSize": 4},
-        "rollout": {"maxTokens": 6, "promptsPerIteration": 4, "betweenRollouts": "keep"},
-        "rewards": [{"type": "answerMatch", "weight": 1.0}],
-        "volumes": [{"name": "out", "mountPath": "/out", "hostPath": str(root / "volume")}],
-        "export": {"path": "/out/hf", "every": ITERATIONS},
-        "checkpointEngine": {"shmSize": "1Gi", "transport": "tcp", "shardSizeMiB": 64},
-        "failurePolicy": {"maxRestarts": 0}}}
+    job: dict[str, Any] = picture_job(name, model, train, test, root)  # test_vlm_run's, on this model
+    return job
 
 
 def test_qwen_vl_trains_on_pictures_and_its_export_loads_everywhere(tmp_path: Path) -> None:

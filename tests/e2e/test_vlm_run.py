@@ -43,6 +43,11 @@ def vlm_job(root: Path, name: str) -> dict[str, Any]:
     with train.open("a") as f:
         f.write(json.dumps(missing) + "\n")
     test = shapes.write_split(root / "data", "test", 8, seed=2)
+    return picture_job(name, model, train, test, root)
+
+
+def picture_job(name: str, model: Path, train: Path, test: Path, root: Path) -> dict[str, Any]:
+    """The e2e job on pictures (the shapes task): 2 iterations of GRPO, an eval and an export at the end."""
     return {"apiVersion": "tandem.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": {
         "model": {"path": str(model)},
         "dataset": {"path": str(train), "promptField": "messages", "answerField": "answer",
