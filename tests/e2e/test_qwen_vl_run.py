@@ -13,17 +13,15 @@ prompt to transformers' tokens.
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 # remove_shm_dirs (autouse: each test's /dev/shm dirs go) is a fixture
 from test_tandem_run import USED, processes_of, remove_shm_dirs, run_cmd, run_ok  # noqa: F401
-from test_vlm_run import picture_job
+from test_vlm_run import assert_export_loads_in_both, picture_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.etcd]
 
@@ -53,36 +51,7 @@ def test_qwen_vl_trains_on_pictures_and_its_export_loads_everywhere(tmp_path: Pa
         assert r["engine"] == "hf" and r["completions"] == 8, r
         assert r["mismatch_kl"] < 1e-8, r  # vLLM sampled with the trainer's log-probs, pictures and positions too
     print(f"\nmismatch KL per iteration: {[r['mismatch_kl'] for r in rows]}")
-    assert_export_loads_in_both(tmp_path / "volume" / "hf" / f"iteration-{ITERATIONS}", tmp_path)
+    assert_export_loads_in_both(tmp_path / "volume" / "hf" / f"iteration-{ITERATIONS}", tmp_path,
+                                render=lambda processor, messages: processor.tokenizer.apply_chat_template(
+                                    messages, tokenize=False, add_generation_prompt=True))
     assert not processes_of(tmp_path / "runs"), "processes left running"
-
-
-def assert_export_loads_in_both(export: Path, tmp_path: Path) -> None:
-    """transformers loads `export` with nothing missing or unexpected, and vLLM started on it greedy-decodes a
-    picture prompt to transformers' tokens (transformers' own generate: its 3-D positions from the processor)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
-    from tandem.sidecars.rollout_engine.sampling import SamplingOptions
-    from tandem.sidecars.vlm_demo import shapes, warmup
-
-    model, info = AutoModelForImageTextToText.from_pretrained(export, dtype=torch.float32, output_loading_info=True)
-    assert not any(info.values()), info
-    processor = AutoProcessor.from_pretrained(export)
-    picture = shapes.render(random.Random(5))
-    text = processor.tokenizer.apply_chat_template(warmup.messages(picture.question), tokenize=False,
-                                                   add_generation_prompt=True)
-    inputs = processor(images=[picture.image], text=text, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                             suppress_tokens=[model.config.image_token_id])
-    want = out[0, inputs["input_ids"].shape[1]:].tolist()
-    engine = RolloutEngine(EngineConfig(shm_root=tmp_path / "shm", job="export-check", max_model_len=256))
-    try:
-        engine.start(str(export), dummy=False)
-        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-        got = engine.generate([ids], SamplingOptions(temperature=0.0, max_tokens=6, min_tokens=6),
-                              images=[[picture.image]])
-        assert got[0][0].token_ids == want
-    finally:
-        engine.terminate()

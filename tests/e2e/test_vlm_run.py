@@ -81,9 +81,10 @@ def test_a_vlm_trains_on_pictures_and_its_export_loads_everywhere(tmp_path: Path
     assert not processes_of(tmp_path / "runs"), "processes left running"
 
 
-def assert_export_loads_in_both(export: Path, tmp_path: Path) -> None:
+def assert_export_loads_in_both(export: Path, tmp_path: Path, render: Any = None) -> None:
     """transformers loads `export` with nothing missing or unexpected, and vLLM started on it greedy-decodes a
-    picture prompt to transformers' tokens."""
+    picture prompt to transformers' tokens (transformers' own generate: a Qwen2.5-VL's 3-D positions from its
+    processor). `render(processor, messages)`: the prompt's text (default: the processor's chat template)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
@@ -94,7 +95,9 @@ def assert_export_loads_in_both(export: Path, tmp_path: Path) -> None:
     assert not any(info.values()), info
     processor = AutoProcessor.from_pretrained(export)
     picture = shapes.render(random.Random(5))
-    text = processor.apply_chat_template(warmup.messages(picture.question), add_generation_prompt=True)
+    messages = warmup.messages(picture.question)
+    text = render(processor, messages) if render is not None else \
+        processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(images=[picture.image], text=text, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False,
