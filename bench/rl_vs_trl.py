@@ -369,7 +369,8 @@ def run_eval(job: Path, models: dict[str, Path], out: Path, seed: int = 0,
     if rc != 0:
         raise SystemExit(f"evaluation failed (rc={rc}); see {log}")
     scored: dict[str, dict[str, Any]] = json.loads(result.read_text())
-    return scored
+    # every judged answer stays in eval-external.json; the bench's result carries the figures
+    return {name: {k: v for k, v in row.items() if k != "answers"} for name, row in scored.items()}
 
 
 def summarize(size: str, s: Size, iterations: int, params: int, tandem: dict[str, Any], trl: dict[str, Any],
