@@ -33,10 +33,10 @@ from tandem.sidecars.trainer.engines.heads import shift_to_labels
 from tandem.sidecars.trainer.engines.hf_engine import HFEngine
 from tandem.sidecars.trainer.loop.context import TrainerContext
 from tandem.spec.load import SpecError, parse_job
-from tandem.spec.trainer import IMAGE_TOKEN_BIAS
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "rollout_engine"))
 import tiny_model  # noqa: E402
+from test_hf_vlm import completion_logprobs  # noqa: E402
 
 SIZES = ((100, 60), (64, 64), (60, 120))  # grids 4x8, 4x4, 8x4 patches: 8, 4, 8 image tokens
 
@@ -92,11 +92,8 @@ def transformers_logprobs(vlm: Path, samples: list[Sample]) -> list[torch.Tensor
         patches = torch.cat([t.reshape(-1, t.shape[-1]) for t in s.images])
         with torch.no_grad():
             logits = model(input_ids=seq, pixel_values=patches, image_grid_thw=grids,
-                           mm_token_type_ids=kinds).logits[0].float()
-        logits[:, image_id] += IMAGE_TOKEN_BIAS  # as the rollout samples it (never)
-        logp = torch.log_softmax(logits, dim=-1)
-        n = len(s.prompt_ids)
-        out.append(logp[torch.arange(n - 1, seq.shape[1] - 1), seq[0, n:]])
+                           mm_token_type_ids=kinds).logits[0]
+        out.append(completion_logprobs(logits, s, image_id))
     return out
 
 

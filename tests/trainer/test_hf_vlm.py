@@ -72,12 +72,18 @@ def transformers_logprobs(vlm: Path, samples: list[Sample]) -> list[torch.Tensor
         seq = torch.tensor([s.prompt_ids + s.completion_ids])
         with torch.no_grad():
             logits = model(input_ids=seq, pixel_values=torch.stack(s.images)).logits[0]
-        logits = logits.float()
-        logits[:, model.config.image_token_id] += IMAGE_TOKEN_BIAS  # as the rollout samples it (never)
-        logp = torch.log_softmax(logits, dim=-1)
-        n = len(s.prompt_ids)
-        out.append(logp[torch.arange(n - 1, seq.shape[1] - 1), seq[0, n:]])
+        out.append(completion_logprobs(logits, s, model.config.image_token_id))
     return out
+
+
+def completion_logprobs(logits: torch.Tensor, s: Sample, image_id: int) -> torch.Tensor:
+    """log p of each of `s`'s completion tokens from one forward's `logits` over prompt + completion, the image
+    token pushed down as the rollout samples it (never)."""
+    logits = logits.float()
+    logits[:, image_id] += IMAGE_TOKEN_BIAS
+    logp = torch.log_softmax(logits, dim=-1)
+    n = len(s.prompt_ids)
+    return logp[torch.arange(n - 1, n - 1 + len(s.completion_ids)), torch.tensor(s.completion_ids)]
 
 
 def test_packed_rows_with_pictures_give_transformers_logprobs(vlm: Path, tmp_path: Path) -> None:
