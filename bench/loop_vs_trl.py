@@ -124,7 +124,7 @@ def _first_moments(engine: Any) -> dict[str, torch.Tensor]:
     """Adam's exp_avg per HF weight name where the engine's parameter names map to HF's (hf engine), else {}."""
     opt = getattr(engine, "optimizer", None)
     model = getattr(engine, "model", None)
-    if opt is None or model is None or not hasattr(opt, "state") or not isinstance(opt, torch.optim.Optimizer):
+    if model is None or not isinstance(opt, torch.optim.Optimizer):  # Megatron's optimizer wraps its own
         return {}
     out = {}
     for name, p in model.named_parameters():
