@@ -137,7 +137,7 @@ def run_trl(s: Size, job: Path, model: Path, out: Path, iterations: int, threads
     held-out eval."""
     warnings.filterwarnings("ignore")
     from tandem.sidecars.rewards import RewardSet
-    from tandem.sidecars.trainer.loop.data.images import text_of
+    from tandem.sidecars.picture_files import text_of
     from tandem.spec.load import load_job
 
     spec = load_job(job).spec

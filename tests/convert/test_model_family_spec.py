@@ -68,7 +68,9 @@ def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(t
     cases = [({"trainer": {"engine": "megatron"}}, "spec.trainer.engine", "megatron does not train vision-language"),
              ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name", "dpo packs its own pairs"),
              ({"rollout": {"partial": {"tokenBudget": 8}}, "algorithm": {"tisCap": 2.0}}, "spec.rollout.partial",
-              "do not carry pictures")]
+              "do not carry pictures"),
+             ({"rollout": {"environment": {"type": "agent", "entryPoint": "agents:solve"}}},
+              "spec.rollout.environment.type", "agent's OpenAI endpoint takes no pictures")]
     for change, want_field, want in cases:
         job = _job({"path": path})
         for key, value in change.items():
@@ -80,6 +82,9 @@ def test_a_vision_language_model_trains_on_hf_and_what_it_cannot_do_is_refused(t
     other = _model_dir(tmp_path / "idefics", {"model_type": "idefics3", "vision_config": {"model_type": "idefics3"}})
     [(field, message)] = _problems_of(_job({"path": other}))
     assert field == "spec.model.path" and "not one the trainer prepares yet (trained: llava, qwen2_5_vl)" in message
+    job = _job({"path": path})  # multi-turn: an environment (custom or tools) may answer with pictures
+    job["spec"]["rollout"] = {"environment": {"type": "custom", "entryPoint": "envs:Look", "maxPictures": 2}}
+    assert parse_job(job).spec.rollout.environment.max_pictures == 2  # type: ignore[union-attr]
     job = _job({"path": path})
     job["spec"]["trainer"] = {"freeze": ["visionTower", "projector"]}
     assert parse_job(job).spec.trainer.freeze == ["visionTower", "projector"]

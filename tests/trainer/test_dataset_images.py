@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tandem.sidecars.trainer.loop.data import images
-from tandem.sidecars.trainer.loop.data.images import Limits, Refused
+from tandem.sidecars import picture_files as images
+from tandem.sidecars.picture_files import Limits, Refused
 
 LIMITS = Limits(max_per_prompt=2, max_pixels=64 * 64)
 

@@ -75,6 +75,10 @@ class Environment(Base):
         "Completion tokens of a whole trajectory, model and tool turns together."))] = 1024
     max_tool_output_tokens: Annotated[int, Field(ge=1, le=65_536, description=(
         "Tokens of one tool message; a longer one is cut and says so."))] = 256
+    max_pictures: Annotated[int, Field(ge=0, le=64, description=(
+        "Pictures the environment may answer with in one trajectory (vision-language models; each also meets "
+        "dataset.images' maxPixels and resize); one more is refused, counted, and the model reads that it "
+        "was."))] = 4
     tool_timeout_seconds: Annotated[float, Field(gt=0, le=3600, description=(
         "Seconds one tool call may take; a slower one is answered with a timeout error."))] = 10.0
     trajectory_timeout_seconds: Annotated[float, Field(gt=0, le=86_400, description=(

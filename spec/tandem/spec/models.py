@@ -328,10 +328,12 @@ class JobSpec(Base):
             raise ValueError(f"algorithm.name: {self.algorithm.name} packs its own pairs or labelled rows, which carry "
                              f"no pictures ({where}); use grpo or ppo")
         env = self.rollout.environment
-        if self.rollout.partial is not None or (env is not None and env.type != "single"):
-            field = "rollout.partial" if self.rollout.partial is not None else "rollout.environment"
-            raise ValueError(f"{field}: continued and multi-turn rollouts do not carry pictures yet ({where}); "
-                             "use single-turn rollouts")
+        if self.rollout.partial is not None:
+            raise ValueError(f"rollout.partial: continued rollouts do not carry pictures yet ({where}); use whole "
+                             "rollouts")
+        if env is not None and env.type == "agent":
+            raise ValueError(f"rollout.environment.type: agent's OpenAI endpoint takes no pictures yet ({where}); "
+                             "use tools or custom, whose environments may answer with pictures")
 
     @model_validator(mode="after")
     def _check_engine_family(self) -> JobSpec:

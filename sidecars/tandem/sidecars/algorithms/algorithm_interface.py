@@ -61,6 +61,8 @@ class Sample:
     # vision-language models: the prompt's pictures as the model's pixel values ([3, H, W] each), in the order of
     # their image tokens in prompt_ids; the samples of one prompt hold the same tensors
     images: tuple[torch.Tensor, ...] = ()
+    # multi-turn: the pictures the environment answered with, in the order of their image tokens in completion_ids
+    completion_images: tuple[torch.Tensor, ...] = ()
 
 
 Metrics = dict[str, float]
@@ -108,7 +110,8 @@ def pack_samples(
                  pad_to_multiple=pad_to_multiple, share_prompts=share_prompts,
                  completion_masks=[s.completion_mask for s in samples],
                  routings=[s.routed_experts for s in samples])
-    batch.images = pictures.by_row(batch.placements, [s.images for s in samples], batch.num_rows)
+    batch.images = pictures.by_row(batch.placements, [s.images for s in samples], batch.num_rows,
+                                   [s.completion_images for s in samples])
     return batch
 
 

@@ -44,9 +44,14 @@ class AgentDriver:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
+    image_token = None  # agents' calls carry no pictures (the spec refuses a vision-language model's agent job)
+
     def run(self, rows: Sequence[Mapping[str, Any]], messages: Sequence[list[Message]], n: int,
-            options: SamplingOptions, version: int) -> list[list[Result]]:
+            options: SamplingOptions, version: int, images: Sequence[Sequence[Any]] | None = None
+            ) -> list[list[Result]]:
         """`n` agent trajectories per row; every call of theirs samples with `options` (the trainer's)."""
+        if images is not None and any(images):
+            raise ValueError("agents' calls carry no pictures (rollout.environment.type agent)")
         ids = [[uuid.uuid4().hex for _ in range(n)] for _ in rows]
         futures = {}
         for i, (row, start) in enumerate(zip(rows, messages, strict=True)):

@@ -18,9 +18,11 @@ imported before vLLM starts: a bad entryPoint or tool is refused at once, naming
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine import errors
@@ -28,8 +30,10 @@ from tandem.checkpoint_engine.etcd import keys
 from tandem.checkpoint_engine.etcd.endpoints import split_endpoints
 from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.checkpoint_engine.transport import BroadcastNode
-from tandem.sidecars import gpu, gpu_share
+from tandem.sidecars import gpu, gpu_share, picture_files
 from tandem.sidecars.envs import factory
+from tandem.sidecars.envs.env_pictures import PictureRules
+from tandem.sidecars.picture_files import tokens_per_picture
 from tandem.sidecars.rollout import cores
 from tandem.sidecars.rollout.advertise import keep_advertised
 from tandem.sidecars.rollout.kept import GangFollower
@@ -40,8 +44,10 @@ from tandem.sidecars.rollout_engine.spare import SpareEngine
 from tandem.sidecars.serve import start_server, wait_until_stopped
 from tandem.sidecars.startup import etcd_security, freeze_start_up, leave, refuse, start_sidecar
 from tandem.spec import devices, model_dir, seeds
+from tandem.spec.data import Images
 from tandem.spec.models import JobSpec
 from tandem.spec.podenv import PodEnv
+from tandem.spec.trainer import image_token, vision_language
 
 log = logging.getLogger("tandem.rollout")
 
@@ -93,7 +99,24 @@ def chat_and_turns(engine: RolloutEngine, spec: JobSpec, env: PodEnv, loaded: An
                                  seconds=environment.trajectory_timeout_seconds)
     from tandem.sidecars.envs.multi_turn import MultiTurnDriver
 
-    return chat, MultiTurnDriver(engine, tokenizer, loaded, lim)
+    pictures, token = picture_rules(spec)
+    return chat, MultiTurnDriver(engine, tokenizer, loaded, lim, pictures=pictures, image_token=token)
+
+
+def picture_rules(spec: JobSpec) -> tuple[PictureRules | None, int | None]:
+    """A vision-language model's rules for the pictures of its conversations, and its image token (None, None for a
+    text model): the image tokens per picture, rollout.environment.maxPictures, dataset.images' pixel limit."""
+    from transformers import AutoConfig
+
+    if not vision_language(spec.model.path):
+        return None, None
+    config = json.loads((Path(spec.model.path) / "config.json").read_text())
+    limits = spec.dataset.images or Images()
+    environment = spec.rollout.environment
+    return (PictureRules(tokens_per_picture(spec.model.path, config),
+                         environment.max_pictures if environment is not None else 0,
+                         picture_files.Limits(limits.max_per_prompt, limits.max_pixels, limits.resize)),
+            image_token(AutoConfig.from_pretrained(spec.model.path)))
 
 
 def main() -> int:

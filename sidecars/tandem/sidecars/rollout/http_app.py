@@ -28,18 +28,23 @@ from tandem.sidecars.rollout_engine.contract import (
     TrajectoriesResponse,
     TrajectoryOut,
     decode_images,
+    encode_image,
 )
 from tandem.sidecars.rollout_engine.engine import RolloutEngine
 from tandem.sidecars.rollout_engine.routes import create_app
 
 
-def _out(r: Result) -> TrajectoryOut:
+def _out(r: Result, image_token: int | None) -> TrajectoryOut:
+    """A finished trajectory as the trainer reads it: each picture's placeholder as its image tokens (as vLLM held
+    them), the pictures its environment answered with beside it."""
     t = r.trajectory
-    return TrajectoryOut(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, mask=t.loss_mask,
-                         logprobs=t.rollout_logprobs, text=r.final_text, reward=r.reward, finish=r.finish,
+    held = t.expanded(image_token)
+    return TrajectoryOut(prompt_ids=held.prompt_ids, completion_ids=held.completion_ids, mask=held.mask,
+                         logprobs=held.logprobs, text=r.final_text, reward=r.reward, finish=r.finish,
                          turns=r.stats.turns or t.model_turns, tool_calls=r.stats.tool_calls,
                          tool_errors=r.stats.tool_errors, tool_seconds=r.stats.tool_seconds,
-                         tool_results=r.stats.tool_results)
+                         tool_results=r.stats.tool_results, pictures=[encode_image(p) for p in t.env_pictures],
+                         pictures_refused=r.pictures_refused)
 
 
 def _served(engine: RolloutEngine) -> dict[str, Any]:
@@ -72,9 +77,13 @@ def build_app(engine: RolloutEngine, token: str, turns: Any = None, chat: Chat |
         data = req.data or [{} for _ in req.rows]
         if len(data) != len(req.rows):
             raise errors.BadRequest(f"data has {len(data)} entries for {len(req.rows)} rows")
+        images = decode_images(req.images) if req.images is not None else None
+        if images is not None and len(images) != len(req.rows):
+            raise errors.BadRequest(f"images has {len(images)} entries for {len(req.rows)} rows")
         out = await asyncio.to_thread(turns.run, data, req.rows, req.n, req.options,
-                                      -1 if version is None else version)
-        return TrajectoriesResponse(trajectories=[[_out(r) for r in row] for row in out], version=version,
+                                      -1 if version is None else version, images)
+        return TrajectoriesResponse(trajectories=[[_out(r, turns.image_token) for r in row] for row in out],
+                                    version=version,
                                     seconds=time.perf_counter() - t, **_served(engine))
 
     app.include_router(router)

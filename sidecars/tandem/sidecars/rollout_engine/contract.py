@@ -50,6 +50,9 @@ class TrajectoriesRequest(BaseModel):
                                               "answer, index), for the environment's reset (and reward).")
     options: SamplingOptions = Field(default_factory=SamplingOptions)
     n: int = Field(1, ge=1, le=1024)
+    images: list[list[str]] | None = Field(default=None, description="Per row, its pictures (base64 of an image "
+                                           "file), one per bare image part of its messages, in order "
+                                           "(vision-language models).")
 
 
 class TrajectoryOut(BaseModel):
@@ -65,6 +68,8 @@ class TrajectoryOut(BaseModel):
     tool_errors: int
     tool_seconds: float
     tool_results: int = 0  # tool answers (not errors) that reached the model, in its context before a later turn
+    pictures: list[str] = Field(default_factory=list)  # the environment's (base64 PNG), in the order of their tokens
+    pictures_refused: int = 0  # pictures the environment sent that could not be used
 
 
 class Served(BaseModel):

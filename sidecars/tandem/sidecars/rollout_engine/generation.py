@@ -50,9 +50,7 @@ def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_token
              image_token: int | None = None) -> tuple[list[Any], Any]:
     """(vLLM's inputs, the SamplingParams: one for all, or one per prompt when budgets or seeds differ). `images`:
     each prompt's pictures (PIL images, in the order of its image placeholders), which vLLM's processor for the
-    model turns into its image tokens. A vision-language model's `image_token` is never sampled (a completion
-    holding one would ask the model for a picture that is not there): its logit gets IMAGE_TOKEN_BIAS, which the
-    trainer's log-probs add too (hf_engine)."""
+    model turns into its image tokens. A vision-language model's `image_token` is never sampled (`never_sample`)."""
     from vllm.inputs import TextPrompt, TokensPrompt
 
     if opts.seed is not None and not on_gpu:
@@ -60,9 +58,7 @@ def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_token
         # the step's token budget) rewinds its generator's offset, which CPU generators refuse,
         # and the engine dies ("CPU Generator does not use offset"). The engine's seed still holds.
         opts = opts.model_copy(update={"seed": None})
-    params = sampling_params(opts, n, opts.seed)
-    if image_token is not None:
-        params.logit_bias = {image_token: IMAGE_TOKEN_BIAS}
+    params = never_sample(sampling_params(opts, n, opts.seed), image_token)
     per_request: Any = params
     if max_tokens is not None or opts.seed is not None:
         per_request = [params.clone() for _ in prompts]
@@ -76,11 +72,26 @@ def requests(prompts: Sequence[Prompt], opts: SamplingOptions, n: int, max_token
         raise errors.BadRequest(f"images has {len(images)} entries for {len(prompts)} prompts")
     inputs: list[Any] = []
     for i, p in enumerate(prompts):
-        pics = list(images[i]) if images is not None else []
-        media = {"multi_modal_data": {"image": pics[0] if len(pics) == 1 else pics}} if pics else {}
-        inputs.append(TextPrompt(prompt=p, **media) if isinstance(p, str)  # type: ignore[typeddict-item]
-                      else TokensPrompt(prompt_token_ids=list(p), **media))  # type: ignore[typeddict-item]
+        media = pictures_of(images[i] if images is not None else ())
+        inputs.append(TextPrompt(prompt=p, **media) if isinstance(p, str)
+                      else TokensPrompt(prompt_token_ids=list(p), **media))
     return inputs, per_request
+
+
+def never_sample(params: Any, image_token: int | None) -> Any:
+    """`params` with a vision-language model's `image_token` never sampled (a completion holding one would ask the
+    model for a picture that is not there): its logit gets IMAGE_TOKEN_BIAS, which the trainer's log-probs add too
+    (hf_engine). A text model's (`image_token` None) are returned as they are."""
+    if image_token is not None:
+        params.logit_bias = {image_token: IMAGE_TOKEN_BIAS}
+    return params
+
+
+def pictures_of(pictures: Sequence[Any]) -> dict[str, Any]:
+    """The `multi_modal_data` keyword of vLLM's prompt for `pictures` (PIL images in the order of its image
+    placeholders), or nothing when there are none."""
+    pics = list(pictures)
+    return {"multi_modal_data": {"image": pics[0] if len(pics) == 1 else pics}} if pics else {}
 
 
 def check_lengths(llm: Any, prompts: Sequence[Prompt]) -> None:

@@ -5,7 +5,9 @@ step). Run as rounds of `generate`, every trajectory would wait for the slowest 
 would empty out turn by turn. Here every turn is a request in vLLM's own engine loop (`LLMEngine.add_request`
 / `step`): when one finishes, `react` gets it and returns a future of the turns that follow (computed on the
 caller's worker threads); they join the running batch as soon as they are ready, while the other
-trajectories keep decoding. Token ids in, token ids out: prompts are ids, never text. The engine's lock is
+trajectories keep decoding. Token ids in, token ids out: prompts are ids, never text; a vision-language model's
+turn carries every picture of its conversation so far (vLLM expands each placeholder to its image tokens, and
+never samples the image token). The engine's lock is
 held throughout (`RolloutEngine.serving`), so no version changes in the middle; the served LoRA adapter (if
 any) samples every turn. A `react` that raises aborts every running request and the error propagates.
 `TurnLoop` is the same batch fed from any thread: the OpenAI-compatible endpoint's calls, which agents make
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.checkpoint_engine import errors
-from tandem.sidecars.rollout_engine.generation import completion, sampling_params
+from tandem.sidecars.rollout_engine.generation import completion, never_sample, pictures_of, sampling_params
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
+from tandem.spec.trainer import image_token
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class Turn:
     key: Hashable  # the caller's: which trajectory, which turn
     prompt_ids: list[int]  # everything so far (the first prompt, then every segment)
     max_tokens: int
+    pictures: tuple[Any, ...] = ()  # a vision-language model's: every picture so far, one per image placeholder
+    picture_tokens: int = 0  # the tokens vLLM expands those placeholders to, beyond the placeholders themselves
 
 
 React = Callable[[Turn, Completion], "Future[list[Turn]]"]
@@ -46,13 +51,15 @@ def _add_request(core: Any, turn: Turn, base: Any, lora: Any) -> str:
     from vllm.inputs import TokensPrompt
 
     limit = int(core.model_config.max_model_len)
-    if len(turn.prompt_ids) + 1 > limit or turn.max_tokens < 1:
-        raise errors.PromptTooLong(f"turn {turn.key!r}: {len(turn.prompt_ids)} prompt tokens and "
+    held = len(turn.prompt_ids) + turn.picture_tokens
+    if held + 1 > limit or turn.max_tokens < 1:
+        raise errors.PromptTooLong(f"turn {turn.key!r}: {held} prompt tokens and "
                                    f"max_tokens {turn.max_tokens} do not fit max_model_len {limit}")
-    params = base.clone()
-    params.max_tokens = min(turn.max_tokens, limit - len(turn.prompt_ids))
+    params = never_sample(base.clone(), image_token(core.model_config.hf_config))
+    params.max_tokens = min(turn.max_tokens, limit - held)
     rid = f"turn-{next(_ids)}"
-    core.add_request(rid, TokensPrompt(prompt_token_ids=list(turn.prompt_ids)), params, lora_request=lora)
+    prompt = TokensPrompt(prompt_token_ids=list(turn.prompt_ids), **pictures_of(turn.pictures))
+    core.add_request(rid, prompt, params, lora_request=lora)
     return rid
 
 

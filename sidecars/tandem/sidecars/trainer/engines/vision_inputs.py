@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from tandem.sidecars.algorithms import pictures
+from tandem.sidecars.picture_files import GRID_FAMILIES  # pictures as grids of patches, 3-D positions
 
-GRID_FAMILIES = ("qwen2_5_vl",)  # pictures as grids of patches, 3-D positions
 FROZEN_PARTS: dict[str, dict[str, tuple[str, ...]]] = {  # trainer.freeze: the modules under the model's `model`
     "llava": {"visionTower": ("vision_tower",), "projector": ("multi_modal_projector",)},
     "qwen2_5_vl": {"visionTower": ("visual.patch_embed", "visual.blocks"), "projector": ("visual.merger",)},

@@ -39,7 +39,7 @@ class Generator(Protocol):
                  ) -> tuple[list[list[Completion]], set[int | None]]: ...
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
-                     data: Sequence[dict[str, Any]] | None = None
+                     data: Sequence[dict[str, Any]] | None = None, *, images: Sequence[Sequence[Any]] | None = None
                      ) -> tuple[list[list[dict[str, Any]]], set[int | None]]: ...
 
 
@@ -98,7 +98,8 @@ class Evaluator:
         if self.multi_turn:
             rows = [p.chat for p in self.prompts]
             data = [p.fields for p in self.prompts]
-            trajectories, versions = generator.trajectories(rows, opts, n=drawn, data=data)
+            trajectories, versions = generator.trajectories(rows, opts, n=drawn, data=data,
+                                                            **pictures_of(self.prompts))
             groups = [[(str(t["text"]), t.get("reward")) for t in row] for row in trajectories]
             ends: list[list[tuple[int | None, str | None]]] = [[(None, None)] * len(row) for row in trajectories]
             flat = [t for row in trajectories for t in row]

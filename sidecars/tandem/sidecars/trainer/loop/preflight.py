@@ -23,10 +23,10 @@ Caller: `python -m tandem.sidecars.trainer` (`__main__.main`), once per pod befo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from tandem.sidecars.trainer.engines.vision_inputs import GRID_FAMILIES
+from tandem.sidecars.picture_files import PerImage, tokens_per_picture
 from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
 from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.spec import model_dir
@@ -34,7 +34,6 @@ from tandem.spec.data import Dataset
 from tandem.spec.models import JobSpec
 
 ROWS_NAMED = 5  # rows listed after the first too-long one
-PerImage = int | Callable[[Any], int]  # the image tokens of a picture: the same for each, or by picture
 
 
 class PreflightError(ValueError):
@@ -68,19 +67,11 @@ def check(spec: JobSpec) -> None:
 
 
 def picture_tokens(path: str, config: dict[str, Any]) -> PerImage:
-    """The image tokens a picture's placeholder becomes: config.json's `image_seq_length` (1 where it has none), or,
-    for a family whose pictures are grids of patches (Qwen2.5-VL), a picture's own count, from its size as the
-    model's image processor resizes it (patches / spatial merge size**2, as vLLM counts them)."""
-    if config.get("model_type") not in GRID_FAMILIES:
-        return int(config.get("image_seq_length") or 1)
-    from transformers import AutoImageProcessor
-
+    """`picture_files.tokens_per_picture`, its error a PreflightError naming spec.model.path."""
     try:
-        processor = AutoImageProcessor.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... here
-        raise PreflightError(f"spec.model.path: cannot load the image processor of {path}: {e}") from None
-    merge = int(processor.merge_size) ** 2
-    return lambda picture: int(processor.get_number_of_image_patches(picture.height, picture.width, {})) // merge
+        return tokens_per_picture(path, config)
+    except ValueError as e:
+        raise PreflightError(f"spec.model.path: {e}") from None
 
 
 def load_tokenizer(path: str) -> Any:

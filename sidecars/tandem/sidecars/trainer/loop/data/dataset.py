@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tandem.sidecars.trainer.loop.data import images
+from tandem.sidecars import picture_files as images
 from tandem.sidecars.trainer.loop.data import labelled as kto_rows
 from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError, detect_format, read
 from tandem.sidecars.trainer.loop.data.labelled import Labelled

@@ -52,6 +52,7 @@ class Pending:
     mask: list[int] | None = None  # multi-turn: 1 on the model's tokens, 0 on the environment's
     turns: dict[str, float] | None = None  # multi-turn: turns, tool_calls, tool_errors, tool_seconds, tool_results
     env_reward: float | None = None  # multi-turn: the environment's own reward (the `environment` reward)
+    pictures: tuple[Any, ...] = ()  # multi-turn: the pictures the environment answered with (PIL), in order
     # routing replay: the last segment's routed experts, which cover the prompt and every earlier segment (each
     # continuation's prompt is the prompt plus the tokens so far, routed anew by the weights that continue it)
     routed_experts: RoutedExperts | None = None

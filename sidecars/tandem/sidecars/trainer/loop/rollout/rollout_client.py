@@ -268,13 +268,17 @@ class RolloutClient:
             lambda part: GenerateResponse.model_validate(part).completions, expect)
 
     def trajectories(self, rows: Sequence[list[dict[str, Any]]], options: SamplingOptions, n: int,
-                     data: Sequence[dict[str, Any]] | None = None, *, expect: int | None = None
+                     data: Sequence[dict[str, Any]] | None = None, *, expect: int | None = None,
+                     images: Sequence[Sequence[Any]] | None = None
                      ) -> tuple[list[list[dict[str, Any]]], set[int | None]]:
         """n multi-turn trajectories per row of chat messages (the rollouts' `/v1/trajectories`), spread over
-        the rollouts as `generate` spreads prompts; `data`: each row's dataset fields, for the environment.
-        Also the weight versions that sampled them."""
+        the rollouts as `generate` spreads prompts; `data`: each row's dataset fields, for the environment;
+        `images` (one list per row, PIL images): each row's pictures. Also the weight versions that sampled
+        them."""
+        wire = None if images is None else [[encode_image(i) for i in row] for row in images]
         return self._spread("/v1/trajectories", 0, len(rows), lambda a, b: TrajectoriesRequest(
-            options=options, n=n, rows=list(rows[a:b]), data=None if data is None else list(data[a:b])),
+            options=options, n=n, rows=list(rows[a:b]), data=None if data is None else list(data[a:b]),
+            images=None if wire is None else wire[a:b]),
             lambda part: [[t.model_dump() for t in row]
                           for row in TrajectoriesResponse.model_validate(part).trajectories], expect)
 

@@ -36,8 +36,9 @@ from tandem.checkpoint_engine.etcd.sync_registry import SyncRegistry
 from tandem.sidecars.algorithms.algorithm_interface import Sample
 from tandem.sidecars.algorithms.kto import kl_probes
 from tandem.sidecars.rewards.combine import RewardInput
+from tandem.sidecars.rollout_engine.contract import decode_images
 from tandem.sidecars.rollout_engine.sampling import Completion, SamplingOptions
-from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset
+from tandem.sidecars.trainer.loop.data.dataset import Prompt, PromptDataset, pictures_of
 from tandem.sidecars.trainer.loop.data.dataset_files import DatasetError
 from tandem.sidecars.trainer.loop.recovery import inflight, resume
 from tandem.sidecars.trainer.loop.rollout.async_rollouts import AsyncRollouts, Generate, one_version, single_turn
@@ -129,7 +130,7 @@ class DelayedSource(SyncSource):
         return groups, {"batch_index": iteration, "batch_version": groups[0].born if groups else version}
 
 
-TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds", "tool_results")
+TURN_STATS = ("turns", "tool_calls", "tool_errors", "tool_seconds", "tool_results", "pictures_refused")
 
 
 class MultiTurnSource(SyncSource):
@@ -148,14 +149,16 @@ def trajectory_groups(group_size: int) -> Generate:
     def generate(rollouts: RolloutClient, prompts: Sequence[Prompt], options: SamplingOptions,
                  version: int) -> tuple[list[Group], set[int | None]]:
         outs, versions = rollouts.trajectories([p.chat for p in prompts], options, n=group_size,
-                                               data=[p.fields for p in prompts], expect=version)
+                                               data=[p.fields for p in prompts], expect=version,
+                                               **pictures_of(prompts))
         v = one_version(versions, version)
         groups = []
         for prompt, trajectories in zip(prompts, outs, strict=True):
             members = [Pending(t["prompt_ids"], t["completion_ids"], t["logprobs"],
                                [Segment(v, len(t["completion_ids"]))], t["text"],
                                "length" if t["finish"] == "length" else "stop", done=True, mask=t["mask"],
-                               turns={k: float(t.get(k, 0.0)) for k in TURN_STATS}, env_reward=t.get("reward"))
+                               turns={k: float(t.get(k, 0.0)) for k in TURN_STATS}, env_reward=t.get("reward"),
+                               pictures=tuple(decode_images([t.get("pictures") or []])[0]))
                        for t in trajectories]
             groups.append(Group(prompt, members, born=v))
         return groups, versions
@@ -164,15 +167,19 @@ def trajectory_groups(group_size: int) -> Generate:
 
 def turn_stats(groups: Sequence[Group]) -> dict[str, float]:
     """Per iteration: model turns, tool calls and tool answers that reached the model per trajectory, tool
-    errors per call, tool seconds in all."""
+    errors per call, tool seconds in all; where an environment answered with pictures (or tried to), its pictures
+    per trajectory and those refused in all."""
     rows = [m.turns for g in groups for m in g.members if m.turns is not None]
     if not rows:
         return {}
+    pictured = any(m.pictures or (m.turns or {}).get("pictures_refused") for g in groups for m in g.members)
     calls = sum(r["tool_calls"] for r in rows)
     return {"turns_mean": sum(r["turns"] for r in rows) / len(rows), "tool_calls_mean": calls / len(rows),
             "tool_results_mean": sum(r.get("tool_results", 0.0) for r in rows) / len(rows),
             "tool_error_frac": sum(r["tool_errors"] for r in rows) / calls if calls else 0.0,
-            "tool_seconds": sum(r["tool_seconds"] for r in rows)}
+            "tool_seconds": sum(r["tool_seconds"] for r in rows),
+            **({"env_pictures_mean": sum(len(m.pictures) for g in groups for m in g.members) / len(rows),
+                "env_pictures_refused": sum(r.get("pictures_refused", 0.0) for r in rows)} if pictured else {})}
 
 
 class PartialSource(SyncSource):
@@ -333,13 +340,14 @@ def to_samples(groups: Sequence[Group], eos_id: int, decode: Callable[[list[int]
     for g, group in enumerate(groups):
         images = pixels(group.prompt.images) if pixels is not None and group.prompt.images else ()
         for m in group.members:
+            env_images = pixels(m.pictures) if pixels is not None and m.pictures else ()
             ids = m.token_ids or [eos_id]
             ok = len(m.logprobs) == len(ids) and not any(math.isnan(x) for x in m.logprobs)
             samples.append(Sample(prompt_ids=m.prompt_ids, completion_ids=list(ids), group=g,
                                   rollout_logprobs=list(m.logprobs) if ok else None,
                                   truncated=m.finish_reason == "length" if m.finish_reason else None,
                                   completion_mask=list(m.mask) if m.mask is not None and m.token_ids else None,
-                                  routed_experts=routed(m, ids), images=images))
+                                  routed_experts=routed(m, ids), images=images, completion_images=env_images))
             text = m.text if len(m.segments) <= 1 else decode(m.token_ids)
             inputs.append(RewardInput(group.prompt.question, text, group.prompt.answer, m.env_reward))
     if any(s.rollout_logprobs is None for s in samples):  # e.g. an empty completion stood in for by EOS

@@ -9,7 +9,10 @@ renders as the model's image placeholder); a picture that is missing, unreadable
 format outside FORMATS, over `limits.max_pixels` (unless `limits.resize` is downscale: then made to fit,
 aspect kept), or one too many for `limits.max_per_prompt`, raises `Refused` with the reason; the caller
 counts the row and goes on. Pillow decodes the whole picture here (a truncated file fails now, not in vLLM),
-with its decompression-bomb guard at the job's own limit. Caller: the trainer's dataset (`data/dataset.py`).
+with its decompression-bomb guard at the job's own limit. `tokens_per_picture(path, config)`: the image tokens a
+picture's placeholder becomes for the model at `path` (what a prompt's length counts). Callers: the trainer's dataset
+(`trainer/loop/data/dataset.py`) and preflight, the multi-turn driver (`envs/env_pictures.py`: pictures an environment
+answers with).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import binascii
 import io
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image, UnidentifiedImageError
 
+GRID_FAMILIES = ("qwen2_5_vl",)  # pictures as grids of patches: each its own count of image tokens
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # decoded by Pillow and by vLLM's image loader alike
 
 
@@ -157,3 +162,23 @@ def _bytes(source: str, base: Path) -> bytes:
         raise Refused(f"{path}: no such file") from None
     except OSError as e:
         raise Refused(f"{path}: cannot be read ({e.strerror})") from None
+
+
+PerImage = int | Callable[[Any], int]  # the image tokens of a picture: the same for each, or by picture
+
+
+def tokens_per_picture(path: str, config: dict[str, Any]) -> PerImage:
+    """The image tokens a picture's placeholder becomes: config.json's `image_seq_length` (1 where it has none), or,
+    for a family whose pictures are grids of patches (Qwen2.5-VL), a picture's own count, from its size as the
+    model's image processor resizes it (patches / spatial merge size**2, as vLLM counts them). ValueError naming
+    `path` when its image processor cannot be loaded."""
+    if config.get("model_type") not in GRID_FAMILIES:
+        return int(config.get("image_seq_length") or 1)
+    from transformers import AutoImageProcessor
+
+    try:
+        processor = AutoImageProcessor.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... here
+        raise ValueError(f"cannot load the image processor of {path}: {e}") from None
+    merge = int(processor.merge_size) ** 2
+    return lambda picture: int(processor.get_number_of_image_patches(picture.height, picture.width, {})) // merge

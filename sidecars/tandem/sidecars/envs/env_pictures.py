@@ -1,0 +1,110 @@
+"""The pictures of a multi-turn conversation (vision-language models): the row's, and those an environment answers with.
+
+Role: the chat template renders an image part `{"type": "image"}` as the model's image placeholder; vLLM expands each
+placeholder to the picture's image tokens. A row's first messages carry its pictures as such bare parts (the trainer
+read and checked them; they come beside the messages, in order). An environment's messages (its reset's or a
+step's) carry their pictures in the part: `{"type": "image", "image": <PIL image>}` (one it made), or the dataset's
+forms (`{"type": "image_url", "image_url": {"url": "data:image/png;base64,..." | "file://..."}}`, `{"type":
+"image", "path": ...}`), read by `picture_files` under the job's `dataset.images` pixel limit and resize policy.
+`Conversation.take` returns the messages with every image part bare, the pictures in order and each one's image
+tokens (`picture_files.tokens_per_picture`). A picture an environment sends that cannot be used (unreadable, over
+the pixel limit, one more than `rollout.environment.maxPictures` in its trajectory, a bare part, or any picture when
+the model takes none) becomes a text part saying so and is counted (`refused`); the trajectory goes on.
+Caller: the multi-turn driver (`multi_turn.MultiTurnDriver`), one `Conversation` per trajectory.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from tandem.sidecars import picture_files
+from tandem.sidecars.picture_files import PerImage
+
+Message = dict[str, Any]
+REFUSED = "(a picture was refused: {why})"
+
+
+@dataclass(frozen=True)
+class PictureRules:
+    """What a job allows: the model's image tokens per picture (None: the model takes no pictures), the pictures an
+    environment may add to one trajectory, and the dataset's pixel limit and resize policy."""
+
+    tokens: PerImage | None = None
+    max_pictures: int = 4
+    limits: picture_files.Limits = picture_files.Limits()
+
+    def count(self, picture: Any) -> int:
+        assert self.tokens is not None
+        return self.tokens if isinstance(self.tokens, int) else self.tokens(picture)
+
+
+class Conversation:
+    """One trajectory's pictures: how many its environment added and how many were refused."""
+
+    def __init__(self, rules: PictureRules) -> None:
+        self.rules = rules
+        self.added = 0
+        self.refused = 0
+
+    def take(self, messages: Sequence[Message], given: Sequence[Any] = ()
+             ) -> tuple[list[Message], list[Any], list[int]]:
+        """(`messages` with every image part bare, their pictures in order, each one's image tokens). Bare parts
+        take the `given` pictures in order (the row's, already checked); every one of them must be used."""
+        given = list(given)
+        out: list[Message] = []
+        found: list[Any] = []
+        for message in messages:
+            content = message.get("content")
+            if not isinstance(content, list):
+                out.append(message)
+                continue
+            parts = []
+            for part in content:
+                if not picture_files.is_image_part(part):
+                    parts.append(part)
+                    continue
+                if _bare(part) and given:
+                    found.append(given.pop(0))
+                    parts.append({"type": "image"})
+                    continue
+                try:
+                    found.append(self._picture(part))
+                    parts.append({"type": "image"})
+                    self.added += 1
+                except picture_files.Refused as e:
+                    self.refused += 1
+                    parts.append({"type": "text", "text": REFUSED.format(why=e)})
+            out.append({**message, "content": parts})
+        if given:
+            raise ValueError(f"{len(given)} of the row's pictures have no image part in its messages")
+        return out, found, [self.rules.count(p) for p in found]
+
+    def _picture(self, part: dict[str, Any]) -> Any:
+        """An environment's picture, checked; Refused with the reason."""
+        if self.rules.tokens is None:
+            raise picture_files.Refused("the model takes no pictures (not a vision-language model)")
+        if self.added >= self.rules.max_pictures:
+            raise picture_files.Refused(f"more than {self.rules.max_pictures} pictures in one trajectory "
+                                        "(rollout.environment.maxPictures)")
+        if _bare(part):
+            raise picture_files.Refused("an image part of an environment's message holds no picture (give it as "
+                                        "image, a PIL image, or an image_url)")
+        made = part.get("image")
+        if isinstance(made, Image.Image):
+            buf = io.BytesIO()
+            made.save(buf, format="PNG")
+            source = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        else:
+            source = picture_files.source_of(part)
+        return picture_files.load(source, Path.cwd(), self.rules.limits)
+
+
+def _bare(part: dict[str, Any]) -> bool:
+    return part.get("type") == "image" and not any(part.get(k) is not None for k in ("image", "path", "url"))
