@@ -37,7 +37,7 @@ import tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm]
 SAMPLED = SamplingOptions(temperature=1.0, max_tokens=8)
-TRAJECTORIES = 8  # of one row, each ending its turns at random (ending_turns)
+TRAJECTORIES = 8  # of one row, each ending its turns at random (tiny_model.end_turns)
 LOGPROB_TOL = 1e-3  # vLLM's kernels vs transformers, float32 on CPU (test_trainer_to_vllm.py's)
 CORRUPT = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 40).decode()
 
@@ -45,7 +45,8 @@ CORRUPT = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\
 def drawing(seed: int, size: tuple[int, int]) -> Image.Image:
     rng = random.Random(seed)
     image = Image.new("RGB", size, tuple(rng.randrange(256) for _ in range(3)))  # type: ignore[arg-type]
-    ImageDraw.Draw(image).rectangle([4, 4, size[0] // 2, size[1] // 2], fill=tuple(rng.randrange(256) for _ in range(3)))
+    ImageDraw.Draw(image).rectangle([4, 4, size[0] // 2, size[1] // 2],
+                                    fill=tuple(rng.randrange(256) for _ in range(3)))
     return image
 
 
@@ -71,38 +72,7 @@ class ShowsAPicture:
                                                   {"type": "image_url", "image_url": {"url": CORRUPT}}]}], done=False)
 
 
-def ending_turns(model_dir: Path, share: float = 0.5) -> Path:
-    """The tiny model made to end its turns as a chat model does: its tokenizer's end of turn (eos) the template's
-    `<|im_end|>`, which the random weights then sample at about `share` of the steps of a reply to a picture (its
-    head's row along the mean direction of the final hidden states there, scaled by bisection). Without it the model
-    never ends a turn, and a trajectory never gets to its environment's answer."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(model_dir)
-    tok = processor.tokenizer
-    tok.add_special_tokens({"eos_token": "<|im_end|>"})
-    end = int(tok.convert_tokens_to_ids("<|im_end|>"))
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    hidden = []
-    for i, word in enumerate(tiny_model.WORDS[:6]):
-        text = tok.apply_chat_template(ROW, tokenize=False, add_generation_prompt=True) + f"{word} {i} beta gamma"
-        inputs = processor(images=[drawing(10 + i, (64, 48))], text=text, return_tensors="pt")
-        with torch.no_grad():
-            hidden.append(model(**inputs, output_hidden_states=True).hidden_states[-1][0, -6:])
-    states = torch.cat(hidden)
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        direction = states.mean(0) / states.mean(0).norm()
-        lo, hi = 0.0, 100.0
-        for _ in range(40):
-            head[end] = (lo + hi) / 2 * direction
-            taken = torch.softmax(states @ head.T, -1)[:, end].mean().item()
-            lo, hi = (lo, (lo + hi) / 2) if taken > share else ((lo + hi) / 2, hi)
-    model.config.eos_token_id = end
-    model.generation_config.eos_token_id = end
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    return model_dir
+ROW = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]}]
 
 
 @pytest.fixture(scope="module", params=["llava", "qwen2_5_vl"])
@@ -110,8 +80,8 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     from tandem.sidecars.rollout_engine.engine import EngineConfig, RolloutEngine
 
     root = tmp_path_factory.mktemp(request.param)
-    model = ending_turns(tiny_model.save_vlm(root) if request.param == "llava"
-                         else tiny_model.save_qwen_vl(root / "qwen"))
+    built = tiny_model.save_vlm(root) if request.param == "llava" else tiny_model.save_qwen_vl(root / "qwen")
+    model = tiny_model.end_turns(built, ROW, [drawing(10 + i, (64, 48)) for i in range(6)])
     engine = RolloutEngine(EngineConfig(shm_root=root / "shm", job="pictures", max_model_len=512))
     engine.start(str(model), dummy=False)
     yield model, engine
@@ -128,9 +98,6 @@ def driver_of(model: Path, engine: Any, picture: Image.Image, tokens: Any = None
     return MultiTurnDriver(engine, AutoTokenizer.from_pretrained(model), lambda: ShowsAPicture(picture),
                            Limits(max_turns=3, max_turn_tokens=8, max_total_tokens=400), pictures=rules,
                            image_token=image_token(AutoConfig.from_pretrained(model)))
-
-
-ROW = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]}]
 
 
 def test_an_environments_picture_reaches_the_next_turn_and_the_trainer_scores_it(family: tuple[Path, Any]) -> None:

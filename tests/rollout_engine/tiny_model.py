@@ -7,6 +7,7 @@ random weights of the same architecture (`random_state_dict`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -150,3 +151,45 @@ def random_adapters(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     model.eval()
     return {lora.saved_name(n): p.detach().clone() for n, p in model.named_parameters() if lora.is_adapter(n)}
+
+
+def end_turns(model_dir: Path, messages: list[dict[str, Any]], pictures: list[Any], share: float = 0.5) -> Path:
+    """The tiny vision-language model at `model_dir` made to end its turns as a chat model does: its tokenizer's end
+    of turn (eos) the chat template's `<|im_end|>`, which the random weights then sample at about `share` of the
+    steps of a reply it samples to `messages` with each of `pictures` but the first (its head's row along the mean
+    direction of the final hidden states there, less their part along the first step's, scaled by bisection). Without it the model never ends a turn, and a multi-turn trajectory
+    never gets to its environment's answer. Rewritten in place; returns `model_dir`."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    tok = processor.tokenizer
+    tok.add_special_tokens({"eos_token": "<|im_end|>"})
+    end = int(tok.convert_tokens_to_ids("<|im_end|>"))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    first, later = [], []
+    torch.manual_seed(0)
+    for picture in pictures:  # replies as the weights sample them
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        inputs = processor(images=[picture], text=text, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=True, max_new_tokens=8, min_new_tokens=8,
+                                 output_hidden_states=True, return_dict_in_generate=True)
+        states = [step[-1][0, -1] for step in out.hidden_states]  # the state each sampled token was drawn from
+        first.append(states[0])
+        later.extend(states[1:])
+    opening, states = torch.stack(first).mean(0), torch.stack(later)
+    opening = opening / opening.norm()
+    direction = states.mean(0) - (states.mean(0) @ opening) * opening  # not at a turn's first token: no empty turns
+    direction = direction / direction.norm()
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        lo, hi = 0.0, 100.0
+        for _ in range(40):
+            head[end] = (lo + hi) / 2 * direction
+            taken = torch.softmax(states @ head.T, -1)[:, end].mean().item()
+            lo, hi = (lo, (lo + hi) / 2) if taken > share else ((lo + hi) / 2, hi)
+    model.config.eos_token_id = end
+    model.generation_config.eos_token_id = end
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return model_dir

@@ -4,10 +4,12 @@ Role: an environment turns a dataset row into the conversation's first messages 
 reply into what comes next (`step`): messages to append (tool results, an environment's observation), a
 reward of its own for that turn if it has one (the trajectory's `environment` reward is the sum over its
 turns; None throughout: the job's other rewards judge the final answer alone), and whether the
-trajectory is over. `SingleTurn` is today's task: one reply, done. `ToolEnvironment` runs the tool calls
-of each reply (`toolcalls.parse` in the template family's style, `tools.ToolBox`) and answers each with
-a `tool` message; a reply without calls is the final answer; a malformed call is answered with its error
-as the tool's message; the trajectory ends at `max_turns` replies. Stats per trajectory (turns, calls, tool
+trajectory is over. A vision-language job's row comes to `reset` with its pictures (`pictures`: RGB PIL images), and
+an environment may answer with pictures of its own: content parts `{"type": "image", "image": <PIL image>}` (or an
+`image_url`), which reach the model's next turn (`env_pictures`). `SingleTurn` is today's task: one reply, done.
+`ToolEnvironment` runs the tool calls of each reply (`toolcalls.parse` in the template family's style,
+`tools.ToolBox`) and answers each with a `tool` message; a reply without calls is the final answer; a malformed
+call is answered with its error as the tool's message; the trajectory ends at `max_turns` replies. Stats per trajectory (turns, calls, tool
 errors, tool seconds, and the answers that reached the model) feed the metrics.
 Caller: the rollout's multi-turn driver (one environment per trajectory, `reset` then `step` per reply).
 """

@@ -101,7 +101,8 @@ class MultiTurnDriver:
             for j in range(n):
                 env = self.make_env()
                 pictures = Conversation(self.picture_rules)
-                opening, found, counts = pictures.take(env.reset(row, list(start)), pics)
+                seen = {**row, "pictures": list(pics)} if pics else row  # an environment may look at them
+                opening, found, counts = pictures.take(env.reset(seen, list(start)), pics)
                 renderer = self.renderer(env.tools())
                 prompt = renderer.prompt_ids(opening)
                 traj = Trajectory(prompt, prompt_pictures=tuple(found), prompt_picture_tokens=tuple(counts))
