@@ -2,7 +2,7 @@
 VENV ?= $(HOME)/.cache/tandem/venv
 TOY ?= examples/toy
 
-.PHONY: setup setup-python toy demo toy-demo smollm2 vlm-demo test lint crd bench gpu-check
+.PHONY: setup setup-python toy demo toy-demo smollm2 vlm-demo vlm-look-again test lint crd bench gpu-check
 setup:
 	scripts/setup.sh all
 
@@ -32,6 +32,14 @@ vlm-demo: setup-python
 	ln -sfn "$$($(VENV)/bin/tandem models fetch llava-smollm2)" examples/models/llava-smollm2
 	$(VENV)/bin/python -m tandem.sidecars.vlm_demo examples/vlm-shapes
 	$(VENV)/bin/tandem run examples/vlm-grpo.yaml
+
+# The same task over two turns: an environment (examples/shapes-look) shows the picture's middle enlarged and asks
+# again; the environment's picture reaches the model's second turn.
+vlm-look-again: setup-python
+	mkdir -p examples/models
+	ln -sfn "$$($(VENV)/bin/tandem models fetch llava-smollm2)" examples/models/llava-smollm2
+	$(VENV)/bin/python -m tandem.sidecars.vlm_demo examples/vlm-shapes
+	$(VENV)/bin/tandem run examples/vlm-look-again.yaml
 
 # scripts/test.sh starts the Kubernetes control plane's Go build (operator tests) first, then installs the venv
 # (scripts/setup.sh python) while it builds, then runs the suite beside it.

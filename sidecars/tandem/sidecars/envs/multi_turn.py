@@ -67,7 +67,7 @@ class _State:
     env: Environment
     renderer: ChatRenderer
     result: Result
-    pictures: Conversation
+    pictures: Conversation = field(default_factory=lambda: Conversation(PictureRules()))  # (a text model's: none)
 
 
 class MultiTurnDriver:
