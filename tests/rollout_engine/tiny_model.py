@@ -157,8 +157,9 @@ def end_turns(model_dir: Path, messages: list[dict[str, Any]], pictures: list[An
     """The tiny vision-language model at `model_dir` made to end its turns as a chat model does: its tokenizer's end
     of turn (eos) the chat template's `<|im_end|>`, which the random weights then sample at about `share` of the
     steps of a reply it samples to `messages` with each of `pictures` but the first (its head's row along the mean
-    direction of the final hidden states there, less their part along the first step's, scaled by bisection). Without it the model never ends a turn, and a multi-turn trajectory
-    never gets to its environment's answer. Rewritten in place; returns `model_dir`."""
+    direction of the final hidden states there, less their part along the first step's, scaled by bisection).
+    Without it the model never ends a turn, and a multi-turn trajectory never gets to its environment's answer.
+    Rewritten in place; returns `model_dir`."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(model_dir)

@@ -9,8 +9,8 @@ an environment may answer with pictures of its own: content parts `{"type": "ima
 `image_url`), which reach the model's next turn (`env_pictures`). `SingleTurn` is today's task: one reply, done.
 `ToolEnvironment` runs the tool calls of each reply (`toolcalls.parse` in the template family's style,
 `tools.ToolBox`) and answers each with a `tool` message; a reply without calls is the final answer; a malformed
-call is answered with its error as the tool's message; the trajectory ends at `max_turns` replies. Stats per trajectory (turns, calls, tool
-errors, tool seconds, and the answers that reached the model) feed the metrics.
+call is answered with its error as the tool's message; the trajectory ends at `max_turns` replies. Stats per
+trajectory (turns, calls, tool errors, tool seconds, and the answers that reached the model) feed the metrics.
 Caller: the rollout's multi-turn driver (one environment per trajectory, `reset` then `step` per reply).
 """
 
