@@ -136,8 +136,8 @@ def run_trl(s: Size, job: Path, model: Path, out: Path, iterations: int, threads
     rl_vs_trl.run_trl does it (`TrlRun`); the trained model saved (tower names as vLLM loads them) for the
     held-out eval."""
     warnings.filterwarnings("ignore")
-    from tandem.sidecars.rewards import RewardSet
     from tandem.sidecars.picture_files import text_of
+    from tandem.sidecars.rewards import RewardSet
     from tandem.spec.load import load_job
 
     spec = load_job(job).spec
