@@ -1,6 +1,6 @@
 """The pictures of a multi-turn conversation, without a model: what an environment may answer with, what is refused
-and counted, and a trajectory's ids with each picture's placeholder expanded (env_pictures.py, trajectory.py), and
-where a completion's pictures sit in a packed row (algorithms/pictures.py).
+and counted, a tool that returns a picture, a trajectory's ids with each picture's placeholder expanded
+(env_pictures.py, trajectory.py), and where a completion's pictures sit in a packed row (algorithms/pictures.py).
 
 Asserted: a picture the environment made (a PIL image) and a data: URL are taken in order, each part made bare for
 the chat template and counted as its image tokens; a corrupt picture, one over the pixel limit, one beyond
@@ -8,7 +8,8 @@ rollout.environment.maxPictures, a bare part and any picture for a text model be
 counted, the others still taken; downscale makes a large one fit; the row's pictures fill its bare parts, and one
 left over is an error. A trajectory expands the prompt's and the environment's placeholders to their counts, masks
 them out with log-prob 0, and refuses counts that do not match its placeholders. A packed row holds a sample's
-prompt pictures, then its completion's, and a shared prompt's once.
+prompt pictures, then its completion's, and a shared prompt's once. A tool's picture comes back as the tool
+message's image part.
 """
 
 from __future__ import annotations
@@ -111,3 +112,29 @@ def test_a_packed_row_holds_the_prompts_pictures_then_the_completions() -> None:
         batch = pack_samples(samples, 64, share_prompts=share)
         assert batch.images is not None and batch.num_rows == 1
         assert [t[0, 0, 0].item() for t in batch.images[0]] == [t[0, 0, 0].item() for t in want], share
+
+
+def test_a_tool_that_returns_a_picture_is_answered_with_it() -> None:
+    from tandem.sidecars.envs.environments import ToolEnvironment
+    from tandem.sidecars.envs.tools import ToolBox
+
+    def zoom(size: int) -> Image.Image:
+        """A square picture of the given size.
+
+        Args:
+            size: Its side in pixels.
+        """
+        return png((size, size), "blue")
+
+    box = ToolBox([zoom])
+    try:
+        env = ToolEnvironment(box)
+        step = env.step('<tool_call>{"name": "zoom", "arguments": {"size": 24}}</tool_call>')
+    finally:
+        box.close()
+    [message] = step.messages
+    assert message["role"] == "tool" and env.stats.tool_errors == 0
+    [part] = message["content"]
+    assert part["type"] == "image" and part["image"].size == (24, 24)
+    messages, [found], [n] = Conversation(PictureRules(tokens=7)).take(step.messages)
+    assert found.size == (24, 24) and n == 7 and messages[0]["content"] == [{"type": "image"}]

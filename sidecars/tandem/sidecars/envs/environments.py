@@ -4,9 +4,10 @@ Role: an environment turns a dataset row into the conversation's first messages 
 reply into what comes next (`step`): messages to append (tool results, an environment's observation), a
 reward of its own for that turn if it has one (the trajectory's `environment` reward is the sum over its
 turns; None throughout: the job's other rewards judge the final answer alone), and whether the
-trajectory is over. A vision-language job's row comes to `reset` with its pictures (`pictures`: RGB PIL images), and
-an environment may answer with pictures of its own: content parts `{"type": "image", "image": <PIL image>}` (or an
-`image_url`), which reach the model's next turn (`env_pictures`). `SingleTurn` is today's task: one reply, done.
+trajectory is over. A vision-language job's row comes to `reset` with its pictures (`pictures`: RGB PIL images),
+and an environment may answer with pictures of its own: content parts `{"type": "image", "image": <PIL image>}`
+(or an `image_url`; a tool that returns a picture is answered so), which reach the model's next turn
+(`env_pictures`). `SingleTurn` is today's task: one reply, done.
 `ToolEnvironment` runs the tool calls of each reply (`toolcalls.parse` in the template family's style,
 `tools.ToolBox`) and answers each with a `tool` message; a reply without calls is the final answer; a malformed
 call is answered with its error as the tool's message; the trajectory ends at `max_turns` replies. Stats per
@@ -111,5 +112,6 @@ class ToolEnvironment:
             self.stats.tool_calls += 1
             self.stats.tool_errors += int(result.error)
             self.stats.tool_seconds += result.seconds
-            out.append({"role": "tool", "name": call.name, "content": result.content})
+            content: Any = [{"type": "image", "image": p} for p in result.pictures] or result.content
+            out.append({"role": "tool", "name": call.name, "content": content})
         return Step(out, done=self.stats.turns >= self.max_turns)

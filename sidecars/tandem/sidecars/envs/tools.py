@@ -6,7 +6,8 @@ argument is refused when the tool is made, naming it), and whose annotations che
 (`tool_types.Signature`: strict, a wrong type is an error message to the model, never coerced). `ToolBox.run`
 executes a call within a per-call timeout and caps what comes back, so a slow tool never blocks the rollout's
 loop and every failure (an unknown tool, bad arguments, an exception, a timeout, a result JSON cannot hold)
-becomes a message to the model; a result that is not a string is sent as JSON (`tool_types.as_text`).
+becomes a message to the model; a result that is not a string is sent as JSON (`tool_types.as_text`), but a
+picture (a PIL image, or a list of them), which comes back as the tool message's image parts.
 Plain functions run in a bounded thread pool; a timed-out call's thread cannot be killed and keeps its
 worker until it returns, which the pool's bound contains (tools that may run away belong in a process: the
 sandbox). `async def` tools (and plain functions that return an awaitable, such as a decorator's wrapper)
@@ -72,6 +73,18 @@ class ToolResult:
     content: str
     error: bool
     seconds: float
+    pictures: tuple[Any, ...] = ()  # a tool that returned a picture (or a list of them): sent as image parts
+
+
+def pictures_in(value: Any) -> tuple[Any, ...]:
+    """The pictures a tool returned: a PIL image, or a non-empty list or tuple of them; () for anything else."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return (value,)
+    if isinstance(value, list | tuple) and value and all(isinstance(v, Image.Image) for v in value):
+        return tuple(value)
+    return ()
 
 
 async def _awaited(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
@@ -183,6 +196,9 @@ class ToolBox:
             return answer(f"error: {call.name} timed out after {self.timeout_seconds:g} s", True)
         except Exception as e:  # noqa: BLE001 - the tool's failure is the model's information, not ours
             return answer(f"error: {call.name} raised {type(e).__name__}: {self._cap(str(e))}", True)
+        pictures = pictures_in(value)
+        if pictures:  # (a vision-language model sees them; a text model's driver refuses them, and says so)
+            return ToolResult(call.name, "", False, time.perf_counter() - start, pictures)
         try:
             text = as_text(value)
         except ValueError as e:
