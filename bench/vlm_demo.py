@@ -6,7 +6,9 @@ evaluated by Tandem's own evaluation code (bench/rl_vs_trl_eval.py: the job's ev
 directory) on the held-out pictures (test.jsonl) and on the same questions with the picture taken out
 (test-blind.jsonl): the gain is the model looking at the picture when the blind score stays near chance (1/6).
 Prints one table and writes bench/results/vlm_demo.json (with the run's wall time, seconds per iteration, peak
-memory and the in-loop eval curve; the curve's plot is the run's progress.png).
+memory, the in-loop eval curve, and the share of answers naming more than one colour: a policy listing colours
+games a reward that finds the answer anywhere; the curve's plot is the run's progress.png; the answers themselves
+in the --out folder).
     python bench/vlm_demo.py [--out /tmp/tandem-bench/vlm_demo] [--iterations 15]
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +41,14 @@ def job_for(out: Path, model: Path, files: dict[str, Path], iterations: int) -> 
     spec["volumes"] = [{"name": "bench", "mountPath": "/bench", "hostPath": str(out)}]
     spec["export"] = {"path": "/bench/export", "every": iterations}
     return job
+
+
+def several_colours(text: str) -> bool:
+    """An answer naming more than one of the task's colours: what a policy that lists them writes (a reward that
+    finds the answer anywhere in the text pays for it; answerMatch strict does not)."""
+    from tandem.sidecars.vlm_demo.shapes import COLOURS
+
+    return len({w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS}) > 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,13 +82,19 @@ def main(argv: list[str] | None = None) -> int:
         scored = dict(job, spec={**job["spec"], "eval": {**job["spec"]["eval"], "dataset": {
             "path": str(data), "promptField": "messages"}}})
         (out / f"eval-{name}.yaml").write_text(yaml.safe_dump(scored))
-        result[name] = evaluate(out / f"eval-{name}.yaml", {"before": model, "after": export})
+        scores = evaluate(out / f"eval-{name}.yaml", {"before": model, "after": export})
+        for when, score in scores.items():  # the answers to a file of their own; here, how many list colours
+            answers = score.pop("answers")
+            (out / f"answers-{name}-{when}.json").write_text(json.dumps(answers))
+            score["several_colours"] = sum(several_colours(a["text"]) for a in answers) / max(len(answers), 1)
+        result[name] = scores
     (ROOT / "bench" / "results" / "vlm_demo.json").write_text(json.dumps(result, indent=2))
     print(f"\nVLM demo, {args.iterations} iterations, {wall / 60:.1f} min ({out})")
     print(f"{'held-out pass@1':24s} {'before':>8s} {'after':>8s}")
     for name in ("pictures", "blind"):
         r = result[name]
-        print(f"{name:24s} {r['before']['pass_at_1']:8.3f} {r['after']['pass_at_1']:8.3f}")
+        print(f"{name:24s} {r['before']['pass_at_1']:8.3f} {r['after']['pass_at_1']:8.3f}   answers naming several "
+              f"colours {r['before']['several_colours']:.3f} -> {r['after']['several_colours']:.3f}")
     print(f"chance {CHANCE:.3f}; peak RSS {result['peak_rss_mib']:.0f} MiB; curve {result['eval_curve']}")
     return 0
 
