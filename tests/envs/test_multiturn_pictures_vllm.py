@@ -17,7 +17,7 @@ import base64
 import json
 import random
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from tandem.sidecars.envs.env_pictures import PictureRules
-from tandem.sidecars.envs.environments import Message, Step, TurnStats
+from tandem.sidecars.envs.environments import SingleTurn, Step
 from tandem.sidecars.envs.multi_turn import Limits, MultiTurnDriver
 from tandem.sidecars.picture_files import tokens_per_picture
 from tandem.sidecars.rollout_engine.sampling import SamplingOptions
@@ -50,18 +50,12 @@ def drawing(seed: int, size: tuple[int, int]) -> Image.Image:
     return image
 
 
-class ShowsAPicture:
+class ShowsAPicture(SingleTurn):
     """Answers the first reply with a picture (and a corrupt one), then ends the trajectory."""
 
     def __init__(self, picture: Image.Image) -> None:
-        self.picture, self.stats = picture, TurnStats()
-
-    def tools(self) -> list[dict[str, Any]]:
-        return []
-
-    def reset(self, row: Mapping[str, Any], messages: list[Message]) -> list[Message]:
-        self.stats = TurnStats()
-        return list(messages)
+        super().__init__()
+        self.picture = picture
 
     def step(self, reply: str) -> Step:
         self.stats.turns += 1

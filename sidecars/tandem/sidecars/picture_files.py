@@ -22,7 +22,7 @@ import binascii
 import io
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,23 +53,27 @@ def pictures(messages: list[dict[str, Any]], base: Path,
              limits: Limits) -> tuple[list[Image.Image], list[dict[str, Any]]]:
     """(the row's pictures in order, its messages with each image part as `{"type": "image"}`)."""
     found: list[Image.Image] = []
+
+    def read(part: dict[str, Any]) -> dict[str, Any]:
+        if len(found) == limits.max_per_prompt:
+            raise Refused(f"more than {limits.max_per_prompt} pictures (dataset.images.maxPerPrompt)")
+        found.append(load(source_of(part), base, limits))
+        return {"type": "image"}
+
+    out = each_image_part(messages, read)
+    return found, out
+
+
+def each_image_part(messages: Sequence[dict[str, Any]],
+                    replace: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with every image part of their content lists replaced by `replace(part)`, called in order."""
     out = []
     for message in messages:
         content = message.get("content")
-        if not isinstance(content, list):
-            out.append(message)
-            continue
-        parts = []
-        for part in content:
-            if not is_image_part(part):
-                parts.append(part)
-                continue
-            if len(found) == limits.max_per_prompt:
-                raise Refused(f"more than {limits.max_per_prompt} pictures (dataset.images.maxPerPrompt)")
-            found.append(load(source_of(part), base, limits))
-            parts.append({"type": "image"})
-        out.append({**message, "content": parts})
-    return found, out
+        if isinstance(content, list):
+            message = {**message, "content": [replace(p) if is_image_part(p) else p for p in content]}
+        out.append(message)
+    return out
 
 
 def with_column(messages: list[dict[str, Any]], value: Any, field: str) -> list[dict[str, Any]]:

@@ -58,30 +58,21 @@ class Conversation:
         """(`messages` with every image part bare, their pictures in order, each one's image tokens). Bare parts
         take the `given` pictures in order (the row's, already checked); every one of them must be used."""
         given = list(given)
-        out: list[Message] = []
         found: list[Any] = []
-        for message in messages:
-            content = message.get("content")
-            if not isinstance(content, list):
-                out.append(message)
-                continue
-            parts = []
-            for part in content:
-                if not picture_files.is_image_part(part):
-                    parts.append(part)
-                    continue
-                if _bare(part) and given:
-                    found.append(given.pop(0))
-                    parts.append({"type": "image"})
-                    continue
-                try:
-                    found.append(self._picture(part))
-                    parts.append({"type": "image"})
-                    self.added += 1
-                except picture_files.Refused as e:
-                    self.refused += 1
-                    parts.append({"type": "text", "text": REFUSED.format(why=e)})
-            out.append({**message, "content": parts})
+
+        def read(part: dict[str, Any]) -> dict[str, Any]:
+            if _bare(part) and given:
+                found.append(given.pop(0))
+                return {"type": "image"}
+            try:
+                found.append(self._picture(part))
+                self.added += 1
+                return {"type": "image"}
+            except picture_files.Refused as e:
+                self.refused += 1
+                return {"type": "text", "text": REFUSED.format(why=e)}
+
+        out = picture_files.each_image_part(messages, read)
         if given:
             raise ValueError(f"{len(given)} of the row's pictures have no image part in its messages")
         return out, found, [self.rules.count(p) for p in found]
