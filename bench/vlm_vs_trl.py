@@ -31,7 +31,10 @@ bench/results/vlm_vs_trl.json (`summarize` leaves the loop's part in DIR/rl_vs_t
 
 Measured here, 2026-12-07, 2 cores, alone but for a niced evaluation (bench/results/vlm_vs_trl.json; 15
 iterations, seed 0): held-out pass@1 with the pictures 0.188 -> Tandem 0.523 (pass@4 0.854) against TRL 0.424
-(0.646); blind 0.016 -> 0.081 against 0.034 (chance 0.167: both gains come from looking). Training reward over
+(0.646); blind 0.016 -> 0.081 against 0.034. Those scores were under the example's answerMatch flexible then, which
+both policies gamed by listing colours (Tandem's trained model, sampled on 24 held-out pictures: 47 of 48 answers
+named several colours, none was the one-word answer), so they measure the hack, not looking; the example is strict
+now (docs/benchmarks.md, "The VLM demo"), and this comparison is still to be run on it. Training reward over
 the last 3 iterations 0.396 against 0.344. Completions/s in the loop 1.50 against 1.74 (0.86x; 0.78x with
 start-up): Tandem's train phase 17.9 s an iteration (the hf engine, FSDP2 on one rank) against TRL's 14.7, its
 rollout 2.58 s against TRL's generate 3.70, sync 0.66 and publish 0.18 (a 548 MB fp32 version); Tandem's answers

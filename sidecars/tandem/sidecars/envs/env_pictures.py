@@ -9,7 +9,8 @@ forms (`{"type": "image_url", "image_url": {"url": "data:image/png;base64,..." |
 `Conversation.take` returns the messages with every image part bare, the pictures in order and each one's image
 tokens (`picture_files.tokens_per_picture`). A picture an environment sends that cannot be used (unreadable, over
 the pixel limit, one more than `rollout.environment.maxPictures` in its trajectory, a bare part, or any picture when
-the model takes none) becomes a text part saying so and is counted (`refused`); the trajectory goes on.
+the model takes none) becomes a text part saying so and is counted (`refused`); the trajectory goes on. A
+message left with text parts alone becomes one string, as a text model's chat template renders it.
 Caller: the multi-turn driver (`multi_turn.MultiTurnDriver`), one `Conversation` per trajectory.
 """
 
@@ -72,7 +73,7 @@ class Conversation:
                 self.refused += 1
                 return {"type": "text", "text": REFUSED.format(why=e)}
 
-        out = picture_files.each_image_part(messages, read)
+        out = [_plain(m) for m in picture_files.each_image_part(messages, read)]
         if given:
             raise ValueError(f"{len(given)} of the row's pictures have no image part in its messages")
         return out, found, [self.rules.count(p) for p in found]
@@ -99,3 +100,12 @@ class Conversation:
 
 def _bare(part: dict[str, Any]) -> bool:
     return part.get("type") == "image" and not any(part.get(k) is not None for k in ("image", "path", "url"))
+
+
+def _plain(message: Message) -> Message:
+    """A message whose content parts are all text (its pictures refused) as one string: text-only chat templates
+    render a string, not parts."""
+    content = message.get("content")
+    if isinstance(content, list) and content and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return {**message, "content": "".join(str(p.get("text", "")) for p in content)}
+    return message
