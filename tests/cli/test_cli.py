@@ -33,7 +33,8 @@ def _write(tmp_path: Path, doc: object, name: str = "job.yaml") -> Path:
 
 
 @pytest.mark.parametrize("sample", sorted((ROOT / "manifests" / "samples").glob("*.yaml")) + [
-    ROOT / "examples" / name for name in ("tiny-grpo.yaml", "tiny-moe-grpo.yaml", "vlm-grpo.yaml")],
+    ROOT / "examples" / name
+    for name in ("tiny-grpo.yaml", "tiny-moe-grpo.yaml", "vlm-grpo.yaml", "vlm-look-again.yaml")],
     ids=lambda p: p.name)
 def test_shipped_samples_are_valid(sample: Path) -> None:
     result = runner.invoke(app, ["validate", str(sample)])
