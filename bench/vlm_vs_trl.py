@@ -29,16 +29,15 @@ after on pictures and blind, seconds per iteration by phase. Not a test; needs T
 It writes DIR/vlm_vs_trl.json (default DIR: /tmp/tandem-bench/vlm_vs_trl), with --results also
 bench/results/vlm_vs_trl.json (`summarize` leaves the loop's part in DIR/rl_vs_trl-vlm.json too).
 
-Measured here, 2026-12-07, 2 cores, alone but for a niced evaluation (bench/results/vlm_vs_trl.json; 15
-iterations, seed 0): held-out pass@1 with the pictures 0.188 -> Tandem 0.523 (pass@4 0.854) against TRL 0.424
-(0.646); blind 0.016 -> 0.081 against 0.034. Those scores were under the example's answerMatch flexible then, which
-both policies gamed by listing colours (Tandem's trained model, sampled on 24 held-out pictures: 47 of 48 answers
-named several colours, none was the one-word answer), so they measure the hack, not looking; the example is strict
-now (docs/benchmarks.md, "The VLM demo"), and this comparison is still to be run on it. Training reward over
-the last 3 iterations 0.396 against 0.344. Completions/s in the loop 1.50 against 1.74 (0.86x; 0.78x with
-start-up): Tandem's train phase 17.9 s an iteration (the hf engine, FSDP2 on one rank) against TRL's 14.7, its
-rollout 2.58 s against TRL's generate 3.70, sync 0.66 and publish 0.18 (a 548 MB fp32 version); Tandem's answers
-were shorter (5.8 tokens against 7.4). One seed: pass@1 over 384 answers has a standard error of ~0.03.
+Measured here, 2026-12-08, 2 cores, nothing else running (bench/results/vlm_vs_trl.json; `--iterations 25`,
+seed 0, the example's strict reward, groupSize 8): held-out pass@1 with the pictures 0.135 -> Tandem 0.339 (pass@4
+0.438) against TRL 0.310 (0.354); blind 0.000 -> 0.000 against 0.003 (chance 0.167). Training reward over the last
+5 iterations 0.469 against 0.338. Completions/s in the loop 6.73 against 1.78 (3.77x; 3.23x with start-up):
+Tandem's train phase 5.6 s an iteration against TRL's 28.9, its rollout 3.2 s against TRL's generate 7.0.
+The run before (2026-12-07, 15 iterations, answerMatch flexible, beside a niced evaluation) scored 0.523 against
+0.424, but both policies had learned to list colours (Tandem's trained model, sampled on 24 held-out pictures:
+47 of 48 answers named several colours, none was the one-word answer); its Tandem train phase was 17.9 s against
+TRL's 14.7 (0.86x).
 """
 
 from __future__ import annotations
