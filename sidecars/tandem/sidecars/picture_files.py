@@ -9,7 +9,8 @@ renders as the model's image placeholder); a picture that is missing, unreadable
 format outside FORMATS, over `limits.max_pixels` (unless `limits.resize` is downscale: then made to fit,
 aspect kept), or one too many for `limits.max_per_prompt`, raises `Refused` with the reason; the caller
 counts the row and goes on. Pillow decodes the whole picture here (a truncated file fails now, not in vLLM),
-with its decompression-bomb guard at the job's own limit. `tokens_per_picture(path, config)`: the image tokens a
+with its decompression-bomb guard at the job's own limit; `fit` checks a picture already in memory the same way
+(one an environment made). `tokens_per_picture(path, config)`: the image tokens a
 picture's placeholder becomes for the model at `path` (what a prompt's length counts). Callers: the trainer's dataset
 (`trainer/loop/data/dataset.py`) and preflight, the multi-turn driver (`envs/env_pictures.py`: pictures an environment
 answers with).
@@ -126,16 +127,32 @@ def load(source: str, base: Path, limits: Limits) -> Image.Image:
             image: Image.Image = Image.open(io.BytesIO(data))
             if image.format not in FORMATS:
                 raise Refused(f"{name}: format {image.format} is not one of {', '.join(FORMATS)}")
-            pixels = image.width * image.height
-            if pixels > limits.max_pixels and limits.resize != "downscale":
-                raise Refused(f"{name}: {image.width}x{image.height} is over {limits.max_pixels} pixels "
-                              "(dataset.images.maxPixels; resize: downscale makes it fit)")
+            _check_size(image, limits, name)  # before decoding it all
             image.load()  # decodes all of it: a truncated or corrupt file fails here
     except Refused:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
             Image.DecompressionBombWarning) as e:
         raise Refused(f"{name}: not a readable picture ({type(e).__name__}: {e})") from None
+    return _fitted(image, limits)
+
+
+def fit(image: Image.Image, limits: Limits, name: str) -> Image.Image:
+    """A picture already in memory (one an environment made) checked against `limits` as `load` checks a file's:
+    Refused over max_pixels unless resize is downscale, which makes it fit; in RGB."""
+    _check_size(image, limits, name)
+    return _fitted(image, limits)
+
+
+def _check_size(image: Image.Image, limits: Limits, name: str) -> None:
+    if image.width * image.height > limits.max_pixels and limits.resize != "downscale":
+        raise Refused(f"{name}: {image.width}x{image.height} is over {limits.max_pixels} pixels "
+                      "(dataset.images.maxPixels; resize: downscale makes it fit)")
+
+
+def _fitted(image: Image.Image, limits: Limits) -> Image.Image:
+    """`image` downscaled (aspect kept) to at most max_pixels where it is larger, in RGB."""
+    pixels = image.width * image.height
     if pixels > limits.max_pixels:
         scale = math.sqrt(limits.max_pixels / pixels)
         size = (max(1, int(image.width * scale)), max(1, int(image.height * scale)))

@@ -16,8 +16,6 @@ Caller: the multi-turn driver (`multi_turn.MultiTurnDriver`), one `Conversation`
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,13 +87,9 @@ class Conversation:
             raise picture_files.Refused("an image part of an environment's message holds no picture (give it as "
                                         "image, a PIL image, or an image_url)")
         made = part.get("image")
-        if isinstance(made, Image.Image):
-            buf = io.BytesIO()
-            made.save(buf, format="PNG")
-            source = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-        else:
-            source = picture_files.source_of(part)
-        return picture_files.load(source, Path.cwd(), self.rules.limits)
+        if isinstance(made, Image.Image):  # checked in memory, as a file's picture is once decoded
+            return picture_files.fit(made, self.rules.limits, "a picture the environment made")
+        return picture_files.load(picture_files.source_of(part), Path.cwd(), self.rules.limits)
 
 
 def _bare(part: dict[str, Any]) -> bool:
