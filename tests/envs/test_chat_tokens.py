@@ -66,9 +66,9 @@ def test_turn_by_turn_tokens_are_the_whole_conversations(tokenizer: Any, native:
     assert tokenizer.decode(want[len(got):]) == "\n"  # ... up to the template's newline after the last turn
     n1 = len(traj.segments[0].ids)
     env = len(traj.segments[1].ids)
-    assert traj.loss_mask == [1] * n1 + [0] * env + [1] * len(traj.segments[2].ids)
+    assert traj.expanded(None).mask == [1] * n1 + [0] * env + [1] * len(traj.segments[2].ids)
     assert traj.turn_starts == [0, n1 + env] and traj.model_turns == 2
-    assert traj.rollout_logprobs[:n1] == [-0.5] * n1 and traj.rollout_logprobs[n1:n1 + env] == [0.0] * env
+    assert traj.expanded(None).logprobs[:n1] == [-0.5] * n1 and traj.expanded(None).logprobs[n1:n1 + env] == [0.0] * env
     assert traj.versions[0] == 3 and traj.versions[-1] == 4 and traj.versions[n1] is None
     assert "56088" in tokenizer.decode(traj.segments[1].ids)
 

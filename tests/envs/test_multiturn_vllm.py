@@ -72,7 +72,7 @@ def test_a_scripted_two_turn_trajectory_is_exactly_its_tokens(engine: Any, token
     first, env, second = traj.segments
     assert env.ids == renderer.continuation_ids([TOOL_MESSAGE])  # the template's own tokens for the tool turn
     assert first.ids[-1] == second.ids[-1] == renderer.end_of_turn
-    assert traj.loss_mask == [1] * len(first.ids) + [0] * len(env.ids) + [1] * len(second.ids)
+    assert traj.expanded(None).mask == [1] * len(first.ids) + [0] * len(env.ids) + [1] * len(second.ids)
     assert traj.versions == [7] * len(first.ids) + [None] * len(env.ids) + [7] * len(second.ids)
     assert traj.turn_starts == [0, len(first.ids) + len(env.ids)]
     # transformers' log-probs of the same ids, one forward over the whole trajectory
@@ -83,8 +83,8 @@ def test_a_scripted_two_turn_trajectory_is_exactly_its_tokens(engine: Any, token
     start = len(traj.prompt_ids)
     targets = torch.tensor(traj.completion_ids)
     theirs = logp[start - 1:-1].gather(1, targets[:, None]).squeeze(1)
-    mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
-    ours = torch.tensor(traj.rollout_logprobs)
+    mask = torch.tensor(traj.expanded(None).mask, dtype=torch.bool)
+    ours = torch.tensor(traj.expanded(None).logprobs)
     assert (theirs[mask] - ours[mask]).abs().max().item() < 2e-3
     assert torch.all(ours[~mask] == 0)
     assert logp[start - 1:-1].argmax(-1)[mask].tolist() == targets[mask].tolist()  # greedy, every model token

@@ -90,15 +90,15 @@ def test_an_agents_calls_are_one_trajectory_token_for_token(served: Any, tokeniz
     tool = _for_template({"role": "tool", "tool_call_id": "call_0", "content": "1234"}, renderer)
     assert env.ids == renderer.continuation_ids([tool])  # the tool turn as the template writes it
     assert first.ids[-1] == second.ids[-1] == renderer.end_of_turn
-    assert traj.loss_mask == [1] * len(first.ids) + [0] * len(env.ids) + [1] * len(second.ids)
+    assert traj.expanded(None).mask == [1] * len(first.ids) + [0] * len(env.ids) + [1] * len(second.ids)
     ids = traj.prompt_ids + traj.completion_ids
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
     start = len(traj.prompt_ids)
     theirs = logp[start - 1:-1].gather(1, torch.tensor(traj.completion_ids)[:, None]).squeeze(1)
-    mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
-    ours = torch.tensor(traj.rollout_logprobs)
+    mask = torch.tensor(traj.expanded(None).mask, dtype=torch.bool)
+    ours = torch.tensor(traj.expanded(None).logprobs)
     assert (theirs[mask] - ours[mask]).abs().max().item() < 2e-3
     assert torch.all(ours[~mask] == 0)
 

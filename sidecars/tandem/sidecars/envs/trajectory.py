@@ -78,7 +78,7 @@ class Trajectory:
     def pictures(self) -> tuple[Any, ...]:
         """Every picture of the conversation, in the order of its placeholders: the first prompt's, then each
         environment segment's."""
-        return self.prompt_pictures + tuple(p for s in self.segments for p in s.pictures)
+        return self.prompt_pictures + self.env_pictures
 
     @property
     def env_pictures(self) -> tuple[Any, ...]:
@@ -97,13 +97,14 @@ class Trajectory:
 
     def expanded(self, image_token: int | None) -> Expanded:
         """The trajectory as vLLM and the trainer hold it: each picture's placeholder as its image tokens (the
-        environment's, so masked out and with log-prob 0)."""
+        environment's, so masked out and with log-prob 0); its loss mask (1 on the model's tokens) and the rollout's
+        log-probs (0 on the environment's). A text trajectory's ids are its own (`image_token` None)."""
         prompt = expand(self.prompt_ids, self.prompt_picture_tokens, image_token)
         ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] = []
         for s in self.segments:
-            seg = expand(s.ids, s.picture_tokens, image_token) if s.pictures else s.ids
+            seg = expand(s.ids, s.picture_tokens, image_token)
             ids.extend(seg)
             mask.extend([int(s.model)] * len(seg))
             logprobs.extend(s.logprobs if s.model and s.logprobs else [0.0] * len(seg))
@@ -112,14 +113,6 @@ class Trajectory:
     @property
     def completion_ids(self) -> list[int]:
         return [t for s in self.segments for t in s.ids]
-
-    @property
-    def loss_mask(self) -> list[int]:
-        return [int(s.model) for s in self.segments for _ in s.ids]
-
-    @property
-    def rollout_logprobs(self) -> list[float]:
-        return [lp for s in self.segments for lp in (s.logprobs if s.model and s.logprobs else [0.0] * len(s.ids))]
 
     @property
     def versions(self) -> list[int | None]:
