@@ -18,11 +18,9 @@ imported before vLLM starts: a bad entryPoint or tool is refused at once, naming
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from tandem.checkpoint_engine import errors
@@ -110,7 +108,7 @@ def picture_rules(spec: JobSpec) -> tuple[PictureRules | None, int | None]:
 
     if not vision_language(spec.model.path):
         return None, None
-    config = json.loads((Path(spec.model.path) / "config.json").read_text())
+    config = model_dir.read_config(spec.model.path, "spec.model.path")
     limits = spec.dataset.images or Images()
     environment = spec.rollout.environment
     return (PictureRules(tokens_per_picture(spec.model.path, config),
